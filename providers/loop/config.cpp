@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: MIT
+#include "config.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <unistd.h>
+
+namespace loop {
+
+namespace {
+
+std::string trim(const std::string &s)
+{
+	size_t b = s.find_first_not_of(" \t\r\n");
+	if (b == std::string::npos)
+		return "";
+	size_t e = s.find_last_not_of(" \t\r\n");
+	return s.substr(b, e - b + 1);
+}
+
+bool valid_name(const std::string &n, size_t max)
+{
+	if (n.empty() || n.size() > max)
+		return false;
+	for (char c : n)
+		if (!isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
+			return false;
+	return true;
+}
+
+device_config *find_device(config &cfg, const std::string &name)
+{
+	for (auto &d : cfg.devices)
+		if (d.name == name)
+			return &d;
+	return nullptr;
+}
+
+bool parse_int(const std::string &v, int lo, int hi, int &out)
+{
+	char *end = nullptr;
+	long x = strtol(v.c_str(), &end, 10);
+	if (v.empty() || *end || x < lo || x > hi)
+		return false;
+	out = static_cast<int>(x);
+	return true;
+}
+
+bool parse_mtu(const std::string &v, ibv_mtu &out)
+{
+	static const std::map<std::string, ibv_mtu> m = {
+		{"256", IBV_MTU_256},	{"512", IBV_MTU_512},	{"1024", IBV_MTU_1024},
+		{"2048", IBV_MTU_2048}, {"4096", IBV_MTU_4096},
+	};
+	auto it = m.find(v);
+	if (it == m.end())
+		return false;
+	out = it->second;
+	return true;
+}
+
+bool set_devices(config &cfg, const std::string &value, std::string &error, const char *what)
+{
+	std::vector<std::string> names;
+	if (!parse_device_list(value, names, error)) {
+		error = std::string(what) + ": " + error;
+		return false;
+	}
+	std::vector<device_config> devs;
+	for (auto &n : names) {
+		device_config *old = find_device(cfg, n);
+		device_config d = old ? *old : device_config{};
+		d.name = n;
+		devs.push_back(d);
+	}
+	cfg.devices = devs;
+	return true;
+}
+
+} // namespace
+
+bool valid_fabric_name(const std::string &name)
+{
+	return valid_name(name, 32);
+}
+
+bool parse_device_list(const std::string &value, std::vector<std::string> &names,
+		       std::string &error)
+{
+	names.clear();
+	size_t pos = 0;
+	while (pos <= value.size()) {
+		size_t comma = value.find(',', pos);
+		std::string n = trim(value.substr(pos, comma == std::string::npos ? std::string::npos
+										 : comma - pos));
+		if (!valid_name(n, 63)) {
+			error = "'" + n + "' is not a device name (letters, digits, '_', '-', '.'; 1 to 63 characters)";
+			return false;
+		}
+		for (auto &o : names)
+			if (o == n) {
+				error = "device '" + n + "' is listed twice";
+				return false;
+			}
+		names.push_back(n);
+		if (comma == std::string::npos)
+			break;
+		pos = comma + 1;
+	}
+	if (names.size() > 16) {
+		error = "at most 16 devices";
+		return false;
+	}
+	return true;
+}
+
+// "key = value" with keys: fabric, devices, <device>.ports, <device>.link_layer,
+// <device>.mtu, <device>.netdev.
+bool apply_config_line(config &cfg, const std::string &raw, std::string &error)
+{
+	std::string line = trim(raw.substr(0, raw.find('#')));
+	if (line.empty())
+		return true;
+	size_t eq = line.find('=');
+	if (eq == std::string::npos) {
+		error = "expected 'key = value'";
+		return false;
+	}
+	std::string key = trim(line.substr(0, eq));
+	std::string val = trim(line.substr(eq + 1));
+	if (key == "fabric") {
+		if (!valid_fabric_name(val)) {
+			error = "fabric: '" + val + "' is not a fabric name";
+			return false;
+		}
+		cfg.fabric = val;
+		return true;
+	}
+	if (key == "devices")
+		return set_devices(cfg, val, error, "devices");
+	size_t dot = key.rfind('.');
+	if (dot == std::string::npos) {
+		error = "unknown key '" + key + "'";
+		return false;
+	}
+	std::string dev = key.substr(0, dot), field = key.substr(dot + 1);
+	device_config *d = find_device(cfg, dev);
+	if (!d) {
+		error = "'" + key + "' names device '" + dev + "', which is not in the device list";
+		return false;
+	}
+	if (field == "ports") {
+		if (!parse_int(val, 1, 2, d->num_ports)) {
+			error = key + ": '" + val + "' is not a port count (1 or 2)";
+			return false;
+		}
+	} else if (field == "link_layer") {
+		if (val == "infiniband" || val == "ib")
+			d->link_layer = IBV_LINK_LAYER_INFINIBAND;
+		else if (val == "ethernet" || val == "roce")
+			d->link_layer = IBV_LINK_LAYER_ETHERNET;
+		else {
+			error = key + ": '" + val + "' is not a link layer (infiniband or ethernet)";
+			return false;
+		}
+	} else if (field == "mtu") {
+		if (!parse_mtu(val, d->mtu)) {
+			error = key + ": '" + val + "' is not an MTU (256, 512, 1024, 2048 or 4096)";
+			return false;
+		}
+	} else if (field == "netdev") {
+		if (!valid_name(val, 15)) {
+			error = key + ": '" + val + "' is not an interface name";
+			return false;
+		}
+		d->netdev = val;
+	} else {
+		error = "unknown key '" + key + "'";
+		return false;
+	}
+	return true;
+}
+
+bool load_config(config &out, std::string &error)
+{
+	config cfg;
+	cfg.devices.push_back(device_config{"loop0"});
+
+	// The file first, so that the environment overrides it.
+	std::string path;
+	const char *env_path = getenv("SOFTVERBS_CONFIG");
+	if (env_path && *env_path) {
+		path = env_path;
+		if (access(path.c_str(), R_OK) != 0) {
+			error = "SOFTVERBS_CONFIG: cannot read '" + path + "'";
+			return false;
+		}
+	} else {
+		const char *home = getenv("HOME");
+		std::string user = home ? std::string(home) + "/.config/softverbs.conf" : "";
+		if (!user.empty() && access(user.c_str(), R_OK) == 0)
+			path = user;
+		else if (access("/etc/softverbs.conf", R_OK) == 0)
+			path = "/etc/softverbs.conf";
+	}
+
+	// Device names decide which per-device keys are valid, so the device
+	// list from the environment must be known before the file is read.
+	const char *env_devs = getenv("SOFTVERBS_DEVICES");
+	if (!path.empty()) {
+		std::ifstream in(path);
+		std::string line;
+		int lineno = 0;
+		while (std::getline(in, line)) {
+			lineno++;
+			std::string err;
+			std::string t = trim(line);
+			// Per-device keys for devices only the environment names.
+			if (env_devs && t.find('.') != std::string::npos &&
+			    t.rfind("devices", 0) != 0) {
+				std::string tmp_err;
+				set_devices(cfg, env_devs, tmp_err, "SOFTVERBS_DEVICES");
+			}
+			if (!apply_config_line(cfg, line, err)) {
+				error = path + ":" + std::to_string(lineno) + ": " + err;
+				return false;
+			}
+		}
+	}
+	if (env_devs) {
+		if (!set_devices(cfg, env_devs, error, "SOFTVERBS_DEVICES"))
+			return false;
+	}
+	const char *fabric = getenv("SOFTVERBS_FABRIC");
+	if (fabric) {
+		if (!valid_fabric_name(fabric)) {
+			error = std::string("SOFTVERBS_FABRIC: '") + fabric +
+				"' is not a fabric name (letters, digits, '_', '-', '.'; 1 to 32 characters)";
+			return false;
+		}
+		cfg.fabric = fabric;
+	}
+	out = cfg;
+	return true;
+}
+
+} // namespace loop

@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: MIT
+// The registry segment of one fabric, as seen from this process.
+#pragma once
+
+#include "config.h"
+
+#include "../../kernel-abi/softverbs-abi.h"
+
+#include <pthread.h>
+#include <string>
+
+namespace loop {
+
+class fabric {
+public:
+	// Opens (creating if needed) the registry of cfg.fabric and makes sure
+	// every configured device has a record.  Returns 0 or an errno, with a
+	// message in error.
+	static int open(const config &cfg, fabric *&out, std::string &error);
+
+	sv_registry *reg() const
+	{
+		return reg_;
+	}
+	const config &cfg() const
+	{
+		return cfg_;
+	}
+	const std::string &segment_path() const
+	{
+		return path_;
+	}
+	// Device record for a configured device, or nullptr.
+	sv_device_rec *device(const std::string &name) const;
+
+	// The registry lock: a robust process-shared mutex.
+	void lock();
+	void unlock();
+
+	// Takes a lease for this process (idempotent) and returns its slot.
+	int lease();
+
+	static std::string registry_name(const std::string &fabric_name);
+	static uint64_t process_start_time(pid_t pid);
+
+private:
+	int attach(int fd, std::string &error);
+	int init_new(int fd, std::string &error);
+	void ensure_devices();
+
+	config cfg_;
+	std::string path_;
+	sv_registry *reg_ = nullptr;
+	int lease_slot_ = -1;
+};
+
+// A locked scope on the registry.
+class registry_guard {
+public:
+	explicit registry_guard(fabric &f) : f_(f)
+	{
+		f_.lock();
+	}
+	~registry_guard()
+	{
+		f_.unlock();
+	}
+	registry_guard(const registry_guard &) = delete;
+	registry_guard &operator=(const registry_guard &) = delete;
+
+private:
+	fabric &f_;
+};
+
+// The fabric of this process's configuration (opened once).
+int process_fabric(fabric *&out, std::string &error);
+
+} // namespace loop

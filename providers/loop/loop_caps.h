@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: MIT
+// The capabilities the loop device advertises.  Each bit is set here only in
+// the commit that makes it work end to end, with the test that proves it.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+namespace loop {
+
+inline constexpr unsigned int kDeviceCapFlags =
+	IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN;
+inline constexpr uint64_t kDeviceCapFlagsEx = 0;
+inline constexpr ibv_atomic_cap kAtomicCap = IBV_ATOMIC_NONE;
+inline constexpr int kMaxMw = 0;
+inline constexpr uint64_t kCompletionTimestampMask = 0;
+inline constexpr uint64_t kHcaCoreClockKhz = 0;
+
+} // namespace loop

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MIT
+// Every device limit the loop provider advertises, in one place (rxe_param.h
+// style).  A limit here is a promise: the data path enforces and honours it.
+#pragma once
+
+#include <cstdint>
+
+namespace loop {
+
+inline constexpr uint32_t kVendorId = 0xffffff; // As software devices (rxe) report
+inline constexpr uint32_t kVendorPartId = 0x5356; // "SV"
+inline constexpr uint32_t kHwVer = 1;
+inline constexpr uint64_t kFwVersion = 1;
+
+inline constexpr uint64_t kMaxMrSize = 1ULL << 40;
+inline constexpr uint64_t kPageSizeCap = 0xfffff000ULL; // 4 KiB and up
+inline constexpr int kMaxQp = 4096;
+inline constexpr int kMaxQpWr = 16384;
+inline constexpr int kMaxSge = 32;
+inline constexpr int kMaxSgeRd = 32;
+inline constexpr int kMaxCq = 4096;
+inline constexpr int kMaxCqe = 65535;
+inline constexpr int kMaxMr = 16384;
+inline constexpr int kMaxPd = 16384;
+inline constexpr int kMaxQpRdAtom = 16;
+inline constexpr int kMaxQpInitRdAtom = 16;
+inline constexpr int kMaxSrq = 1024;
+inline constexpr int kMaxSrqWr = 16384;
+inline constexpr int kMaxSrqSge = 32;
+inline constexpr int kMaxAh = 16384;
+inline constexpr int kMaxMcastGrp = 64;
+inline constexpr int kMaxMcastQpAttach = 64;
+inline constexpr int kMaxInlineData = 256;
+inline constexpr uint16_t kMaxPkeys = 1;
+inline constexpr uint16_t kDefaultPkey = 0xffff;
+inline constexpr int kGidTableLen = 16; // Ethernet ports fill one slot per IP address
+inline constexpr uint32_t kMaxMsgSize = 1U << 31;
+inline constexpr int kLocalCaAckDelay = 15;
+
+} // namespace loop

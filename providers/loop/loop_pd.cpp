@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: MIT
+// Protection domains.  A PD number is unique within its process; keys in the
+// registry record (owner lease, PD number), which is unique on the fabric.
+#include "loop.h"
+
+#include <atomic>
+#include <cerrno>
+
+namespace loop {
+
+ibv_pd *loop_alloc_pd(ibv_context *ctx)
+{
+	static std::atomic<uint32_t> next_pdn{1};
+	(void)ctx;
+	auto *pd = new (std::nothrow) loop_pd{};
+	if (!pd) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	pd->pdn = next_pdn.fetch_add(1, std::memory_order_relaxed);
+	pd->base.handle = pd->pdn;
+	return &pd->base;
+}
+
+int loop_dealloc_pd(ibv_pd *pd)
+{
+	delete to_loop_pd(pd);
+	return 0;
+}
+
+} // namespace loop
