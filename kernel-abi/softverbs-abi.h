@@ -107,19 +107,285 @@ SV_STATIC_ASSERT(sizeof(struct sv_lease) == 16, "lease size");
  */
 #define SV_MUTEX_BYTES 40
 
+/*
+ * Queue pairs.  A QP number is (generation << 12) | slot, so a QPN that
+ * outlives its QP names nothing.  The owner writes every field under the
+ * registry lock except state, which any process may move to ERR with a
+ * compare-and-swap (a responder that detects a fatal error does so).
+ */
+#define SV_MAX_QPS 4096
+#define SV_QPN_SLOT_BITS 12
+#define SV_QPN_SLOT_MASK ((1u << SV_QPN_SLOT_BITS) - 1)
+
+struct sv_qp_rec {
+	uint32_t in_use;	/* 1 while the QP exists */
+	uint32_t generation;	/* Bumped when the slot is reused; 12 bits go into the QPN */
+	uint32_t owner_lease;	/* Lease slot of the owning process */
+	uint32_t owner_gen;	/* That lease's generation: tells a reused slot apart */
+	uint32_t state;		/* enum ibv_qp_state; any process may CAS it to ERR */
+	uint8_t qp_type;	/* enum ibv_qp_type */
+	uint8_t port;		/* Port number, 1-based, set at RESET->INIT */
+	uint8_t path_mtu;	/* enum ibv_mtu, set at INIT->RTR */
+	uint8_t sq_sig_all;
+	uint32_t device;	/* Index into devices[] */
+	uint32_t access;	/* qp_access_flags: remote rights granted to peers */
+	uint32_t qkey;		/* UD and the Q_Key check */
+	uint32_t pdn;		/* PD number within the owner */
+	uint32_t rq_obj;	/* Queue object of the RQ, or of the SRQ when has_srq */
+	uint32_t rq_gen;	/* Its generation */
+	uint32_t rcq_obj;	/* Queue object of the receive CQ */
+	uint32_t rcq_gen;
+	uint32_t has_srq;
+	uint32_t xrcd;		/* XRC domain id (XRC_RECV QPs) */
+	uint32_t dest_qpn;	/* Connected peer (RC/UC/XRC), from INIT->RTR */
+	uint8_t min_rnr_timer;	/* Encoded as in ibv_qp_attr; sent back in an RNR NAK */
+	uint8_t reserved0[3];
+	uint32_t reserved[2];
+};
+SV_STATIC_ASSERT(sizeof(struct sv_qp_rec) == 80, "QP record size");
+
+/*
+ * Memory keys.  lkey == rkey == (slot << 8) | key, the key byte random per
+ * registration, so keys are neither reused at once nor guessable in sequence.
+ * A record is valid when state is SV_MR_VALID and the key byte matches.
+ */
+#define SV_MAX_MRS 16384
+#define SV_MR_KEY_BITS 8
+
+enum sv_mr_state {
+	SV_MR_FREE = 0,
+	SV_MR_VALID = 1,
+	SV_MR_INVALID = 2, /* Allocated (a BMME key or an unbound window), not usable */
+};
+
+enum sv_mr_kind {
+	SV_MR_KIND_MR = 1,
+	SV_MR_KIND_NULL = 2, /* Writes dropped, reads give zeros */
+	SV_MR_KIND_MW1 = 3,
+	SV_MR_KIND_MW2 = 4,
+};
+
+struct sv_mr_rec {
+	uint32_t state;	     /* enum sv_mr_state; written last, with release */
+	uint32_t key;	     /* The low 8 bits of the current lkey/rkey */
+	uint32_t owner_lease;
+	uint32_t owner_gen;
+	uint32_t pdn;
+	uint32_t access;     /* IBV_ACCESS_* */
+	uint64_t iova;	     /* First byte's address as the wire names it */
+	uint64_t length;
+	uint64_t addr;	     /* First byte's address in the owner's address space */
+	uint32_t kind;	     /* enum sv_mr_kind */
+	uint32_t bound_qpn;  /* Type 2 windows: the QP allowed to use it */
+	uint32_t parent;     /* Windows: slot of the MR they are bound to */
+	uint32_t reserved[3];
+};
+SV_STATIC_ASSERT(sizeof(struct sv_mr_rec) == 72, "MR record size");
+
+/*
+ * Queue objects: CQ rings, receive queues, SRQs.  Each lives in its own
+ * segment softverbs-<uid>-<fabric>-q<slot>.<generation>, created by its
+ * owner and mapped by peers on first contact (see sv_queue_hdr).
+ */
+#define SV_MAX_OBJS 8192
+
+enum sv_obj_kind {
+	SV_OBJ_CQ = 1,
+	SV_OBJ_RQ = 2,
+	SV_OBJ_SRQ = 3,
+};
+
+struct sv_obj_rec {
+	uint32_t in_use;
+	uint32_t generation;
+	uint32_t owner_lease;
+	uint32_t owner_gen;
+	uint32_t kind; /* enum sv_obj_kind */
+	uint32_t srq_num; /* SRQs: the number XRC senders name */
+	uint32_t xrcd;	  /* XRC SRQs: their domain */
+	uint32_t cq_obj;  /* XRC SRQs: the CQ their receives complete into */
+	uint32_t cq_gen;
+	uint32_t pdn;	  /* SRQs: the PD their receive lkeys belong to */
+	uint32_t reserved[2];
+};
+SV_STATIC_ASSERT(sizeof(struct sv_obj_rec) == 48, "object record size");
+
+/* Multicast groups: the QPs attached to each (GID, LID). */
+#define SV_MAX_MCAST 64
+#define SV_MAX_MCAST_QPS 64
+
+struct sv_mcast_rec {
+	uint8_t gid[16];
+	uint16_t lid;
+	uint16_t num_qps;
+	uint32_t reserved;
+	uint32_t qpns[SV_MAX_MCAST_QPS];
+};
+SV_STATIC_ASSERT(sizeof(struct sv_mcast_rec) == 280, "multicast record size");
+
+/*
+ * Atomic operations are atomic among all users of the fabric
+ * (IBV_ATOMIC_HCA): each takes one of these striped locks, chosen by
+ * (target process, address).  A lock word holds its holder's pid; a waiter
+ * that finds the holder dead takes the lock over.
+ */
+#define SV_ATOMIC_LOCKS 1024
+
 struct sv_registry {
 	struct sv_seg_hdr hdr;
 	uint8_t lock[SV_MUTEX_BYTES] __attribute__((aligned(8)));
 	uint32_t next_lid;	/* Next LID to hand out; LIDs start at 1 */
 	uint32_t num_devices;	/* Slots in use in devices[] */
 	uint32_t lease_generation;
-	uint32_t reserved0;
+	uint32_t next_xrcd;	/* XRC domain ids */
 	uint8_t pad0[SV_CACHELINE - SV_MUTEX_BYTES - 16];
 	struct sv_device_rec devices[SV_MAX_DEVICES];
 	struct sv_lease leases[SV_MAX_PROCS];
+	uint32_t atomic_locks[SV_ATOMIC_LOCKS];
+	struct sv_mcast_rec mcast[SV_MAX_MCAST];
+	struct sv_obj_rec objs[SV_MAX_OBJS];
+	struct sv_qp_rec qps[SV_MAX_QPS];
+	struct sv_mr_rec mrs[SV_MAX_MRS];
 };
 SV_STATIC_ASSERT(offsetof(struct sv_registry, lock) == 64, "lock on its own line");
 SV_STATIC_ASSERT(offsetof(struct sv_registry, devices) == 128, "devices start on a line");
 SV_STATIC_ASSERT(offsetof(struct sv_registry, devices) % SV_CACHELINE == 0, "aligned table");
+SV_STATIC_ASSERT(offsetof(struct sv_registry, atomic_locks) % SV_CACHELINE == 0, "aligned");
+
+/* ---- queue segments ---- */
+
+/*
+ * Every queue segment starts with this.  entries is a power of two; the
+ * ring's slots follow at slots_offset, entry_size bytes each.
+ */
+struct sv_queue_hdr {
+	struct sv_seg_hdr seg;
+	uint32_t kind;	      /* enum sv_obj_kind */
+	uint32_t entries;     /* Power of two */
+	uint32_t entry_size;  /* Bytes per slot, a multiple of 64 */
+	uint32_t slots_offset;
+	uint32_t owner_pid;
+	uint32_t max_sge;     /* RQ/SRQ: SGEs per WQE */
+	uint32_t obj_slot;    /* This object's slot in the registry's objs[] */
+	uint32_t obj_gen;     /* and its generation, for async events */
+	uint8_t reserved[32];
+};
+SV_STATIC_ASSERT(sizeof(struct sv_queue_hdr) == 128, "queue header size");
+
+/*
+ * CQ ring: many producers (any process that completes a WR into this CQ),
+ * one consumer (the owner, under its poll lock).
+ *
+ * Producer: load cons (acquire); reserve slot p with a CAS on prod from p to
+ * p + 1, provided p - cons < entries (else the CQ overflowed: set overflow and
+ * raise IBV_EVENT_CQ_ERR); fill the slot; store seq = (uint32_t)(p + 1) with
+ * release.  Then, if armed is non-zero and the completion qualifies
+ * (solicited-only arms fire on solicited and error completions), CAS armed
+ * to 0 and, if that won, send cookie to the channel address.
+ * Consumer: slot c is ready when its seq (acquire) equals (uint32_t)(c + 1);
+ * read it, then store cons = c + 1 with release.
+ */
+enum sv_cq_arm {
+	SV_CQ_DISARMED = 0,
+	SV_CQ_ARM_ALL = 1,
+	SV_CQ_ARM_SOLICITED = 2,
+};
+
+struct sv_cq_ring {
+	struct sv_queue_hdr hdr;
+	uint64_t prod; /* Producers' reservation counter */
+	uint8_t pad1[SV_CACHELINE - 8];
+	uint64_t cons; /* Written by the owner only */
+	uint8_t pad2[SV_CACHELINE - 8];
+	uint32_t armed;	   /* enum sv_cq_arm */
+	uint32_t overflow; /* Set by a producer that found the ring full */
+	uint64_t cookie;   /* Channel cookie of this CQ; 0 without a channel */
+	uint32_t channel_len;
+	uint32_t async_len;
+	uint8_t channel_addr[108]; /* Abstract AF_UNIX address of the channel */
+	uint8_t async_addr[108];   /* Abstract AF_UNIX address of the owner's async fd */
+	uint8_t pad3[SV_CACHELINE * 4 - 24 - 216];
+};
+SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, prod) == 128, "producer line");
+SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, cons) == 192, "consumer line");
+SV_STATIC_ASSERT(sizeof(struct sv_cq_ring) == 512, "CQ ring header size");
+
+enum sv_cqe_flags {
+	SV_CQE_SOLICITED = 1 << 0,
+};
+
+struct sv_cqe {
+	uint32_t seq; /* (uint32_t)(reservation + 1) once the entry is complete */
+	uint32_t status; /* enum ibv_wc_status */
+	uint64_t wr_id;
+	uint32_t opcode; /* enum ibv_wc_opcode */
+	uint32_t vendor_err;
+	uint32_t byte_len;
+	uint32_t imm_data; /* Immediate data (network order) or the invalidated rkey */
+	uint32_t qp_num;
+	uint32_t src_qp;
+	uint32_t wc_flags; /* IBV_WC_* flags */
+	uint16_t pkey_index;
+	uint16_t slid;
+	uint8_t sl;
+	uint8_t dlid_path_bits;
+	uint8_t flags; /* enum sv_cqe_flags */
+	uint8_t reserved0;
+	uint32_t reserved1;
+	uint64_t timestamp; /* Completion time, CLOCK_MONOTONIC ns */
+};
+SV_STATIC_ASSERT(sizeof(struct sv_cqe) == 64, "one CQE per cache line");
+
+/*
+ * Receive queue or SRQ ring: one producer (the owner posting receives,
+ * under its post lock), many consumers (the requesters that deliver
+ * messages, and the owner when it flushes).
+ *
+ * Producer: fill slot prod; store prod + 1 with release.
+ * Consumer: c = cons (acquire); empty if c == prod (acquire); copy the WQE
+ * out of slot c; then CAS cons from c to c + 1.  Only a winning CAS owns the
+ * copy: the producer cannot reuse slot c before cons passes it, so a copy
+ * made before a winning CAS is intact.
+ * limit: SRQ limit (0 = disarmed); the consumer that takes the count below
+ * it CASes limit to 0 and raises IBV_EVENT_SRQ_LIMIT_REACHED.
+ */
+struct sv_rq_ring {
+	struct sv_queue_hdr hdr;
+	uint64_t prod;
+	uint8_t pad1[SV_CACHELINE - 8];
+	uint64_t cons;
+	uint8_t pad2[SV_CACHELINE - 8];
+	uint32_t limit;
+	uint32_t async_len;
+	uint8_t async_addr[108];
+	uint8_t pad3[SV_CACHELINE * 2 - 116];
+};
+SV_STATIC_ASSERT(offsetof(struct sv_rq_ring, prod) == 128, "producer line");
+SV_STATIC_ASSERT(offsetof(struct sv_rq_ring, cons) == 192, "consumer line");
+SV_STATIC_ASSERT(sizeof(struct sv_rq_ring) == 384, "RQ ring header size");
+
+struct sv_sge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+SV_STATIC_ASSERT(sizeof(struct sv_sge) == 16, "SGE size");
+
+struct sv_recv_wqe {
+	uint64_t wr_id;
+	uint32_t num_sge;
+	uint32_t reserved;
+	struct sv_sge sge[]; /* hdr.max_sge of them; the slot is padded to 64 */
+};
+SV_STATIC_ASSERT(sizeof(struct sv_recv_wqe) == 16, "WQE header size");
+
+/* Async event datagram sent to an object's owner. */
+struct sv_async_msg {
+	uint32_t type;	/* enum ibv_event_type */
+	uint32_t kind;	/* enum sv_obj_kind, or 0 for a QP (slot in qps[]) */
+	uint32_t slot;	/* objs[] or qps[] slot */
+	uint32_t generation;
+};
+SV_STATIC_ASSERT(sizeof(struct sv_async_msg) == 16, "async message size");
 
 #endif

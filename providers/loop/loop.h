@@ -7,8 +7,11 @@
 #include "../../libibverbs-compat/driver.h"
 #include "fabric.h"
 #include "loop_param.h"
+#include "queue_seg.h"
 
+#include <atomic>
 #include <cstddef>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,12 +36,106 @@ struct loop_context {
 	sv_device_rec *dev; // This device's record in the registry
 	loop_device *ldev;
 	int lease;
+	uint32_t lease_gen;
 	int async_fd; // Datagram socket: async events from any process
+	uint8_t async_addr[108];
+	uint32_t async_len;
 };
 
 struct loop_pd {
 	ibv_pd base; // Must be first
 	uint32_t pdn;
+};
+
+struct loop_mr {
+	verbs_mr vmr; // Must be first
+	uint32_t slot; // In the registry's mrs[]
+};
+
+struct loop_mw {
+	ibv_mw base; // Must be first
+	uint32_t slot;
+};
+
+struct loop_cq {
+	verbs_cq vcq; // Must be first
+	loop_context *ctx;
+	obj_ref ref;
+	sv_cq_ring *ring;
+	sv_cqe *slots;
+	uint32_t mask;
+	uint32_t capacity; // What the application asked for, rounded up
+	std::mutex lock;   // Polling
+	// Extended polling: the entry start_poll/next_poll made current.
+	sv_cqe cur;
+	uint64_t wc_flags_ex;
+	bool locked; // start_poll took lock
+};
+
+struct loop_srq {
+	verbs_srq vsrq; // Must be first
+	loop_context *ctx;
+	obj_ref ref;
+	sv_rq_ring *ring;
+	uint32_t max_wr;
+	uint32_t max_sge;
+	uint32_t limit;
+	std::mutex lock; // Posting
+};
+
+struct loop_ah {
+	ibv_ah base; // Must be first
+	ibv_ah_attr attr;
+};
+
+// A send WR as the requester keeps it: copied at post time, so a WR that
+// must wait (RNR, an unreachable peer) no longer refers to the caller's memory.
+struct send_wr {
+	uint64_t wr_id;
+	ibv_wr_opcode opcode;
+	unsigned int flags;
+	uint32_t num_sge;
+	ibv_sge sge[kMaxSge];
+	uint32_t inline_len;
+	bool is_inline;
+	uint8_t inline_data[kMaxInlineData];
+	uint64_t remote_addr;
+	uint32_t rkey;
+	__be32 imm_data;
+	uint32_t invalidate_rkey;
+	uint64_t compare_add;
+	uint64_t swap;
+	// UD
+	ibv_ah_attr ah;
+	uint32_t remote_qpn;
+	uint32_t remote_qkey;
+	// XRC
+	uint32_t xrc_srqn;
+	// Retry state
+	int rnr_left;
+	int retry_left;
+	uint64_t next_try_ns;
+};
+
+struct loop_qp {
+	verbs_qp vqp; // Must be first
+	loop_context *ctx;
+	uint32_t slot; // In the registry's qps[]
+	uint32_t qpn;
+	uint32_t pdn;
+	ibv_qp_type type;
+	obj_ref rq_ref;
+	sv_rq_ring *rq; // Null with an SRQ or for send-only QPs
+	loop_cq *scq;
+	loop_cq *rcq;
+	loop_srq *srq;
+	ibv_qp_cap cap;
+	bool sq_sig_all;
+	std::mutex sq_lock; // Posting sends and running the requester
+	std::mutex rq_lock; // Posting receives
+	ibv_qp_attr attr;   // What modify_qp set, for query_qp
+	std::deque<send_wr> backlog; // WRs waiting behind an RNR or a retry
+	bool in_progress_list;
 };
 
 template <typename T, typename M> inline T *container_of_first(M *m)
@@ -60,6 +157,30 @@ inline loop_pd *to_loop_pd(ibv_pd *p)
 {
 	return container_of_first<loop_pd>(p);
 }
+inline loop_mr *to_loop_mr(ibv_mr *m)
+{
+	return container_of_first<loop_mr>(m);
+}
+inline loop_cq *to_loop_cq(ibv_cq *c)
+{
+	return container_of_first<loop_cq>(c);
+}
+inline loop_cq *to_loop_cq_ex(ibv_cq_ex *c)
+{
+	return container_of_first<loop_cq>(c);
+}
+inline loop_qp *to_loop_qp(ibv_qp *q)
+{
+	return container_of_first<loop_qp>(q);
+}
+inline loop_srq *to_loop_srq(ibv_srq *s)
+{
+	return container_of_first<loop_srq>(s);
+}
+inline loop_ah *to_loop_ah(ibv_ah *a)
+{
+	return container_of_first<loop_ah>(a);
+}
 
 // loop_query.cpp
 int loop_query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
@@ -75,5 +196,99 @@ int loop_gid_table(loop_context *lctx, uint32_t port, gid_slot *table, int max);
 // loop_pd.cpp
 ibv_pd *loop_alloc_pd(ibv_context *ctx);
 int loop_dealloc_pd(ibv_pd *pd);
+
+// loop_mr.cpp
+ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access);
+int loop_dereg_mr(verbs_mr *vmr);
+int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t length, int access);
+ibv_mr *loop_alloc_null_mr(ibv_pd *pd);
+// Looks up a key for an access by (lease, pdn) of `need` rights to
+// [iova, iova + len).  Returns the address in the owner's space, or an error
+// (ENOENT bad key, EACCES rights or PD, ERANGE bounds).
+struct mr_hit {
+	uint64_t addr;
+	uint32_t kind;
+	uint32_t slot;
+};
+int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+	      uint64_t len, uint32_t need, uint32_t qpn, mr_hit &hit);
+
+// loop_cq.cpp
+ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int comp_vector);
+ibv_cq_ex *loop_create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr);
+int loop_destroy_cq(ibv_cq *cq);
+int loop_poll_cq(ibv_cq *cq, int n, ibv_wc *wc);
+int loop_req_notify_cq(ibv_cq *cq, int solicited_only);
+int loop_resize_cq(ibv_cq *cq, int cqe);
+// Pushes a completion into any CQ ring (ours or a peer's).  Returns 0, or
+// ENOSPC when the ring overflowed (the owner then gets IBV_EVENT_CQ_ERR).
+int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited);
+uint64_t now_ns();
+
+// loop_qp.cpp
+ibv_qp *loop_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr);
+ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr);
+int loop_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int mask);
+int loop_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init);
+int loop_destroy_qp(ibv_qp *qp);
+int loop_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
+// Moves a QP to ERR (if not already) and flushes its receive queue; usable on
+// a peer's QP.  Returns true if this call made the transition.
+bool qp_set_error(fabric &fab, uint32_t slot);
+// Flushes receive WQEs of ring into the CQ ring with WR_FLUSH_ERR.
+void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn);
+// Takes one receive WQE from a ring, copying it into out (max_sge entries).
+// Returns false when the ring is empty.
+bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge);
+// Posts receive WRs into ring (owner side).
+int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad);
+void send_async(const uint8_t *addr, uint32_t len, const sv_async_msg &msg);
+
+// loop_srq.cpp
+ibv_srq *loop_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr);
+int loop_modify_srq(ibv_srq *srq, ibv_srq_attr *attr, int mask);
+int loop_query_srq(ibv_srq *srq, ibv_srq_attr *attr);
+int loop_destroy_srq(ibv_srq *srq);
+int loop_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad);
+
+// loop_ah.cpp
+ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr);
+int loop_destroy_ah(ibv_ah *ah);
+
+// loop_req.cpp: the requester
+int loop_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
+// Runs the backlog of a QP (called by the progress thread); returns the time
+// of the next retry or 0 when the backlog is empty.
+uint64_t qp_run_backlog(loop_qp *qp);
+
+// Striped fabric-wide lock for atomics on (target process, address).
+class atomic_guard {
+public:
+	atomic_guard(fabric &fab, uint32_t lease, uint64_t addr);
+	~atomic_guard();
+	atomic_guard(const atomic_guard &) = delete;
+	atomic_guard &operator=(const atomic_guard &) = delete;
+
+private:
+	uint32_t *word_;
+};
+
+// loop_xrc.cpp
+struct loop_xrcd {
+	verbs_xrcd vxrcd; // Must be first
+};
+ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr);
+int loop_close_xrcd(ibv_xrcd *xrcd);
+ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr);
+int loop_get_srq_num(ibv_srq *srq, uint32_t *srq_num);
+ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr);
+
+// loop_mcast.cpp
+int loop_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
+int loop_detach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
+
+// loop_progress.cpp
+void progress_add(loop_qp *qp);
+void progress_remove(loop_qp *qp);
 
 } // namespace loop

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Registration, discovery and the context: the loop provider's entry points.
 #include "loop.h"
+#include "objects.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -106,39 +107,94 @@ void loop_free_context(ibv_context *ctx)
 
 int loop_get_async_event(ibv_context *ctx, ibv_async_event *event)
 {
-	// Async events arrive as datagrams on async_fd; until an object raises
-	// one, a blocking read waits like on a kernel device's async fd.
+	// Async events arrive as datagrams on async_fd, sent by whichever
+	// process saw the event; each names an object of ours by registry slot.
 	loop_context *lctx = to_loop_context(ctx);
-	struct {
-		uint32_t type;
-		uint32_t reserved;
-		uint64_t element;
-	} msg;
+	sv_async_msg msg;
 	for (;;) {
 		ssize_t n = recv(lctx->async_fd, &msg, sizeof(msg), 0);
 		if (n < 0)
 			return errno;
 		if (n != sizeof(msg))
 			continue;
-		if (msg.type == IBV_EVENT_PORT_ACTIVE || msg.type == IBV_EVENT_PORT_ERR ||
-		    msg.type == IBV_EVENT_LID_CHANGE || msg.type == IBV_EVENT_DEVICE_FATAL) {
-			event->event_type = static_cast<ibv_event_type>(msg.type);
-			event->element.port_num = static_cast<int>(msg.element);
+		event->event_type = static_cast<ibv_event_type>(msg.type);
+		switch (msg.type) {
+		case IBV_EVENT_CQ_ERR:
+			event->element.cq = static_cast<ibv_cq *>(objects_find(SV_OBJ_CQ, msg.slot));
+			if (event->element.cq)
+				return 0;
+			break;
+		case IBV_EVENT_SRQ_LIMIT_REACHED:
+		case IBV_EVENT_SRQ_ERR:
+			event->element.srq =
+				static_cast<ibv_srq *>(objects_find(SV_OBJ_SRQ, msg.slot));
+			if (event->element.srq)
+				return 0;
+			break;
+		case IBV_EVENT_QP_FATAL:
+		case IBV_EVENT_QP_REQ_ERR:
+		case IBV_EVENT_QP_ACCESS_ERR:
+		case IBV_EVENT_COMM_EST:
+		case IBV_EVENT_SQ_DRAINED:
+		case IBV_EVENT_QP_LAST_WQE_REACHED:
+			event->element.qp = static_cast<ibv_qp *>(objects_find(kObjQp, msg.slot));
+			if (event->element.qp)
+				return 0;
+			break;
+		case IBV_EVENT_PORT_ACTIVE:
+		case IBV_EVENT_PORT_ERR:
+		case IBV_EVENT_LID_CHANGE:
+			event->element.port_num = static_cast<int>(msg.slot);
 			return 0;
+		case IBV_EVENT_DEVICE_FATAL:
+			return 0;
+		default:
+			break;
 		}
+		// An event for an object we no longer have: drop it.
 	}
 }
 
 const verbs_context_ops loop_ctx_ops = {
+	.alloc_null_mr = loop_alloc_null_mr,
 	.alloc_pd = loop_alloc_pd,
+	.attach_mcast = loop_attach_mcast,
+	.close_xrcd = loop_close_xrcd,
+	.create_ah = loop_create_ah,
+	.create_cq = loop_create_cq,
+	.create_qp = loop_create_qp,
+	.create_qp_ex = loop_create_qp_ex,
+	.create_srq = loop_create_srq,
+	.create_srq_ex = loop_create_srq_ex,
 	.dealloc_pd = loop_dealloc_pd,
+	.dereg_mr = loop_dereg_mr,
+	.destroy_ah = loop_destroy_ah,
+	.destroy_cq = loop_destroy_cq,
+	.destroy_qp = loop_destroy_qp,
+	.destroy_srq = loop_destroy_srq,
+	.detach_mcast = loop_detach_mcast,
 	.free_context = loop_free_context,
 	.get_async_event = loop_get_async_event,
+	.get_srq_num = loop_get_srq_num,
+	.modify_qp = loop_modify_qp,
+	.modify_srq = loop_modify_srq,
+	.open_qp = loop_open_qp,
+	.open_xrcd = loop_open_xrcd,
+	.poll_cq = loop_poll_cq,
+	.post_recv = loop_post_recv,
+	.post_send = loop_post_send,
+	.post_srq_recv = loop_post_srq_recv,
 	.query_device_ex = loop_query_device_ex,
 	.query_gid_ex = loop_query_gid_ex,
 	.query_pkey = loop_query_pkey,
 	.query_port = loop_query_port,
+	.query_qp = loop_query_qp,
 	.query_rt_values = loop_query_rt_values,
+	.query_srq = loop_query_srq,
+	.reg_mr = loop_reg_mr,
+	.req_notify_cq = loop_req_notify_cq,
+	.rereg_mr = loop_rereg_mr,
+	.resize_cq = loop_resize_cq,
 };
 
 verbs_context *loop_alloc_context(ibv_device *ibdev, int cmd_fd, void *private_data)
@@ -182,6 +238,14 @@ verbs_context *loop_alloc_context(ibv_device *ibdev, int cmd_fd, void *private_d
 		return nullptr;
 	}
 	lctx->vctx.context.async_fd = lctx->async_fd;
+	lctx->lease_gen = fab->reg()->leases[lease].generation;
+	{
+		sockaddr_un sa{};
+		socklen_t len = sizeof(sa);
+		getsockname(lctx->async_fd, reinterpret_cast<sockaddr *>(&sa), &len);
+		lctx->async_len = static_cast<uint32_t>(len - offsetof(sockaddr_un, sun_path));
+		memcpy(lctx->async_addr, sa.sun_path, lctx->async_len);
+	}
 	verbs_set_ops(&lctx->vctx, &loop_ctx_ops);
 	return &lctx->vctx;
 }

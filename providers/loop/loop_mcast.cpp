@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: MIT
+// Multicast: the registry keeps each group's attached QPs; a UD send to the
+// group's LID/GID is delivered to every one of them.
+#include "loop.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace loop {
+
+int loop_attach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	if (qp->type != IBV_QPT_UD || gid->raw[0] != 0xff)
+		return EINVAL;
+	fabric &fab = *qp->ctx->fab;
+	registry_guard g(fab);
+	sv_mcast_rec *grp = nullptr, *free_rec = nullptr;
+	for (sv_mcast_rec &m : fab.reg()->mcast) {
+		if (m.num_qps && memcmp(m.gid, gid->raw, 16) == 0 && m.lid == lid)
+			grp = &m;
+		else if (!m.num_qps && !free_rec)
+			free_rec = &m;
+	}
+	if (!grp) {
+		if (!free_rec)
+			return ENOMEM;
+		grp = free_rec;
+		memcpy(grp->gid, gid->raw, 16);
+		grp->lid = lid;
+	}
+	for (uint32_t i = 0; i < grp->num_qps; i++)
+		if (grp->qpns[i] == qp->qpn)
+			return 0;
+	if (grp->num_qps >= SV_MAX_MCAST_QPS)
+		return ENOMEM;
+	grp->qpns[grp->num_qps++] = qp->qpn;
+	return 0;
+}
+
+int loop_detach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	fabric &fab = *qp->ctx->fab;
+	registry_guard g(fab);
+	for (sv_mcast_rec &m : fab.reg()->mcast) {
+		if (!m.num_qps || memcmp(m.gid, gid->raw, 16) != 0 || m.lid != lid)
+			continue;
+		for (uint32_t i = 0; i < m.num_qps; i++)
+			if (m.qpns[i] == qp->qpn) {
+				m.qpns[i] = m.qpns[--m.num_qps];
+				return 0;
+			}
+	}
+	return EINVAL;
+}
+
+} // namespace loop

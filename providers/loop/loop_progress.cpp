@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: MIT
+// The progress engine: one thread per process, started on first need, that
+// retries WRs waiting in QP backlogs (RNR waits, unreachable peers) when
+// their timers expire.  Lock order: the progress lock, then a QP's sq_lock.
+#include "loop.h"
+
+#include <condition_variable>
+#include <set>
+#include <thread>
+
+namespace loop {
+
+namespace {
+
+struct engine {
+	std::mutex lock;
+	std::condition_variable wake;
+	std::set<loop_qp *> qps;
+	bool started = false;
+};
+
+engine &eng()
+{
+	static engine *e = new engine; // Lives as long as the process: the thread uses it
+	return *e;
+}
+
+void run()
+{
+	engine &e = eng();
+	std::unique_lock<std::mutex> g(e.lock);
+	for (;;) {
+		uint64_t next = 0;
+		for (auto it = e.qps.begin(); it != e.qps.end();) {
+			loop_qp *qp = *it;
+			uint64_t t = qp_run_backlog(qp);
+			if (!t) {
+				qp->in_progress_list = false;
+				it = e.qps.erase(it);
+				continue;
+			}
+			next = next ? std::min(next, t) : t;
+			++it;
+		}
+		if (!next) {
+			e.wake.wait(g);
+			continue;
+		}
+		uint64_t now = now_ns();
+		if (next > now)
+			e.wake.wait_for(g, std::chrono::nanoseconds(next - now));
+	}
+}
+
+} // namespace
+
+void progress_add(loop_qp *qp)
+{
+	engine &e = eng();
+	std::lock_guard<std::mutex> g(e.lock);
+	if (!e.started) {
+		std::thread(run).detach();
+		e.started = true;
+	}
+	qp->in_progress_list = true;
+	e.qps.insert(qp);
+	e.wake.notify_one();
+}
+
+void progress_remove(loop_qp *qp)
+{
+	engine &e = eng();
+	std::lock_guard<std::mutex> g(e.lock);
+	e.qps.erase(qp);
+	qp->in_progress_list = false;
+}
+
+} // namespace loop

@@ -1,0 +1,547 @@
+// SPDX-License-Identifier: MIT
+// Queue pairs: creation, the state machine, receive queues.
+#include "loop.h"
+#include "objects.h"
+#include "qp_state.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace loop {
+
+namespace {
+
+std::atomic_ref<uint32_t> qp_state_ref(sv_qp_rec &q)
+{
+	return std::atomic_ref<uint32_t>(q.state);
+}
+
+uint32_t wqe_size(uint32_t max_sge)
+{
+	uint32_t b = sizeof(sv_recv_wqe) + max_sge * sizeof(sv_sge);
+	return (b + 63) & ~63u;
+}
+
+sv_recv_wqe *rq_slot(sv_rq_ring *rq, uint64_t idx)
+{
+	return reinterpret_cast<sv_recv_wqe *>(reinterpret_cast<char *>(rq) + rq->hdr.slots_offset +
+					       (idx & (rq->hdr.entries - 1)) * rq->hdr.entry_size);
+}
+
+bool valid_type(ibv_qp_type t)
+{
+	return t == IBV_QPT_RC || t == IBV_QPT_UC || t == IBV_QPT_UD || t == IBV_QPT_XRC_SEND ||
+	       t == IBV_QPT_XRC_RECV;
+}
+
+int check_caps(const ibv_qp_init_attr_ex &a, bool has_rq)
+{
+	const ibv_qp_cap &c = a.cap;
+	if (a.qp_type != IBV_QPT_XRC_RECV &&
+	    (c.max_send_wr > kMaxQpWr || c.max_send_sge > kMaxSge ||
+	     c.max_inline_data > kMaxInlineData))
+		return EINVAL;
+	if (has_rq && (c.max_recv_wr > kMaxQpWr || c.max_recv_sge > kMaxSge))
+		return EINVAL;
+	return 0;
+}
+
+void report(const char *what, ibv_qp_state cur, ibv_qp_state next, int missing, int extra)
+{
+	static bool verbose = [] {
+		const char *s = getenv("SOFTVERBS_DEBUG");
+		return s && *s && strcmp(s, "0") != 0;
+	}();
+	if (!verbose)
+		return;
+	fprintf(stderr, "softverbs: modify_qp %s -> %s refused: %s", qp_state_name(cur),
+		qp_state_name(next), what);
+	if (missing)
+		fprintf(stderr, "; missing %s", qp_mask_names(missing).c_str());
+	if (extra)
+		fprintf(stderr, "; not allowed %s", qp_mask_names(extra).c_str());
+	fputc('\n', stderr);
+}
+
+// Values the state machine does not check.
+int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
+{
+	loop_context *lctx = qp->ctx;
+	if ((mask & IBV_QP_PORT) && (a.port_num < 1 || a.port_num > lctx->dev->num_ports))
+		return EINVAL;
+	if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index >= kMaxPkeys)
+		return EINVAL;
+	if ((mask & IBV_QP_ACCESS_FLAGS) &&
+	    (a.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+				   IBV_ACCESS_MW_BIND)))
+		return EINVAL;
+	if ((mask & IBV_QP_PATH_MTU) && (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096))
+		return EINVAL;
+	if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > kMaxQpInitRdAtom)
+		return EINVAL;
+	if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > kMaxQpRdAtom)
+		return EINVAL;
+	if ((mask & IBV_QP_TIMEOUT) && a.timeout > 31)
+		return EINVAL;
+	if ((mask & IBV_QP_RETRY_CNT) && a.retry_cnt > 7)
+		return EINVAL;
+	if ((mask & IBV_QP_RNR_RETRY) && a.rnr_retry > 7)
+		return EINVAL;
+	if ((mask & IBV_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31)
+		return EINVAL;
+	if ((mask & IBV_QP_DEST_QPN) && a.dest_qp_num > 0xffffff)
+		return EINVAL;
+	if ((mask & IBV_QP_RQ_PSN) && a.rq_psn > 0xffffff)
+		return EINVAL;
+	if ((mask & IBV_QP_SQ_PSN) && a.sq_psn > 0xffffff)
+		return EINVAL;
+	if (mask & IBV_QP_AV) {
+		const ibv_ah_attr &ah = a.ah_attr;
+		uint8_t port = ah.port_num ? ah.port_num
+					   : (mask & IBV_QP_PORT ? a.port_num : qp->attr.port_num);
+		if (port < 1 || port > lctx->dev->num_ports)
+			return EINVAL;
+		if (ah.is_global && ah.grh.sgid_index >= kGidTableLen)
+			return EINVAL;
+		bool eth = lctx->dev->ports[port - 1].link_layer == SV_LINK_ETH;
+		if (eth && !ah.is_global)
+			return EINVAL; // RoCE addresses by GID only
+	}
+	return 0;
+}
+
+} // namespace
+
+void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn)
+{
+	if (!rq)
+		return;
+	std::vector<uint8_t> buf(rq->hdr.entry_size);
+	auto *w = reinterpret_cast<sv_recv_wqe *>(buf.data());
+	while (rq_take(rq, w, rq->hdr.max_sge)) {
+		if (!cq)
+			continue;
+		sv_cqe e{};
+		e.wr_id = w->wr_id;
+		e.status = IBV_WC_WR_FLUSH_ERR;
+		e.opcode = IBV_WC_RECV;
+		e.qp_num = qpn;
+		cq_push(cq, e, false);
+	}
+}
+
+bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge)
+{
+	std::atomic_ref<uint64_t> cons(rq->cons);
+	std::atomic_ref<uint64_t> prod(rq->prod);
+	uint32_t esize = rq->hdr.entry_size;
+	uint64_t c = cons.load(std::memory_order_acquire);
+	for (;;) {
+		uint64_t p = prod.load(std::memory_order_acquire);
+		if (c == p || p - c > rq->hdr.entries)
+			return false; // Empty (or a corrupt producer index: treat as empty).
+		memcpy(out, rq_slot(rq, c), esize);
+		if (cons.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel))
+			break;
+	}
+	// The WQE came from shared memory: bound what we will believe.
+	if (out->num_sge > max_sge || out->num_sge > rq->hdr.max_sge)
+		out->num_sge = 0xffffffff; // Marked invalid for the caller's lkey check.
+	return true;
+}
+
+int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad)
+{
+	std::atomic_ref<uint64_t> prod(rq->prod);
+	uint64_t p = prod.load(std::memory_order_relaxed);
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge) {
+			*bad = wr;
+			prod.store(p, std::memory_order_release);
+			return EINVAL;
+		}
+		uint64_t c = std::atomic_ref<uint64_t>(rq->cons).load(std::memory_order_acquire);
+		if (p - c >= rq->hdr.entries) {
+			*bad = wr;
+			prod.store(p, std::memory_order_release);
+			return ENOMEM;
+		}
+		sv_recv_wqe *w = rq_slot(rq, p);
+		w->wr_id = wr->wr_id;
+		w->num_sge = static_cast<uint32_t>(wr->num_sge);
+		for (int i = 0; i < wr->num_sge; i++) {
+			w->sge[i].addr = wr->sg_list[i].addr;
+			w->sge[i].length = wr->sg_list[i].length;
+			w->sge[i].lkey = wr->sg_list[i].lkey;
+		}
+		p++;
+	}
+	prod.store(p, std::memory_order_release);
+	return 0;
+}
+
+bool qp_set_error(fabric &fab, uint32_t slot)
+{
+	if (slot >= SV_MAX_QPS)
+		return false;
+	sv_qp_rec &q = fab.reg()->qps[slot];
+	std::atomic_ref<uint32_t> st = qp_state_ref(q);
+	uint32_t cur = st.load(std::memory_order_acquire);
+	do {
+		if (cur == IBV_QPS_ERR || cur == IBV_QPS_RESET)
+			return false;
+	} while (!st.compare_exchange_weak(cur, IBV_QPS_ERR, std::memory_order_acq_rel));
+	// Flush the receive queue (not a shared SRQ) into the receive CQ.
+	if (!q.has_srq && q.qp_type != IBV_QPT_XRC_SEND) {
+		auto *rq = static_cast<sv_rq_ring *>(queue_map(fab, {q.rq_obj, q.rq_gen}, SV_OBJ_RQ));
+		auto *cq = static_cast<sv_cq_ring *>(queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ));
+		uint32_t qpn = ((q.generation & SV_QPN_SLOT_MASK) << SV_QPN_SLOT_BITS) | slot;
+		rq_flush(rq, cq, qpn);
+	}
+	return true;
+}
+
+ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
+{
+	loop_context *lctx = to_loop_context(ctx);
+	if (!attr || !valid_type(attr->qp_type)) {
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD;
+	if (attr->comp_mask & ~known) {
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if (attr->create_flags) {
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	bool xrc_recv = attr->qp_type == IBV_QPT_XRC_RECV;
+	bool xrc_send = attr->qp_type == IBV_QPT_XRC_SEND;
+	ibv_pd *pd = (attr->comp_mask & IBV_QP_INIT_ATTR_PD) ? attr->pd : nullptr;
+	if (!xrc_recv && !pd) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	if (xrc_recv && !(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD && attr->xrcd)) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	if (!xrc_recv && !attr->send_cq) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	bool has_rq = !xrc_recv && !xrc_send && !attr->srq;
+	if (has_rq && !attr->recv_cq) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	if (attr->srq && attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD &&
+	    attr->qp_type != IBV_QPT_UC) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	int err = check_caps(*attr, has_rq);
+	if (err) {
+		errno = err;
+		return nullptr;
+	}
+	auto *qp = new (std::nothrow) loop_qp{};
+	if (!qp) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	qp->ctx = lctx;
+	qp->type = attr->qp_type;
+	qp->pdn = pd ? to_loop_pd(pd)->pdn : 0;
+	qp->scq = attr->send_cq ? to_loop_cq(attr->send_cq) : nullptr;
+	qp->rcq = attr->recv_cq ? to_loop_cq(attr->recv_cq) : nullptr;
+	qp->srq = attr->srq ? to_loop_srq(attr->srq) : nullptr;
+	qp->sq_sig_all = attr->sq_sig_all;
+	qp->cap = attr->cap;
+	if (xrc_recv) {
+		qp->cap = {};
+	} else {
+		qp->cap.max_send_wr = std::max<uint32_t>(attr->cap.max_send_wr, 1);
+		qp->cap.max_send_sge = std::max<uint32_t>(attr->cap.max_send_sge, 1);
+		qp->cap.max_inline_data = kMaxInlineData;
+	}
+	if (has_rq) {
+		uint32_t entries = round_pow2(std::max<uint32_t>(attr->cap.max_recv_wr, 1));
+		uint32_t sge = std::max<uint32_t>(attr->cap.max_recv_sge, 1);
+		void *map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_RQ, entries, wqe_size(sge),
+					 sizeof(sv_rq_ring), sge, qp->rq_ref);
+		if (!map) {
+			int e = errno;
+			delete qp;
+			errno = e;
+			return nullptr;
+		}
+		qp->rq = static_cast<sv_rq_ring *>(map);
+		memcpy(qp->rq->async_addr, lctx->async_addr, lctx->async_len);
+		qp->rq->async_len = lctx->async_len;
+		qp->cap.max_recv_wr = entries;
+		qp->cap.max_recv_sge = sge;
+	} else {
+		qp->cap.max_recv_wr = 0;
+		qp->cap.max_recv_sge = 0;
+	}
+	// Claim a QP number.
+	fabric &fab = *lctx->fab;
+	{
+		registry_guard g(fab);
+		sv_registry *r = fab.reg();
+		uint32_t slot = SV_MAX_QPS;
+		for (uint32_t i = 0; i < SV_MAX_QPS; i++)
+			if (!r->qps[i].in_use) {
+				slot = i;
+				break;
+			}
+		if (slot == SV_MAX_QPS) {
+			if (qp->rq)
+				queue_destroy(fab, qp->rq_ref, qp->rq);
+			delete qp;
+			errno = ENOMEM;
+			return nullptr;
+		}
+		sv_qp_rec &q = r->qps[slot];
+		uint32_t gen = q.generation + 1;
+		// 0 and 0xfff would give QPNs below 4096 or the multicast QPN.
+		while ((gen & SV_QPN_SLOT_MASK) == 0 || (gen & SV_QPN_SLOT_MASK) == SV_QPN_SLOT_MASK)
+			gen++;
+		memset(&q, 0, sizeof(q));
+		q.generation = gen;
+		q.owner_lease = static_cast<uint32_t>(lctx->lease);
+		q.owner_gen = lctx->lease_gen;
+		q.state = IBV_QPS_RESET;
+		q.qp_type = static_cast<uint8_t>(attr->qp_type);
+		q.device = lctx->dev->index;
+		q.pdn = qp->pdn;
+		q.sq_sig_all = attr->sq_sig_all ? 1 : 0;
+		if (qp->rq) {
+			q.rq_obj = qp->rq_ref.slot;
+			q.rq_gen = qp->rq_ref.gen;
+		} else if (qp->srq) {
+			q.has_srq = 1;
+			q.rq_obj = qp->srq->ref.slot;
+			q.rq_gen = qp->srq->ref.gen;
+		}
+		if (qp->rcq) {
+			q.rcq_obj = qp->rcq->ref.slot;
+			q.rcq_gen = qp->rcq->ref.gen;
+		}
+		if (xrc_recv)
+			q.xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd)->handle;
+		q.in_use = 1;
+		qp->slot = slot;
+		qp->qpn = ((gen & SV_QPN_SLOT_MASK) << SV_QPN_SLOT_BITS) | slot;
+	}
+	objects_add(kObjQp, qp->slot, &qp->vqp.qp);
+	ibv_qp &q = qp->vqp.qp;
+	q.context = ctx;
+	q.qp_context = attr->qp_context;
+	q.pd = pd;
+	q.send_cq = attr->send_cq;
+	q.recv_cq = attr->recv_cq;
+	q.srq = attr->srq;
+	q.handle = qp->slot;
+	q.qp_num = qp->qpn;
+	q.state = IBV_QPS_RESET;
+	q.qp_type = attr->qp_type;
+	q.events_completed = 0;
+	pthread_mutex_init(&q.mutex, nullptr);
+	pthread_cond_init(&q.cond, nullptr);
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD)
+		qp->vqp.xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd);
+	attr->cap = qp->cap;
+	return &q;
+}
+
+ibv_qp *loop_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr)
+{
+	if (!attr) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	ibv_qp_init_attr_ex ex{};
+	memcpy(&ex, attr, sizeof(*attr));
+	ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+	ex.pd = pd;
+	ibv_qp *qp = loop_create_qp_ex(pd->context, &ex);
+	if (qp)
+		attr->cap = ex.cap;
+	return qp;
+}
+
+int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	std::lock_guard<std::mutex> sg(qp->sq_lock);
+	auto cur = static_cast<ibv_qp_state>(qp_state_ref(rec).load(std::memory_order_acquire));
+	auto next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+	int missing = 0, extra = 0;
+	if (qp_modify_check(qp->type, cur, next, mask, attr->cur_qp_state, &missing, &extra)) {
+		report("illegal transition or attribute mask", cur, next, missing, extra);
+		return EINVAL;
+	}
+	int err = check_values(qp, *attr, mask);
+	if (err) {
+		report("attribute value out of range", cur, next, 0, 0);
+		return err;
+	}
+	ibv_qp_attr &a = qp->attr;
+	if (mask & IBV_QP_PORT)
+		a.port_num = attr->port_num;
+	if (mask & IBV_QP_PKEY_INDEX)
+		a.pkey_index = attr->pkey_index;
+	if (mask & IBV_QP_ACCESS_FLAGS)
+		a.qp_access_flags = attr->qp_access_flags;
+	if (mask & IBV_QP_QKEY)
+		a.qkey = attr->qkey;
+	if (mask & IBV_QP_AV) {
+		a.ah_attr = attr->ah_attr;
+		if (!a.ah_attr.port_num)
+			a.ah_attr.port_num = a.port_num;
+	}
+	if (mask & IBV_QP_PATH_MTU)
+		a.path_mtu = attr->path_mtu;
+	if (mask & IBV_QP_DEST_QPN)
+		a.dest_qp_num = attr->dest_qp_num;
+	if (mask & IBV_QP_RQ_PSN)
+		a.rq_psn = attr->rq_psn;
+	if (mask & IBV_QP_SQ_PSN)
+		a.sq_psn = attr->sq_psn;
+	if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
+		a.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+	if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
+		a.max_rd_atomic = attr->max_rd_atomic;
+	if (mask & IBV_QP_MIN_RNR_TIMER)
+		a.min_rnr_timer = attr->min_rnr_timer;
+	if (mask & IBV_QP_TIMEOUT)
+		a.timeout = attr->timeout;
+	if (mask & IBV_QP_RETRY_CNT)
+		a.retry_cnt = attr->retry_cnt;
+	if (mask & IBV_QP_RNR_RETRY)
+		a.rnr_retry = attr->rnr_retry;
+	if (mask & IBV_QP_ALT_PATH) {
+		a.alt_ah_attr = attr->alt_ah_attr;
+		a.alt_pkey_index = attr->alt_pkey_index;
+		a.alt_port_num = attr->alt_port_num;
+		a.alt_timeout = attr->alt_timeout;
+	}
+	if (mask & IBV_QP_PATH_MIG_STATE)
+		a.path_mig_state = attr->path_mig_state;
+	if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
+		a.en_sqd_async_notify = attr->en_sqd_async_notify;
+	a.qp_state = next;
+	{
+		registry_guard g(fab);
+		if (mask & IBV_QP_PORT)
+			rec.port = attr->port_num;
+		if (mask & IBV_QP_ACCESS_FLAGS)
+			rec.access = static_cast<uint32_t>(attr->qp_access_flags);
+		if (mask & IBV_QP_QKEY)
+			rec.qkey = attr->qkey;
+		if (mask & IBV_QP_PATH_MTU)
+			rec.path_mtu = static_cast<uint8_t>(attr->path_mtu);
+		if (mask & IBV_QP_DEST_QPN)
+			rec.dest_qpn = attr->dest_qp_num;
+		if (mask & IBV_QP_MIN_RNR_TIMER)
+			rec.min_rnr_timer = attr->min_rnr_timer;
+		if (next == IBV_QPS_RESET && qp->rq) {
+			// Back to RESET: the receive queue is emptied, nothing completes.
+			std::atomic_ref<uint64_t>(qp->rq->cons)
+				.store(std::atomic_ref<uint64_t>(qp->rq->prod).load(),
+				       std::memory_order_release);
+		}
+	}
+	if (next == IBV_QPS_ERR && cur != IBV_QPS_ERR) {
+		qp_set_error(fab, qp->slot);
+	} else {
+		qp_state_ref(rec).store(next, std::memory_order_release);
+	}
+	if (next == IBV_QPS_RESET)
+		qp->backlog.clear();
+	if (next == IBV_QPS_ERR) {
+		// The send side flushes under sq_lock, which we hold.
+		for (send_wr &w : qp->backlog) {
+			sv_cqe e{};
+			e.wr_id = w.wr_id;
+			e.status = IBV_WC_WR_FLUSH_ERR;
+			e.qp_num = qp->qpn;
+			if (qp->scq)
+				cq_push(qp->scq->ring, e, false);
+		}
+		qp->backlog.clear();
+	}
+	return 0;
+}
+
+int loop_query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init)
+{
+	(void)mask;
+	loop_qp *qp = to_loop_qp(ibqp);
+	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
+	*attr = qp->attr;
+	attr->qp_state =
+		static_cast<ibv_qp_state>(qp_state_ref(rec).load(std::memory_order_acquire));
+	attr->cur_qp_state = attr->qp_state;
+	attr->cap = qp->cap;
+	attr->sq_draining = 0;
+	memset(init, 0, sizeof(*init));
+	init->qp_context = ibqp->qp_context;
+	init->send_cq = ibqp->send_cq;
+	init->recv_cq = ibqp->recv_cq;
+	init->srq = ibqp->srq;
+	init->cap = qp->cap;
+	init->qp_type = qp->type;
+	init->sq_sig_all = qp->sq_sig_all;
+	return 0;
+}
+
+int loop_destroy_qp(ibv_qp *ibqp)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	fabric &fab = *qp->ctx->fab;
+	progress_remove(qp);
+	{
+		registry_guard g(fab);
+		sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+		qp_state_ref(rec).store(IBV_QPS_RESET, std::memory_order_release);
+		rec.in_use = 0;
+	}
+	objects_remove(kObjQp, qp->slot);
+	if (qp->rq)
+		queue_destroy(fab, qp->rq_ref, qp->rq);
+	pthread_mutex_destroy(&ibqp->mutex);
+	pthread_cond_destroy(&ibqp->cond);
+	delete qp;
+	return 0;
+}
+
+int loop_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->rq) {
+		*bad = wr;
+		return EINVAL; // SRQ attached, or a send-only QP
+	}
+	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
+	if (qp_state_ref(rec).load(std::memory_order_acquire) == IBV_QPS_RESET) {
+		*bad = wr;
+		return EINVAL;
+	}
+	std::lock_guard<std::mutex> g(qp->rq_lock);
+	int ret = rq_post(qp->rq, qp->cap.max_recv_sge, wr, bad);
+	// Receives posted to a QP in ERR complete at once as flushed.
+	if (!ret && qp_state_ref(rec).load(std::memory_order_acquire) == IBV_QPS_ERR)
+		rq_flush(qp->rq, qp->rcq ? qp->rcq->ring : nullptr, qp->qpn);
+	return ret;
+}
+
+} // namespace loop

@@ -1,0 +1,873 @@
+// SPDX-License-Identifier: MIT
+// The requester: ibv_post_send.  The posting thread acts as the NIC: it
+// checks the WR, resolves the destination QP in the registry, plays the
+// responder's part against the destination's shared rings (receive WQE,
+// key checks), moves the data with one copy, and writes both completions.
+// A WR that cannot finish now (RNR, an unreachable peer) waits in the QP's
+// backlog for the progress thread, and the WRs behind it wait with it.
+#include "loop.h"
+#include "objects.h"
+#include "xfer.h"
+
+#include <cerrno>
+#include <cstring>
+#include <signal.h>
+#include <vector>
+
+namespace loop {
+
+namespace {
+
+enum class step {
+	done,	     // Completed (successfully or not)
+	rnr,	     // The responder had no receive WQE: retry after its RNR timer
+	unreachable, // No live QP answered: retry after the QP's timeout
+};
+
+constexpr uint32_t kMcastQpn = 0xffffff;
+
+// IB's encoded RNR timer values, in microseconds (IB spec table 45).
+constexpr uint32_t kRnrTimerUs[32] = {
+	655360, 10,    20,    30,    40,    60,	 80,	 120,	 160,	 240,	  320,
+	480,	640,   960,   1280,  1920,  2560,  3840,  5120,  7680,  10240, 15360,
+	20480,	30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+};
+
+uint32_t mtu_bytes(uint8_t mtu)
+{
+	return mtu >= IBV_MTU_256 && mtu <= IBV_MTU_4096 ? 128u << mtu : 4096;
+}
+
+ibv_wc_opcode wc_opcode(ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return IBV_WC_RDMA_WRITE;
+	case IBV_WR_RDMA_READ:
+		return IBV_WC_RDMA_READ;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return IBV_WC_COMP_SWAP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return IBV_WC_FETCH_ADD;
+	case IBV_WR_LOCAL_INV:
+		return IBV_WC_LOCAL_INV;
+	case IBV_WR_BIND_MW:
+		return IBV_WC_BIND_MW;
+	default:
+		return IBV_WC_SEND;
+	}
+}
+
+bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+		return true;
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return t != IBV_QPT_UD;
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND;
+	default:
+		return false;
+	}
+}
+
+// A resolved destination QP.
+struct peer {
+	uint32_t slot;
+	uint32_t qpn;
+	sv_qp_rec rec; // A snapshot
+	pid_t pid;
+	bool self;
+	uint16_t lid;	 // Its port's LID
+	int xrc_srq = -1; // XRC: the SRQ slot the WR named
+};
+
+uint16_t port_lid(sv_registry *r, uint32_t dev, uint8_t port)
+{
+	if (dev >= SV_MAX_DEVICES || port < 1 || port > SV_MAX_PORTS)
+		return 0;
+	return r->devices[dev].ports[port - 1].lid;
+}
+
+bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
+{
+	if (dev >= SV_MAX_DEVICES || port < 1 || port > SV_MAX_PORTS)
+		return false;
+	return r->devices[dev].ports[port - 1].link_layer == SV_LINK_ETH;
+}
+
+// Finds the live QP qpn behind an address.  An IB address must carry the
+// LID of the QP's port; RoCE addresses are GIDs, and on one host every
+// port's GIDs are the host's addresses, so the QP number decides.
+bool resolve(loop_context *lctx, uint32_t qpn, uint16_t dlid, bool eth, peer &out)
+{
+	sv_registry *r = lctx->fab->reg();
+	uint32_t slot = qpn & SV_QPN_SLOT_MASK;
+	sv_qp_rec &q = r->qps[slot];
+	if (!std::atomic_ref<uint32_t>(q.in_use).load(std::memory_order_acquire))
+		return false;
+	memcpy(&out.rec, &q, sizeof(q));
+	std::atomic_thread_fence(std::memory_order_acquire);
+	if ((out.rec.generation & SV_QPN_SLOT_MASK) != (qpn >> SV_QPN_SLOT_BITS) || !out.rec.in_use)
+		return false;
+	out.lid = port_lid(r, out.rec.device, out.rec.port);
+	if (!eth && out.lid != dlid)
+		return false;
+	if (eth && !port_is_eth(r, out.rec.device, out.rec.port))
+		return false;
+	uint32_t lease = out.rec.owner_lease;
+	if (lease >= SV_MAX_PROCS || r->leases[lease].generation != out.rec.owner_gen)
+		return false;
+	out.pid = static_cast<pid_t>(r->leases[lease].pid);
+	out.self = lease == static_cast<uint32_t>(lctx->lease);
+	out.slot = slot;
+	out.qpn = qpn;
+	return true;
+}
+
+bool peer_receives(const sv_qp_rec &q)
+{
+	return q.state == IBV_QPS_RTR || q.state == IBV_QPS_RTS || q.state == IBV_QPS_SQD;
+}
+
+// Local memory of a WR, as iovecs in this process.
+struct local_buf {
+	std::vector<iovec> iov;
+	uint64_t len = 0;
+};
+
+// A scratch area standing behind the null MR: writes land here and are
+// dropped, reads see whatever is here, which is zeros until written.
+constexpr size_t kNullChunk = 1 << 16;
+char g_null_area[kNullChunk];
+
+void add_null(std::vector<iovec> &v, uint64_t len)
+{
+	while (len) {
+		size_t n = std::min<uint64_t>(len, kNullChunk);
+		v.push_back({g_null_area, n});
+		len -= n;
+	}
+}
+
+ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &b)
+{
+	b.iov.clear();
+	b.len = 0;
+	if (w.is_inline) {
+		b.iov.push_back({w.inline_data, w.inline_len});
+		b.len = w.inline_len;
+		return IBV_WC_SUCCESS;
+	}
+	fabric &fab = *qp->ctx->fab;
+	for (uint32_t i = 0; i < w.num_sge; i++) {
+		const ibv_sge &s = w.sge[i];
+		if (!s.length)
+			continue;
+		mr_hit hit;
+		if (mr_lookup(fab, s.lkey, static_cast<uint32_t>(qp->ctx->lease), qp->pdn, s.addr,
+			      s.length, need_write ? IBV_ACCESS_LOCAL_WRITE : 0, qp->qpn, hit))
+			return IBV_WC_LOC_PROT_ERR;
+		if (hit.kind == SV_MR_KIND_NULL)
+			add_null(b.iov, s.length);
+		else
+			b.iov.push_back({reinterpret_cast<void *>(hit.addr), s.length});
+		b.len += s.length;
+	}
+	return IBV_WC_SUCCESS;
+}
+
+// Builds the iovecs of a peer's receive WQE for len bytes (after skip
+// bytes, for the GRH of a UD receive).  Returns a status for the responder.
+ibv_wc_status scatter_remote(loop_context *lctx, const peer &p, const sv_recv_wqe *wqe,
+			     uint32_t pdn, uint64_t skip_plus_len, std::vector<iovec> &out)
+{
+	out.clear();
+	if (wqe->num_sge == 0xffffffff)
+		return IBV_WC_LOC_PROT_ERR; // A malformed WQE in shared memory
+	uint64_t room = 0;
+	for (uint32_t i = 0; i < wqe->num_sge && room < skip_plus_len; i++) {
+		const sv_sge &s = wqe->sge[i];
+		if (!s.length)
+			continue;
+		mr_hit hit;
+		if (mr_lookup(*lctx->fab, s.lkey, p.rec.owner_lease, pdn, s.addr, s.length,
+			      IBV_ACCESS_LOCAL_WRITE, p.qpn, hit))
+			return IBV_WC_LOC_PROT_ERR;
+		uint64_t n = std::min<uint64_t>(s.length, skip_plus_len - room);
+		if (hit.kind == SV_MR_KIND_NULL)
+			add_null(out, n);
+		else
+			out.push_back({reinterpret_cast<void *>(hit.addr), n});
+		room += n;
+	}
+	if (room < skip_plus_len)
+		return IBV_WC_LOC_LEN_ERR;
+	return IBV_WC_SUCCESS;
+}
+
+void push_own(loop_cq *cq, sv_cqe &e)
+{
+	if (!cq)
+		return;
+	// A concurrent resize closes the old ring; ESTALE means look again.
+	for (int i = 0; i < 1000; i++) {
+		sv_cq_ring *ring = std::atomic_ref<sv_cq_ring *>(cq->ring).load(std::memory_order_acquire);
+		if (cq_push(ring, e, false) != ESTALE)
+			return;
+		sched_yield();
+	}
+}
+
+// Completes into the peer's receive CQ: the QP's, or an XRC SRQ's.  The
+// reference is read afresh on every try, since a resize moves the ring.
+void push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited)
+{
+	sv_registry *r = fab.reg();
+	for (int i = 0; i < 1000; i++) {
+		obj_ref ref = p.xrc_srq >= 0 ? obj_ref{r->objs[p.xrc_srq].cq_obj,
+						       r->objs[p.xrc_srq].cq_gen}
+					     : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
+		auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, ref, SV_OBJ_CQ));
+		if (!ring)
+			return;
+		if (cq_push(ring, e, solicited) != ESTALE)
+			return;
+		sched_yield();
+	}
+}
+
+void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type)
+{
+	sv_qp_rec &q = fab.reg()->qps[qp_slot];
+	auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ));
+	if (!ring)
+		return;
+	sv_async_msg m{static_cast<uint32_t>(type), kObjQp, qp_slot, q.generation};
+	send_async(ring->async_addr, ring->async_len, m);
+}
+
+void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len)
+{
+	bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED) || st != IBV_WC_SUCCESS;
+	if (!signaled)
+		return;
+	sv_cqe e{};
+	e.wr_id = w.wr_id;
+	e.status = st;
+	e.opcode = wc_opcode(w.opcode);
+	e.qp_num = qp->qpn;
+	e.byte_len = byte_len;
+	push_own(qp->scq, e);
+}
+
+// Takes a receive WQE of the peer (its RQ or SRQ).  Returns false if none.
+bool take_recv(fabric &fab, const peer &p, std::vector<uint8_t> &buf, sv_recv_wqe *&wqe)
+{
+	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
+	auto *rq = static_cast<sv_rq_ring *>(queue_map(fab, {p.rec.rq_obj, p.rec.rq_gen}, kind));
+	if (!rq)
+		return false;
+	buf.resize(rq->hdr.entry_size);
+	wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
+	if (!rq_take(rq, wqe, (rq->hdr.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge)))
+		return false;
+	if (p.rec.has_srq) {
+		// SRQ limit: the consumer that crosses it raises the event once.
+		std::atomic_ref<uint32_t> lim(rq->limit);
+		uint32_t l = lim.load(std::memory_order_acquire);
+		uint64_t left = std::atomic_ref<uint64_t>(rq->prod).load() -
+				std::atomic_ref<uint64_t>(rq->cons).load();
+		if (l && left < l && lim.compare_exchange_strong(l, 0)) {
+			sv_async_msg m{IBV_EVENT_SRQ_LIMIT_REACHED, SV_OBJ_SRQ, rq->hdr.obj_slot,
+				       rq->hdr.obj_gen};
+			send_async(rq->async_addr, rq->async_len, m);
+		}
+	}
+	return true;
+}
+
+// Receive lkeys belong to the PD of the queue they were posted to.
+uint32_t recv_pdn(fabric &fab, const peer &p)
+{
+	if (p.rec.has_srq && p.rec.rq_obj < SV_MAX_OBJS)
+		return fab.reg()->objs[p.rec.rq_obj].pdn;
+	return p.rec.pdn;
+}
+
+// The responder failed: its QP goes to ERR and its owner hears of it.
+void responder_error(fabric &fab, const peer &p, ibv_event_type ev)
+{
+	if (qp_set_error(fab, p.slot))
+		raise_qp_event(fab, p.slot, ev);
+}
+
+step run_connected(loop_qp *qp, send_wr &w)
+{
+	loop_context *lctx = qp->ctx;
+	fabric &fab = *lctx->fab;
+	sv_registry *reg = fab.reg();
+	const ibv_qp_attr &a = qp->attr;
+	bool eth = port_is_eth(reg, lctx->dev->index, a.port_num);
+	peer p;
+	if (!resolve(lctx, a.dest_qp_num, a.ah_attr.dlid, eth, p) || !peer_receives(p.rec) ||
+	    p.rec.qp_type != (qp->type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : qp->type))
+		return qp->type == IBV_QPT_UC ? (complete(qp, w, IBV_WC_SUCCESS, 0), step::done)
+					      : step::unreachable;
+	// XRC: the WR names the SRQ, which must share the receive QP's domain.
+	if (qp->type == IBV_QPT_XRC_SEND) {
+		uint32_t srq_slot = SV_MAX_OBJS;
+		for (uint32_t i = 0; i < SV_MAX_OBJS; i++) {
+			const sv_obj_rec &o = reg->objs[i];
+			if (o.in_use && o.kind == SV_OBJ_SRQ && o.srq_num == w.xrc_srqn) {
+				srq_slot = i;
+				break;
+			}
+		}
+		if (srq_slot == SV_MAX_OBJS || reg->objs[srq_slot].xrcd != p.rec.xrcd) {
+			complete(qp, w, IBV_WC_REM_INV_REQ_ERR, 0);
+			return step::done;
+		}
+		p.rec.has_srq = 1;
+		p.rec.rq_obj = srq_slot;
+		p.rec.rq_gen = reg->objs[srq_slot].generation;
+		p.xrc_srq = static_cast<int>(srq_slot);
+	}
+	bool need_local_write = w.opcode == IBV_WR_RDMA_READ ||
+				w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+				w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	thread_local local_buf lb;
+	ibv_wc_status st = gather_local(qp, w, need_local_write, lb);
+	if (st != IBV_WC_SUCCESS) {
+		complete(qp, w, st, 0);
+		return step::done;
+	}
+	uint16_t my_lid = port_lid(reg, lctx->dev->index, a.port_num);
+	sv_cqe rcv{};
+	rcv.qp_num = p.qpn;
+	rcv.src_qp = qp->qpn;
+	rcv.slid = my_lid;
+	rcv.sl = a.ah_attr.sl;
+	bool solicited = w.flags & IBV_SEND_SOLICITED;
+	thread_local std::vector<iovec> riov;
+	thread_local std::vector<uint8_t> wqe_buf;
+	sv_recv_wqe *wqe = nullptr;
+
+	switch (w.opcode) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM: {
+		if (!take_recv(fab, p, wqe_buf, wqe)) {
+			if (qp->type == IBV_QPT_UC) {
+				complete(qp, w, IBV_WC_SUCCESS, 0); // Dropped, as on the wire
+				return step::done;
+			}
+			return step::rnr;
+		}
+		ibv_wc_status rs = scatter_remote(lctx, p, wqe, recv_pdn(fab, p), lb.len, riov);
+		if (rs == IBV_WC_SUCCESS) {
+			int err = xfer(p.pid, p.self, lb.iov.data(), static_cast<int>(lb.iov.size()),
+				       riov.data(), static_cast<int>(riov.size()), xfer_dir::to_peer);
+			if (err == ESRCH)
+				return step::unreachable;
+			if (err)
+				rs = IBV_WC_LOC_PROT_ERR;
+		}
+		rcv.wr_id = wqe->wr_id;
+		rcv.opcode = IBV_WC_RECV;
+		rcv.byte_len = static_cast<uint32_t>(lb.len);
+		if (w.opcode == IBV_WR_SEND_WITH_IMM) {
+			rcv.imm_data = w.imm_data;
+			rcv.wc_flags = IBV_WC_WITH_IMM;
+		}
+		rcv.status = rs;
+		push_peer(fab, p, rcv, solicited);
+		if (rs != IBV_WC_SUCCESS) {
+			if (qp->type != IBV_QPT_UC)
+				responder_error(fab, p, IBV_EVENT_QP_REQ_ERR);
+			complete(qp, w,
+				 rs == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR,
+				 0);
+			return step::done;
+		}
+		complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
+		return step::done;
+	}
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_RDMA_READ: {
+		bool read = w.opcode == IBV_WR_RDMA_READ;
+		uint32_t right = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+		bool imm = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+		if (imm && !take_recv(fab, p, wqe_buf, wqe)) {
+			if (qp->type == IBV_QPT_UC) {
+				complete(qp, w, IBV_WC_SUCCESS, 0);
+				return step::done;
+			}
+			return step::rnr;
+		}
+		mr_hit hit{};
+		int kerr = 0;
+		if (lb.len) {
+			if (!(p.rec.access & right))
+				kerr = EACCES;
+			else
+				kerr = mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
+						 w.remote_addr, lb.len, right, p.qpn, hit);
+		}
+		if (kerr) {
+			if (imm) {
+				// The consumed receive completes in error on the responder.
+				rcv.wr_id = wqe->wr_id;
+				rcv.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+				rcv.status = IBV_WC_REM_ACCESS_ERR;
+				push_peer(fab, p, rcv, false);
+			}
+			if (qp->type != IBV_QPT_UC)
+				responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+			complete(qp, w, IBV_WC_REM_ACCESS_ERR, 0);
+			return step::done;
+		}
+		if (lb.len) {
+			riov.clear();
+			if (hit.kind == SV_MR_KIND_NULL)
+				add_null(riov, lb.len);
+			else
+				riov.push_back({reinterpret_cast<void *>(hit.addr), lb.len});
+			int err = xfer(p.pid, p.self, lb.iov.data(), static_cast<int>(lb.iov.size()),
+				       riov.data(), static_cast<int>(riov.size()),
+				       read ? xfer_dir::from_peer : xfer_dir::to_peer);
+			if (err == ESRCH)
+				return step::unreachable;
+			if (err) {
+				// The registered range is not mapped in the target any more.
+				if (qp->type != IBV_QPT_UC)
+					responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+				complete(qp, w, IBV_WC_REM_ACCESS_ERR, 0);
+				return step::done;
+			}
+		}
+		if (imm) {
+			rcv.wr_id = wqe->wr_id;
+			rcv.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+			rcv.byte_len = static_cast<uint32_t>(lb.len);
+			rcv.imm_data = w.imm_data;
+			rcv.wc_flags = IBV_WC_WITH_IMM;
+			push_peer(fab, p, rcv, solicited);
+		}
+		complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
+		return step::done;
+	}
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+		if (lb.len < 8 || lb.iov.empty() || lb.iov[0].iov_len < 8) {
+			complete(qp, w, IBV_WC_LOC_LEN_ERR, 0);
+			return step::done;
+		}
+		mr_hit hit{};
+		int kerr = (p.rec.access & IBV_ACCESS_REMOTE_ATOMIC)
+				   ? mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
+					       w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, p.qpn, hit)
+				   : EACCES;
+		if (!kerr && (w.remote_addr & 7))
+			kerr = EINVAL;
+		if (kerr) {
+			responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+			complete(qp, w, kerr == EINVAL ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_ACCESS_ERR,
+				 0);
+			return step::done;
+		}
+		uint64_t old = 0;
+		int err = 0;
+		if (hit.kind != SV_MR_KIND_NULL) {
+			atomic_guard g(fab, p.rec.owner_lease, hit.addr);
+			err = xfer_word(p.pid, p.self, hit.addr, &old, xfer_dir::from_peer);
+			if (!err) {
+				uint64_t nv = old;
+				bool store = true;
+				if (w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+					nv = old + w.compare_add;
+				else if (old == w.compare_add)
+					nv = w.swap;
+				else
+					store = false;
+				if (store)
+					err = xfer_word(p.pid, p.self, hit.addr, &nv, xfer_dir::to_peer);
+			}
+		}
+		if (err == ESRCH)
+			return step::unreachable;
+		if (err) {
+			responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+			complete(qp, w, IBV_WC_REM_ACCESS_ERR, 0);
+			return step::done;
+		}
+		memcpy(lb.iov[0].iov_base, &old, 8);
+		complete(qp, w, IBV_WC_SUCCESS, 8);
+		return step::done;
+	}
+	default:
+		complete(qp, w, IBV_WC_LOC_QP_OP_ERR, 0);
+		return step::done;
+	}
+}
+
+// The 40-byte GRH a UD receive finds at the head of its buffer.
+void build_grh(ibv_grh &g, const ibv_gid &sgid, const ibv_gid &dgid, uint32_t payload,
+	       const ibv_global_route &route)
+{
+	memset(&g, 0, sizeof(g));
+	g.version_tclass_flow = htobe32((6u << 28) | (static_cast<uint32_t>(route.traffic_class) << 20) |
+					(route.flow_label & 0xfffff));
+	g.paylen = htobe16(static_cast<uint16_t>(payload));
+	g.next_hdr = 0x1b;
+	g.hop_limit = route.hop_limit;
+	g.sgid = sgid;
+	g.dgid = dgid;
+}
+
+void deliver_ud(loop_qp *qp, const send_wr &w, const peer &p, const local_buf &lb,
+		uint32_t qkey)
+{
+	loop_context *lctx = qp->ctx;
+	fabric &fab = *lctx->fab;
+	if (!peer_receives(p.rec) || p.rec.qp_type != IBV_QPT_UD || p.rec.qkey != qkey)
+		return; // Dropped silently, as a UD packet with a bad Q_Key is
+	thread_local std::vector<uint8_t> wqe_buf;
+	thread_local std::vector<iovec> riov;
+	sv_recv_wqe *wqe = nullptr;
+	if (!take_recv(fab, p, wqe_buf, wqe))
+		return;
+	ibv_grh grh;
+	ibv_gid sgid{};
+	bool global = w.ah.is_global;
+	if (global) {
+		gid_slot table[kGidTableLen];
+		int n = loop_gid_table(lctx, qp->attr.port_num, table, kGidTableLen);
+		if (w.ah.grh.sgid_index < n)
+			sgid = table[w.ah.grh.sgid_index].gid;
+		build_grh(grh, sgid, w.ah.grh.dgid, static_cast<uint32_t>(lb.len), w.ah.grh);
+	} else {
+		memset(&grh, 0, sizeof(grh));
+	}
+	ibv_wc_status rs = scatter_remote(lctx, p, wqe, recv_pdn(fab, p), sizeof(grh) + lb.len, riov);
+	if (rs == IBV_WC_SUCCESS) {
+		thread_local std::vector<iovec> liov;
+		liov.clear();
+		liov.push_back({&grh, sizeof(grh)});
+		liov.insert(liov.end(), lb.iov.begin(), lb.iov.end());
+		if (xfer(p.pid, p.self, liov.data(), static_cast<int>(liov.size()), riov.data(),
+			 static_cast<int>(riov.size()), xfer_dir::to_peer))
+			rs = IBV_WC_LOC_PROT_ERR;
+	}
+	sv_cqe rcv{};
+	rcv.wr_id = wqe->wr_id;
+	rcv.status = rs;
+	rcv.opcode = IBV_WC_RECV;
+	rcv.byte_len = static_cast<uint32_t>(lb.len + sizeof(grh));
+	rcv.qp_num = p.qpn;
+	rcv.src_qp = qp->qpn;
+	rcv.slid = port_lid(fab.reg(), lctx->dev->index, qp->attr.port_num);
+	rcv.sl = w.ah.sl;
+	rcv.dlid_path_bits = w.ah.src_path_bits;
+	if (global)
+		rcv.wc_flags |= IBV_WC_GRH;
+	if (w.opcode == IBV_WR_SEND_WITH_IMM) {
+		rcv.imm_data = w.imm_data;
+		rcv.wc_flags |= IBV_WC_WITH_IMM;
+	}
+	push_peer(fab, p, rcv, w.flags & IBV_SEND_SOLICITED);
+}
+
+step run_ud(loop_qp *qp, send_wr &w)
+{
+	loop_context *lctx = qp->ctx;
+	fabric &fab = *lctx->fab;
+	sv_registry *reg = fab.reg();
+	thread_local local_buf lb;
+	ibv_wc_status st = gather_local(qp, w, false, lb);
+	if (st != IBV_WC_SUCCESS) {
+		complete(qp, w, st, 0);
+		return step::done;
+	}
+	uint8_t mtu = reg->devices[lctx->dev->index].ports[qp->attr.port_num - 1].active_mtu;
+	if (lb.len > mtu_bytes(mtu)) {
+		complete(qp, w, IBV_WC_LOC_LEN_ERR, 0);
+		return step::done;
+	}
+	// A Q_Key with the high bit set means "use the QP's own" (IB 10.2.4.4).
+	uint32_t qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
+	bool eth = port_is_eth(reg, lctx->dev->index, qp->attr.port_num);
+	bool mcast = (!eth && w.ah.dlid >= 0xc000 && w.ah.dlid != 0xffff) ||
+		     (w.ah.is_global && w.ah.grh.dgid.raw[0] == 0xff);
+	if (mcast && w.remote_qpn == kMcastQpn) {
+		std::vector<uint32_t> qpns;
+		{
+			registry_guard g(fab);
+			for (const sv_mcast_rec &m : reg->mcast)
+				if (m.num_qps && (memcmp(m.gid, w.ah.grh.dgid.raw, 16) == 0 ||
+						  (!w.ah.is_global && m.lid == w.ah.dlid)))
+					qpns.insert(qpns.end(), m.qpns,
+						    m.qpns + std::min<uint32_t>(m.num_qps, SV_MAX_MCAST_QPS));
+		}
+		for (uint32_t qpn : qpns) {
+			if (qpn == qp->qpn)
+				continue; // No loopback to the sender
+			peer p;
+			uint32_t slot = qpn & SV_QPN_SLOT_MASK;
+			if (slot >= SV_MAX_QPS)
+				continue;
+			uint16_t lid = port_lid(reg, reg->qps[slot].device, reg->qps[slot].port);
+			if (resolve(lctx, qpn, lid, eth, p))
+				deliver_ud(qp, w, p, lb, qkey);
+		}
+	} else {
+		peer p;
+		if (resolve(lctx, w.remote_qpn, w.ah.dlid, eth, p))
+			deliver_ud(qp, w, p, lb, qkey);
+	}
+	complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
+	return step::done;
+}
+
+step run_wr(loop_qp *qp, send_wr &w)
+{
+	if (qp->type == IBV_QPT_UD)
+		return run_ud(qp, w);
+	return run_connected(qp, w);
+}
+
+uint64_t timeout_ns(uint8_t timeout)
+{
+	// 4.096 us * 2^timeout; 0 means "infinite" in the spec, which would let a
+	// dead peer hang a WR forever, so it is capped like every other value.
+	uint64_t ns = timeout ? 4096ULL << std::min<uint8_t>(timeout, 31) : 1000000000ULL;
+	return std::min<uint64_t>(ns, 1000000000ULL);
+}
+
+void flush_backlog(loop_qp *qp)
+{
+	for (send_wr &w : qp->backlog) {
+		sv_cqe e{};
+		e.wr_id = w.wr_id;
+		e.status = IBV_WC_WR_FLUSH_ERR;
+		e.opcode = wc_opcode(w.opcode);
+		e.qp_num = qp->qpn;
+		push_own(qp->scq, e);
+	}
+	qp->backlog.clear();
+}
+
+// Runs WRs from the front of the backlog.  Caller holds sq_lock.
+uint64_t drain(loop_qp *qp)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	while (!qp->backlog.empty()) {
+		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+		if (state == IBV_QPS_ERR) {
+			flush_backlog(qp);
+			return 0;
+		}
+		send_wr &w = qp->backlog.front();
+		uint64_t now = now_ns();
+		if (w.next_try_ns > now)
+			return w.next_try_ns;
+		step s = run_wr(qp, w);
+		if (s == step::done) {
+			qp->backlog.pop_front();
+			continue;
+		}
+		ibv_wc_status fail = IBV_WC_SUCCESS;
+		if (s == step::rnr) {
+			if (w.rnr_left == 0)
+				fail = IBV_WC_RNR_RETRY_EXC_ERR;
+			else if (w.rnr_left != 7)
+				w.rnr_left--;
+			uint32_t peer_slot = qp->attr.dest_qp_num & SV_QPN_SLOT_MASK;
+			uint8_t t = fab.reg()->qps[peer_slot].min_rnr_timer & 31;
+			w.next_try_ns = now + kRnrTimerUs[t] * 1000ULL;
+		} else {
+			if (w.retry_left == 0)
+				fail = IBV_WC_RETRY_EXC_ERR;
+			else
+				w.retry_left--;
+			w.next_try_ns = now + timeout_ns(qp->attr.timeout);
+		}
+		if (fail != IBV_WC_SUCCESS) {
+			complete(qp, w, fail, 0);
+			qp->backlog.pop_front();
+			qp_set_error(fab, qp->slot);
+			flush_backlog(qp);
+			return 0;
+		}
+		return w.next_try_ns;
+	}
+	return 0;
+}
+
+// Copies an ibv_send_wr into our own form, checking what a real provider
+// checks at post time.  Returns 0 or the errno for post_send.
+int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
+{
+	if (!opcode_ok(qp->type, in->opcode))
+		return EINVAL;
+	if (in->num_sge < 0 || static_cast<uint32_t>(in->num_sge) > qp->cap.max_send_sge)
+		return EINVAL;
+	w.wr_id = in->wr_id;
+	w.opcode = in->opcode;
+	w.flags = in->send_flags;
+	w.num_sge = static_cast<uint32_t>(in->num_sge);
+	w.is_inline = false;
+	w.inline_len = 0;
+	if ((in->send_flags & IBV_SEND_INLINE) &&
+	    (in->opcode == IBV_WR_SEND || in->opcode == IBV_WR_SEND_WITH_IMM ||
+	     in->opcode == IBV_WR_RDMA_WRITE || in->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) {
+		uint64_t len = 0;
+		for (int i = 0; i < in->num_sge; i++)
+			len += in->sg_list[i].length;
+		if (len > qp->cap.max_inline_data)
+			return EINVAL;
+		uint32_t off = 0;
+		for (int i = 0; i < in->num_sge; i++) {
+			memcpy(w.inline_data + off,
+			       reinterpret_cast<const void *>(in->sg_list[i].addr),
+			       in->sg_list[i].length);
+			off += in->sg_list[i].length;
+		}
+		w.is_inline = true;
+		w.inline_len = off;
+		w.num_sge = 0;
+	} else {
+		for (int i = 0; i < in->num_sge; i++)
+			w.sge[i] = in->sg_list[i];
+	}
+	w.imm_data = in->imm_data;
+	w.invalidate_rkey = 0;
+	switch (in->opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_RDMA_READ:
+		w.remote_addr = in->wr.rdma.remote_addr;
+		w.rkey = in->wr.rdma.rkey;
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		w.remote_addr = in->wr.atomic.remote_addr;
+		w.rkey = in->wr.atomic.rkey;
+		w.compare_add = in->wr.atomic.compare_add;
+		w.swap = in->wr.atomic.swap;
+		break;
+	default:
+		break;
+	}
+	if (qp->type == IBV_QPT_UD) {
+		if (!in->wr.ud.ah)
+			return EINVAL;
+		w.ah = to_loop_ah(in->wr.ud.ah)->attr;
+		w.remote_qpn = in->wr.ud.remote_qpn;
+		w.remote_qkey = in->wr.ud.remote_qkey;
+	}
+	if (qp->type == IBV_QPT_XRC_SEND)
+		w.xrc_srqn = in->qp_type.xrc.remote_srqn;
+	w.rnr_left = qp->attr.rnr_retry;
+	w.retry_left = qp->attr.retry_cnt;
+	w.next_try_ns = 0;
+	return 0;
+}
+
+} // namespace
+
+atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
+{
+	uint64_t h = (addr >> 3) * 0x9e3779b97f4a7c15ULL ^ lease;
+	word_ = &fab.reg()->atomic_locks[(h >> 20) % SV_ATOMIC_LOCKS];
+	auto me = static_cast<uint32_t>(getpid());
+	std::atomic_ref<uint32_t> w(*word_);
+	for (uint64_t spins = 0;; spins++) {
+		uint32_t expect = 0;
+		if (w.compare_exchange_weak(expect, me, std::memory_order_acquire))
+			return;
+		if ((spins & 0xffff) == 0xffff && expect && kill(static_cast<pid_t>(expect), 0) &&
+		    errno == ESRCH) {
+			// The holder died inside its few instructions of critical section.
+			if (w.compare_exchange_strong(expect, me, std::memory_order_acquire))
+				return;
+		}
+		if (spins > 64)
+			sched_yield();
+	}
+}
+
+atomic_guard::~atomic_guard()
+{
+	std::atomic_ref<uint32_t>(*word_).store(0, std::memory_order_release);
+}
+
+int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	int ret = 0;
+	bool need_progress = false;
+	{
+		std::lock_guard<std::mutex> g(qp->sq_lock);
+		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
+		    qp->type == IBV_QPT_XRC_RECV) {
+			*bad = wr;
+			return EINVAL;
+		}
+		thread_local send_wr w;
+		for (; wr; wr = wr->next) {
+			ret = copy_wr(qp, wr, w);
+			if (ret) {
+				*bad = wr;
+				break;
+			}
+			if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
+				sv_cqe e{};
+				e.wr_id = w.wr_id;
+				e.status = IBV_WC_WR_FLUSH_ERR;
+				e.opcode = wc_opcode(w.opcode);
+				e.qp_num = qp->qpn;
+				push_own(qp->scq, e);
+				continue;
+			}
+			if (!qp->backlog.empty()) {
+				if (qp->backlog.size() >= qp->cap.max_send_wr) {
+					*bad = wr;
+					ret = ENOMEM;
+					break;
+				}
+				qp->backlog.push_back(w);
+				continue;
+			}
+			step s = run_wr(qp, w);
+			if (s != step::done) {
+				w.next_try_ns = 0;
+				qp->backlog.push_back(w);
+				drain(qp); // Books the retry (and fails at once with no retries left)
+				need_progress = !qp->backlog.empty();
+			}
+			state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+		}
+	}
+	if (need_progress)
+		progress_add(qp);
+	return ret;
+}
+
+uint64_t qp_run_backlog(loop_qp *qp)
+{
+	std::lock_guard<std::mutex> g(qp->sq_lock);
+	return drain(qp);
+}
+
+} // namespace loop

@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: MIT
+// Shared receive queues (plain and XRC): an sv_rq_ring that many QPs'
+// requesters consume from.
+#include "loop.h"
+#include "objects.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace loop {
+
+namespace {
+
+uint32_t wqe_bytes(uint32_t max_sge)
+{
+	return (static_cast<uint32_t>(sizeof(sv_recv_wqe) + max_sge * sizeof(sv_sge)) + 63) & ~63u;
+}
+
+uint32_t pending(const loop_srq *srq)
+{
+	return static_cast<uint32_t>(std::atomic_ref<uint64_t>(srq->ring->prod).load() -
+				     std::atomic_ref<uint64_t>(srq->ring->cons).load());
+}
+
+} // namespace
+
+ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
+{
+	loop_context *lctx = to_loop_context(ctx);
+	uint32_t known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+			 IBV_SRQ_INIT_ATTR_CQ;
+	if (attr->comp_mask & ~known) {
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	ibv_srq_type type = (attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr->srq_type
+								       : IBV_SRQT_BASIC;
+	if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) {
+		errno = EOPNOTSUPP; // Tag matching SRQs are not implemented
+		return nullptr;
+	}
+	if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	bool xrc = type == IBV_SRQT_XRC;
+	if (xrc && (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd ||
+		    !(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq)) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	ibv_srq_attr &a = attr->attr;
+	if (a.max_wr < 1 || a.max_wr > kMaxSrqWr || a.max_sge > kMaxSrqSge ||
+	    a.srq_limit > a.max_wr) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	auto *srq = new (std::nothrow) loop_srq{};
+	if (!srq) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	uint32_t entries = round_pow2(a.max_wr);
+	uint32_t sge = std::max<uint32_t>(a.max_sge, 1);
+	void *map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_SRQ, entries, wqe_bytes(sge),
+				 sizeof(sv_rq_ring), sge, srq->ref);
+	if (!map) {
+		int e = errno;
+		delete srq;
+		errno = e;
+		return nullptr;
+	}
+	srq->ctx = lctx;
+	srq->ring = static_cast<sv_rq_ring *>(map);
+	memcpy(srq->ring->async_addr, lctx->async_addr, lctx->async_len);
+	srq->ring->async_len = lctx->async_len;
+	srq->ring->limit = a.srq_limit;
+	srq->max_wr = entries;
+	srq->max_sge = sge;
+	srq->limit = a.srq_limit;
+	uint32_t srq_num;
+	{
+		fabric &fab = *lctx->fab;
+		registry_guard g(fab);
+		sv_obj_rec &o = fab.reg()->objs[srq->ref.slot];
+		// 24-bit SRQ number: generation above the 13-bit slot.
+		srq_num = ((srq->ref.gen & 0x7ff) << 13) | srq->ref.slot;
+		o.srq_num = srq_num;
+		o.pdn = to_loop_pd(attr->pd)->pdn;
+		if (xrc) {
+			o.xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd)->handle;
+			loop_cq *cq = to_loop_cq(attr->cq);
+			o.cq_obj = cq->ref.slot;
+			o.cq_gen = cq->ref.gen;
+		}
+	}
+	objects_add(SV_OBJ_SRQ, srq->ref.slot, &srq->vsrq.srq);
+	verbs_srq &v = srq->vsrq;
+	v.srq_type = type;
+	v.srq_num = srq_num;
+	v.xrcd = xrc ? reinterpret_cast<verbs_xrcd *>(attr->xrcd) : nullptr;
+	v.cq = xrc ? attr->cq : nullptr;
+	ibv_srq &s = v.srq;
+	s.context = ctx;
+	s.srq_context = attr->srq_context;
+	s.pd = attr->pd;
+	s.handle = srq->ref.slot;
+	s.events_completed = 0;
+	pthread_mutex_init(&s.mutex, nullptr);
+	pthread_cond_init(&s.cond, nullptr);
+	a.max_wr = entries;
+	a.max_sge = sge;
+	return &s;
+}
+
+ibv_srq *loop_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr)
+{
+	ibv_srq_init_attr_ex ex{};
+	ex.srq_context = attr->srq_context;
+	ex.attr = attr->attr;
+	ex.comp_mask = IBV_SRQ_INIT_ATTR_PD;
+	ex.pd = pd;
+	ibv_srq *srq = loop_create_srq_ex(pd->context, &ex);
+	if (srq)
+		attr->attr = ex.attr;
+	return srq;
+}
+
+int loop_modify_srq(ibv_srq *ibsrq, ibv_srq_attr *attr, int mask)
+{
+	loop_srq *srq = to_loop_srq(ibsrq);
+	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))
+		return EINVAL;
+	if (mask & IBV_SRQ_MAX_WR) {
+		// Resizing is not advertised (no IBV_DEVICE_SRQ_RESIZE).
+		return EINVAL;
+	}
+	if (mask & IBV_SRQ_LIMIT) {
+		if (attr->srq_limit > srq->max_wr)
+			return EINVAL;
+		srq->limit = attr->srq_limit;
+		std::atomic_ref<uint32_t>(srq->ring->limit)
+			.store(attr->srq_limit, std::memory_order_release);
+	}
+	return 0;
+}
+
+int loop_query_srq(ibv_srq *ibsrq, ibv_srq_attr *attr)
+{
+	loop_srq *srq = to_loop_srq(ibsrq);
+	attr->max_wr = srq->max_wr;
+	attr->max_sge = srq->max_sge;
+	attr->srq_limit = std::atomic_ref<uint32_t>(srq->ring->limit).load();
+	return 0;
+}
+
+int loop_destroy_srq(ibv_srq *ibsrq)
+{
+	loop_srq *srq = to_loop_srq(ibsrq);
+	fabric &fab = *srq->ctx->fab;
+	{
+		registry_guard g(fab);
+		for (const sv_qp_rec &q : fab.reg()->qps)
+			if (q.in_use && q.has_srq && q.rq_obj == srq->ref.slot &&
+			    q.rq_gen == srq->ref.gen)
+				return EBUSY;
+	}
+	objects_remove(SV_OBJ_SRQ, srq->ref.slot);
+	queue_destroy(fab, srq->ref, srq->ring);
+	pthread_mutex_destroy(&ibsrq->mutex);
+	pthread_cond_destroy(&ibsrq->cond);
+	delete srq;
+	return 0;
+}
+
+int loop_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad)
+{
+	loop_srq *srq = to_loop_srq(ibsrq);
+	std::lock_guard<std::mutex> g(srq->lock);
+	(void)pending;
+	return rq_post(srq->ring, srq->max_sge, wr, bad);
+}
+
+int loop_get_srq_num(ibv_srq *ibsrq, uint32_t *srq_num)
+{
+	*srq_num = to_loop_srq(ibsrq)->vsrq.srq_num;
+	return 0;
+}
+
+} // namespace loop

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+// Queue segments: a CQ ring, RQ or SRQ in its own /dev/shm segment, created
+// by its owner and mapped by any process that delivers into it.
+#pragma once
+
+#include "fabric.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loop {
+
+struct obj_ref {
+	uint32_t slot = 0;
+	uint32_t gen = 0;
+};
+
+// Owner side: allocates an object slot and a segment of `bytes` bytes whose
+// sv_queue_hdr is filled in.  Returns the mapping or nullptr with errno.
+void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
+		   uint32_t entry_size, uint32_t header_size, uint32_t max_sge, obj_ref &ref);
+// Owner side: unmaps, unlinks and frees the slot.
+void queue_destroy(fabric &fab, const obj_ref &ref, void *map);
+
+// Peer side: the mapping of a live object, or nullptr if the object is gone
+// (its slot freed or reused) or the segment is not a valid queue of `kind`.
+// Mappings are cached per process; the generation check makes a stale cache
+// entry harmless.
+void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind);
+
+size_t queue_bytes(uint32_t header_size, uint32_t entries, uint32_t entry_size);
+std::string queue_name(const fabric &fab, const obj_ref &ref);
+
+inline uint32_t round_pow2(uint32_t v)
+{
+	uint32_t p = 1;
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+} // namespace loop
