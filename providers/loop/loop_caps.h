@@ -10,9 +10,11 @@
 namespace loop {
 
 inline constexpr unsigned int kDeviceCapFlags =
-	IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN;
+	IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
+	IBV_DEVICE_XRC;
 inline constexpr uint64_t kDeviceCapFlagsEx = 0;
-inline constexpr ibv_atomic_cap kAtomicCap = IBV_ATOMIC_NONE;
+// Atomics take a fabric-wide striped lock: atomic among all users of the fabric.
+inline constexpr ibv_atomic_cap kAtomicCap = IBV_ATOMIC_HCA;
 inline constexpr int kMaxMw = 0;
 inline constexpr uint64_t kCompletionTimestampMask = 0;
 inline constexpr uint64_t kHcaCoreClockKhz = 0;
