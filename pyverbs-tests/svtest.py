@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: MIT
+"""Helpers shared by the pyverbs-tests modules."""
+import glob
+import itertools
+import json
+import os
+import pathlib
+import signal
+import subprocess
+
+PYTHON = "/usr/bin/python3"  # The interpreter that sees Debian's pyverbs
+TIMEOUT = 30  # Seconds for any one child process
+
+_counter = itertools.count()
+
+
+def repo_root():
+    return pathlib.Path(__file__).resolve().parent.parent
+
+
+def build_dir():
+    return pathlib.Path(os.environ.get("SOFTVERBS_BUILD_DIR", repo_root() / "build")).resolve()
+
+
+def segment_prefix():
+    return f"softverbs-{os.getuid()}-"
+
+
+def new_fabric_name():
+    # At most 32 characters, unique per test even across parallel runs.
+    return f"pt{os.getpid()}-{next(_counter)}"
+
+
+def remove_fabric(name):
+    """Removes /dev/shm/softverbs-<uid>-<name> and -<name>-* segments."""
+    base = f"/dev/shm/{segment_prefix()}{name}"
+    for path in [base] + glob.glob(glob.escape(base) + "-*"):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def clean_environ():
+    """os.environ without our variables or a library path of the caller."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("SOFTVERBS_") and k != "LD_LIBRARY_PATH"}
+
+
+def run(argv, env, timeout=TIMEOUT, check=False, **kw):
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{argv} exited {p.returncode}\nstdout:\n{p.stdout}\n"
+                             f"stderr:\n{p.stderr}")
+    return p
+
+
+PRELUDE = """
+import errno, json, sys
+import pyverbs.device as d
+import pyverbs.enums as e
+from pyverbs.pyverbs_error import PyverbsRDMAError
+def out(x):
+    print(json.dumps(x))
+"""
+
+
+def pyverbs(code, env, timeout=TIMEOUT):
+    """Runs code (after PRELUDE) in a child python; returns what it out()s."""
+    p = run([PYTHON, "-c", PRELUDE + code], env, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError(f"child python exited {p.returncode}\nstdout:\n{p.stdout}\n"
+                             f"stderr:\n{p.stderr}")
+    lines = [l for l in p.stdout.splitlines() if l.strip()]
+    assert lines, f"child printed nothing; stderr:\n{p.stderr}"
+    return json.loads(lines[-1])
+
+
+class Holder:
+    """A child python that opens a device, reports, and keeps it open until
+    stopped: a live process with a lease on the fabric."""
+
+    CODE = """
+import json, sys
+import pyverbs.device as d
+ctx = d.Context(name=sys.argv[1])
+print(json.dumps({"ready": True}), flush=True)
+sys.stdin.read()
+"""
+
+    def __init__(self, env, device="loop0"):
+        self.proc = subprocess.Popen([PYTHON, "-c", self.CODE, device], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+
+    def wait_ready(self):
+        # readline() has no timeout of its own: an alarm bounds it.
+        old = signal.signal(signal.SIGALRM, self._late)
+        signal.alarm(TIMEOUT)
+        try:
+            line = self.proc.stdout.readline()
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+        if not line:
+            self.stop()
+            raise AssertionError(f"holder failed: {self.proc.stderr.read()}")
+        assert json.loads(line)["ready"]
+        return self
+
+    def _late(self, *_):
+        self.proc.kill()
+        raise TimeoutError("holder did not open its device in time")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdout, self.proc.stderr):
+            f.close()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self.wait_ready()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def format_guid(g):
+    """As ibv_devinfo prints a GUID: xxxx:xxxx:xxxx:xxxx."""
+    h = f"{g:016x}"
+    return ":".join(h[i:i + 4] for i in range(0, 16, 4))
