@@ -9,6 +9,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -260,6 +261,74 @@ void fabric::ensure_devices()
 	}
 }
 
+bool fabric::slot_dead_locked(int slot)
+{
+	const sv_lease &l = reg_->leases[slot];
+	if (!l.pid)
+		return false;
+	if (kill(static_cast<pid_t>(l.pid), 0) < 0 && errno == ESRCH)
+		return true;
+	return process_start_time(static_cast<pid_t>(l.pid)) != l.start_time;
+}
+
+void fabric::reap_locked(int slot)
+{
+	sv_lease &l = reg_->leases[slot];
+	uint32_t gen = l.generation;
+	auto owned = [&](uint32_t lease, uint32_t g) {
+		return lease == static_cast<uint32_t>(slot) && g == gen;
+	};
+	for (auto &q : reg_->qps)
+		if (q.in_use && owned(q.owner_lease, q.owner_gen)) {
+			std::atomic_ref<uint32_t>(q.state).store(IBV_QPS_RESET,
+								 std::memory_order_release);
+			q.in_use = 0;
+		}
+	for (auto &m : reg_->mrs)
+		if (m.state != SV_MR_FREE && owned(m.owner_lease, m.owner_gen))
+			std::atomic_ref<uint32_t>(m.state).store(SV_MR_FREE,
+								 std::memory_order_release);
+	for (uint32_t i = 0; i < SV_MAX_OBJS; i++) {
+		sv_obj_rec &o = reg_->objs[i];
+		if (!o.in_use || !owned(o.owner_lease, o.owner_gen))
+			continue;
+		std::string name = path_ + "-q" + std::to_string(i) + "." + std::to_string(o.generation);
+		shm_unlink(name.c_str());
+		o.in_use = 0;
+	}
+	for (auto &m : reg_->mcast)
+		for (uint32_t i = 0; i < m.num_qps && i < SV_MAX_MCAST_QPS;) {
+			uint32_t qslot = m.qpns[i] & SV_QPN_SLOT_MASK;
+			if (!reg_->qps[qslot].in_use)
+				m.qpns[i] = m.qpns[--m.num_qps];
+			else
+				i++;
+		}
+	l.pid = 0;
+	l.start_time = 0;
+}
+
+bool fabric::lease_alive(uint32_t slot, uint32_t gen)
+{
+	if (slot >= SV_MAX_PROCS)
+		return false;
+	registry_guard g(*this);
+	return reg_->leases[slot].generation == gen && reg_->leases[slot].pid &&
+	       !slot_dead_locked(static_cast<int>(slot));
+}
+
+int fabric::reap_dead()
+{
+	registry_guard g(*this);
+	int n = 0;
+	for (int i = 0; i < SV_MAX_PROCS; i++)
+		if (slot_dead_locked(i)) {
+			reap_locked(i);
+			n++;
+		}
+	return n;
+}
+
 int fabric::lease()
 {
 	if (lease_slot_ >= 0)
@@ -274,9 +343,11 @@ int fabric::lease()
 			lease_slot_ = i;
 			return i;
 		}
-		if (free_slot < 0 &&
-		    (l.pid == 0 || process_start_time(static_cast<pid_t>(l.pid)) != l.start_time))
-			free_slot = i; // Free, or left behind by a dead process.
+		// Whatever a dead process left is freed as soon as it is seen.
+		if (slot_dead_locked(i))
+			reap_locked(i);
+		if (free_slot < 0 && l.pid == 0)
+			free_slot = i;
 	}
 	if (free_slot < 0)
 		return -ENOSPC;

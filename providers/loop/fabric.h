@@ -40,6 +40,13 @@ public:
 	// Takes a lease for this process (idempotent) and returns its slot.
 	int lease();
 
+	// Whether the process holding lease slot `slot` at generation `gen` still
+	// runs (pid alive with the same start time).
+	bool lease_alive(uint32_t slot, uint32_t gen);
+	// Frees what dead processes left behind: their QP numbers, keys, queue
+	// objects and segments, and their leases.  Returns how many were reaped.
+	int reap_dead();
+
 	static std::string registry_name(const std::string &fabric_name);
 	static uint64_t process_start_time(pid_t pid);
 
@@ -47,6 +54,8 @@ private:
 	int attach(int fd, std::string &error);
 	int init_new(int fd, std::string &error);
 	void ensure_devices();
+	bool slot_dead_locked(int slot);
+	void reap_locked(int slot);
 
 	config cfg_;
 	std::string path_;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -197,8 +198,24 @@ const verbs_context_ops loop_ctx_ops = {
 	.resize_cq = loop_resize_cq,
 };
 
+// Peers copy into this process's registered memory with process_vm_writev,
+// which needs ptrace access.  Where Yama restricts ptrace to descendants,
+// name any process as an allowed tracer: the fabric is private to the user
+// (0600 segments), and the kernel still requires the same credentials.
+void allow_cross_memory_attach()
+{
+	static std::once_flag once;
+	std::call_once(once, [] {
+		const char *off = getenv("SOFTVERBS_NO_PTRACER");
+		if (off && *off && strcmp(off, "0") != 0)
+			return;
+		prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+	});
+}
+
 verbs_context *loop_alloc_context(ibv_device *ibdev, int cmd_fd, void *private_data)
 {
+	allow_cross_memory_attach();
 	(void)private_data;
 	loop_device *ldev = to_loop_device(ibdev);
 	fabric *fab = nullptr;

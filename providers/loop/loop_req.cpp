@@ -685,6 +685,16 @@ uint64_t drain(loop_qp *qp)
 		}
 		ibv_wc_status fail = IBV_WC_SUCCESS;
 		if (s == step::rnr) {
+			// An RNR wait on a dead responder would last forever with
+			// rnr_retry 7: a dead peer counts as unreachable instead.
+			uint32_t ps = qp->attr.dest_qp_num & SV_QPN_SLOT_MASK;
+			const sv_qp_rec &pr = fab.reg()->qps[ps];
+			if (!fab.lease_alive(pr.owner_lease, pr.owner_gen)) {
+				fab.reap_dead();
+				s = step::unreachable;
+			}
+		}
+		if (s == step::rnr) {
 			if (w.rnr_left == 0)
 				fail = IBV_WC_RNR_RETRY_EXC_ERR;
 			else if (w.rnr_left != 7)
@@ -693,6 +703,7 @@ uint64_t drain(loop_qp *qp)
 			uint8_t t = fab.reg()->qps[peer_slot].min_rnr_timer & 31;
 			w.next_try_ns = now + kRnrTimerUs[t] * 1000ULL;
 		} else {
+			fab.reap_dead();
 			if (w.retry_left == 0)
 				fail = IBV_WC_RETRY_EXC_ERR;
 			else
