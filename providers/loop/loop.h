@@ -223,6 +223,8 @@ int loop_resize_cq(ibv_cq *cq, int cqe);
 // Pushes a completion into any CQ ring (ours or a peer's).  Returns 0, or
 // ENOSPC when the ring overflowed (the owner then gets IBV_EVENT_CQ_ERR).
 int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited);
+// Drops the unpolled completions of one QP (on RESET and destroy, as HCAs do).
+void cq_clean(loop_cq *cq, uint32_t qpn);
 uint64_t now_ns();
 
 // loop_qp.cpp

@@ -172,6 +172,35 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited)
 	return 0;
 }
 
+void cq_clean(loop_cq *cq, uint32_t qpn)
+{
+	if (!cq)
+		return;
+	std::lock_guard<std::mutex> g(cq->lock);
+	sv_cq_ring *r = cq->ring;
+	uint64_t c = r->cons;
+	// Only the published run from cons on is ours to rearrange: producers
+	// write at reserved slots beyond it.
+	uint64_t end = c;
+	while (end - c < cq->capacity &&
+	       std::atomic_ref<uint32_t>(cq->slots[end & cq->mask].seq)
+			       .load(std::memory_order_acquire) == static_cast<uint32_t>(end + 1))
+		end++;
+	// Walk back from the newest entry, sliding kept entries towards it.
+	uint64_t dst = end;
+	for (uint64_t i = end; i-- > c;) {
+		sv_cqe &s = cq->slots[i & cq->mask];
+		if (s.qp_num == qpn)
+			continue;
+		dst--;
+		if (dst != i) {
+			cq->slots[dst & cq->mask] = s;
+			cq->slots[dst & cq->mask].seq = static_cast<uint32_t>(dst + 1);
+		}
+	}
+	std::atomic_ref<uint64_t>(r->cons).store(dst, std::memory_order_release);
+}
+
 ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int comp_vector)
 {
 	if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {

@@ -221,13 +221,9 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 		m.iova = reinterpret_cast<uintptr_t>(addr);
 		m.length = length;
 	}
-	// A new key, as a kernel rereg hands out: old rkeys stop working.
-	uint8_t k = random_key();
-	if (k == (m.key & 0xff))
-		k++;
-	m.key = k;
+	// The keys stay as they were, as on mlx5: peers that hold the rkey keep
+	// using it against the new translation and rights.
 	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
-	vmr->ibv_mr.lkey = vmr->ibv_mr.rkey = (mr->slot << SV_MR_KEY_BITS) | k;
 	return 0;
 }
 

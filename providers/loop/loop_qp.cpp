@@ -465,8 +465,12 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 	} else {
 		qp_state_ref(rec).store(next, std::memory_order_release);
 	}
-	if (next == IBV_QPS_RESET)
+	if (next == IBV_QPS_RESET) {
 		qp->backlog.clear();
+		cq_clean(qp->rcq, qp->qpn);
+		if (qp->scq != qp->rcq)
+			cq_clean(qp->scq, qp->qpn);
+	}
 	if (next == IBV_QPS_ERR) {
 		// The send side flushes under sq_lock, which we hold.
 		for (send_wr &w : qp->backlog) {
@@ -516,6 +520,9 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		rec.in_use = 0;
 	}
 	objects_remove(kObjQp, qp->slot);
+	cq_clean(qp->rcq, qp->qpn);
+	if (qp->scq != qp->rcq)
+		cq_clean(qp->scq, qp->qpn);
 	if (qp->rq)
 		queue_destroy(fab, qp->rq_ref, qp->rq);
 	pthread_mutex_destroy(&ibqp->mutex);

@@ -338,6 +338,8 @@ step run_connected(loop_qp *qp, send_wr &w)
 		p.rec.rq_obj = srq_slot;
 		p.rec.rq_gen = reg->objs[srq_slot].generation;
 		p.xrc_srq = static_cast<int>(srq_slot);
+		// An XRC target QP has no PD: keys are checked against the SRQ's.
+		p.rec.pdn = reg->objs[srq_slot].pdn;
 	}
 	bool need_local_write = w.opcode == IBV_WR_RDMA_READ ||
 				w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
