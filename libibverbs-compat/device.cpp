@@ -210,9 +210,31 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 
 EXPORT struct ibv_context *ibv_import_device(int cmd_fd)
 {
-	// A shared context is a kernel uverbs file; there is none to import.
-	(void)cmd_fd;
-	return fail_ptr<ibv_context>(EOPNOTSUPP);
+	// rdma-core asks the kernel which device a command fd belongs to; here
+	// each device's provider is asked whether the fd is one of its contexts.
+	int n = 0;
+	ibv_device **list = ibv_get_device_list(&n);
+	if (!list)
+		return nullptr;
+	ibv_context *ctx = nullptr;
+	int err = EOPNOTSUPP;
+	for (int i = 0; i < n && !ctx; i++) {
+		verbs_device *vdev = verbs_get_device(list[i]);
+		if (!vdev->ops->import_context)
+			continue;
+		verbs_context *vctx = vdev->ops->import_context(list[i], cmd_fd);
+		if (vctx) {
+			ctx = &vctx->context;
+			std::lock_guard<std::mutex> g(reg().lock);
+			vdev->refcount++;
+		} else {
+			err = errno;
+		}
+	}
+	ibv_free_device_list(list);
+	if (!ctx)
+		errno = err;
+	return ctx;
 }
 
 EXPORT int ibv_close_device(struct ibv_context *context)
@@ -371,6 +393,10 @@ EXPORT void verbs_set_ops(struct verbs_context *vctx, const struct verbs_context
 	CTX(post_srq_recv);
 	VCTX(query_device_ex);
 	PRIV(query_ece);
+	PRIV(sv_alloc_fast_reg_mr);
+	PRIV(sv_post_fast_reg);
+	PRIV(sv_reg_mr_fd);
+	PRIV(sv_rereg_mr_fd);
 	PRIV(query_gid_ex);
 	PRIV(query_pkey);
 	PRIV(query_port);

@@ -36,5 +36,6 @@ inline constexpr uint16_t kDefaultPkey = 0xffff;
 inline constexpr int kGidTableLen = 16; // Ethernet ports fill one slot per IP address
 inline constexpr uint32_t kMaxMsgSize = 1U << 31;
 inline constexpr int kLocalCaAckDelay = 15;
+inline constexpr uint64_t kMaxDmSize = 256 * 1024; // Like an HCA's on-chip memory
 
 } // namespace loop

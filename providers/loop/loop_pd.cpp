@@ -2,6 +2,7 @@
 // Protection domains.  A PD number is unique within its process; keys in the
 // registry record (owner lease, PD number), which is unique on the fabric.
 #include "loop.h"
+#include "objects.h"
 
 #include <atomic>
 #include <cerrno>
@@ -19,12 +20,17 @@ ibv_pd *loop_alloc_pd(ibv_context *ctx)
 	}
 	pd->pdn = next_pdn.fetch_add(1, std::memory_order_relaxed);
 	pd->base.handle = pd->pdn;
+	objects_add(kObjPd, pd->pdn, pd);
 	return &pd->base;
 }
 
-int loop_dealloc_pd(ibv_pd *pd)
+int loop_dealloc_pd(ibv_pd *ibpd)
 {
-	delete to_loop_pd(pd);
+	loop_pd *pd = to_loop_pd(ibpd);
+	if (pd->imported)
+		return EINVAL; // Imported PDs are unimported
+	objects_remove(kObjPd, pd->pdn);
+	delete pd;
 	return 0;
 }
 

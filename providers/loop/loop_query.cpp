@@ -130,6 +130,7 @@ int loop_query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *inpu
 	a.completion_timestamp_mask = kCompletionTimestampMask;
 	a.hca_core_clock = kHcaCoreClockKhz;
 	a.phys_port_cnt_ex = lctx->dev->num_ports;
+	a.max_dm_size = kMaxDmSize;
 	// Fields past what the caller's header knows about are not written.
 	memcpy(attr, &a, std::min(attr_size, sizeof(a)));
 	return 0;
@@ -146,7 +147,7 @@ int loop_query_port(ibv_context *ctx, uint8_t port, ibv_port_attr *attr)
 	attr->state = static_cast<ibv_port_state>(pr->state);
 	attr->max_mtu = IBV_MTU_4096;
 	attr->active_mtu = static_cast<ibv_mtu>(pr->active_mtu);
-	attr->gid_tbl_len = eth ? kGidTableLen : 1;
+	attr->gid_tbl_len = kGidTableLen; // IB ports fill only index 0, as HCAs do
 	attr->port_cap_flags = eth ? 0 : IBV_PORT_SM | IBV_PORT_SYS_IMAGE_GUID_SUP;
 	attr->max_msg_sz = kMaxMsgSize;
 	attr->pkey_tbl_len = kMaxPkeys;
@@ -172,8 +173,7 @@ int loop_query_gid_ex(ibv_context *ctx, uint32_t port, uint32_t index, ibv_gid_e
 	const sv_port_rec *pr = port_rec(lctx, port);
 	if (!pr)
 		return EINVAL;
-	int len = pr->link_layer == SV_LINK_ETH ? kGidTableLen : 1;
-	if (index >= static_cast<uint32_t>(len))
+	if (index >= static_cast<uint32_t>(kGidTableLen))
 		return EINVAL;
 	gid_slot table[kGidTableLen];
 	int n = loop_gid_table(lctx, port, table, kGidTableLen);
