@@ -1,0 +1,152 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""Runs rdma-core's own test suite (shipped by Debian's python3-pyverbs) against
+our libibverbs.so.1, unmodified, on a private fabric.
+
+Prints per-module counts of passed, failed, errored and skipped tests, keeps
+the full log, and exits non-zero when any test fails or errors, or when a test
+listed as an expected skip in docs/rdma-core-suite.md now passes (it must come
+off the list).
+
+usage: run_suite.py BUILD_DIR SOURCE_DIR
+"""
+import collections
+import gzip
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+SUITE = '/usr/share/doc/rdma-core/tests'
+VENDOR = re.compile(r'^test_(mlx5|efa|cuda)')
+# unittest -v prints "name (tests.test_mod.Class.name) ... ok", with a
+# docstring's first line (if any) on the next line before " ... ".
+HEAD = re.compile(r'^(\w+) \(tests\.(test_\w+)\.(\w+)\.\w+\)')
+RESULT = re.compile(r' \.\.\. (ok|FAIL|ERROR|skipped.*|expected failure|unexpected success)\s*$')
+
+
+def unpack(dst):
+    shutil.copytree(SUITE, dst)
+    for name in os.listdir(dst):
+        if name.endswith('.gz'):
+            path = os.path.join(dst, name)
+            with gzip.open(path, 'rb') as f, open(path[:-3], 'wb') as out:
+                shutil.copyfileobj(f, out)
+            os.unlink(path)
+
+
+def parse(log):
+    """Returns [(module, class, test, status, reason)]."""
+    results = []
+    pending = None
+    for line in log.splitlines():
+        m = HEAD.match(line)
+        if m:
+            pending = (m.group(2), m.group(3), m.group(1))
+        r = RESULT.search(line)
+        # A test that prints leaves its verdict alone on a later line.
+        bare = re.match(r'^(ok|FAIL|ERROR|skipped.*)\s*$', line)
+        if pending and (r or bare):
+            word = (r or bare).group(1)
+            reason = ''
+            if word.startswith('skipped'):
+                reason = word[len('skipped'):].strip().strip("'\"")
+                word = 'skipped'
+            status = {'ok': 'passed', 'FAIL': 'failed', 'ERROR': 'errored',
+                      'skipped': 'skipped', 'expected failure': 'passed',
+                      'unexpected success': 'failed'}[word]
+            results.append(pending + (status, reason))
+            pending = None
+    return results
+
+
+def expected_skips(source_dir):
+    """Test names listed in docs/rdma-core-suite.md under 'Expected skips'."""
+    path = os.path.join(source_dir, 'docs', 'rdma-core-suite.md')
+    names = set()
+    if not os.path.exists(path):
+        return names
+    in_list = False
+    for line in open(path):
+        if line.startswith('## '):
+            in_list = line.strip() == '## Expected skips'
+            continue
+        m = re.match(r'^\| `(test_\w+)\.(\w+)\.(\w+)` \|', line)
+        if in_list and m:
+            names.add(m.groups())
+    return names
+
+
+def main():
+    build, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    lib = os.path.join(build, 'libibverbs-compat')
+    logdir = os.path.join(build, 'meson-logs')
+    os.makedirs(logdir, exist_ok=True)
+    log_path = os.path.join(logdir, 'rdma-core-suite.log')
+    fabric = 'rdmacore-%d' % os.getpid()
+    env = dict(os.environ, LD_LIBRARY_PATH=lib, SOFTVERBS_FABRIC=fabric,
+               PYTHONDONTWRITEBYTECODE='1', PYTHONWARNINGS='ignore::DeprecationWarning')
+    with tempfile.TemporaryDirectory(prefix='rdma-core-suite-') as tmp:
+        tests = os.path.join(tmp, 'tests')
+        unpack(tests)
+        proc = subprocess.Popen(['/usr/bin/python3', os.path.join(tests, 'run_tests.py'), '-v'],
+                                cwd=tmp, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=1200)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            out += '\nrun_suite.py: the suite ran past 1200 s and was killed\n'
+            proc.returncode = -1
+    uid = os.getuid()
+    for name in os.listdir('/dev/shm'):
+        if name.startswith('softverbs-%d-%s' % (uid, fabric)):
+            os.unlink(os.path.join('/dev/shm', name))
+    with open(log_path, 'w') as f:
+        f.write(out)
+
+    results = parse(out)
+    counts = collections.defaultdict(collections.Counter)
+    for mod, _, _, status, _ in results:
+        counts[mod][status] += 1
+    print('%-26s %7s %7s %7s %7s' % ('module', 'passed', 'failed', 'errored', 'skipped'))
+    total = collections.Counter()
+    for mod in sorted(counts):
+        c = counts[mod]
+        total.update(c)
+        print('%-26s %7d %7d %7d %7d' % (mod, c['passed'], c['failed'], c['errored'],
+                                          c['skipped']))
+    print('%-26s %7d %7d %7d %7d' % ('total', total['passed'], total['failed'],
+                                      total['errored'], total['skipped']))
+    print('full log: %s' % log_path)
+
+    bad = [r for r in results if r[3] in ('failed', 'errored')]
+    for mod, cls, name, status, _ in bad:
+        print('%s: %s.%s.%s' % (status.upper(), mod, cls, name))
+    listed = expected_skips(source)
+    now_passing = [r for r in results if r[3] == 'passed' and r[:3] in listed]
+    for mod, cls, name, _, _ in now_passing:
+        print('NOW PASSING, take it off docs/rdma-core-suite.md: %s.%s.%s' % (mod, cls, name))
+    unlisted = [r for r in results if r[3] == 'skipped' and not VENDOR.match(r[0])
+                and r[:3] not in listed]
+    if unlisted:
+        print('%d generic tests skipped without an entry in docs/rdma-core-suite.md' %
+              len(unlisted))
+    if not results:
+        print('run_suite.py: no test results found in the log')
+        return 1
+    if proc.returncode not in (0, 1) and not bad:
+        print('run_suite.py: the suite exited with %s' % proc.returncode)
+        return 1
+    # The plain closing line CI readers look for.
+    print('rdma-core suite: %d passed, %d failed, %d skipped' %
+          (total['passed'], total['failed'] + total['errored'], total['skipped']))
+    return 1 if bad or now_passing else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
