@@ -206,32 +206,32 @@ bool load_config(config &out, std::string &error)
 			path = "/etc/softverbs.conf";
 	}
 
-	// Device names decide which per-device keys are valid, so the device
-	// list from the environment must be known before the file is read.
+	// The environment's device list wins over the file's.  Per-device keys
+	// in the file for devices it leaves out are then ignored, so one file
+	// can describe more devices than a given run uses.
 	const char *env_devs = getenv("SOFTVERBS_DEVICES");
+	if (env_devs && !set_devices(cfg, env_devs, error, "SOFTVERBS_DEVICES"))
+		return false;
 	if (!path.empty()) {
 		std::ifstream in(path);
 		std::string line;
 		int lineno = 0;
 		while (std::getline(in, line)) {
 			lineno++;
+			std::string t = trim(line.substr(0, line.find('#')));
+			std::string key = trim(t.substr(0, t.find('=')));
+			if (env_devs && key == "devices")
+				continue;
+			size_t dot = key.rfind('.');
+			if (env_devs && dot != std::string::npos && key != "fabric" &&
+			    !find_device(cfg, key.substr(0, dot)))
+				continue;
 			std::string err;
-			std::string t = trim(line);
-			// Per-device keys for devices only the environment names.
-			if (env_devs && t.find('.') != std::string::npos &&
-			    t.rfind("devices", 0) != 0) {
-				std::string tmp_err;
-				set_devices(cfg, env_devs, tmp_err, "SOFTVERBS_DEVICES");
-			}
 			if (!apply_config_line(cfg, line, err)) {
 				error = path + ":" + std::to_string(lineno) + ": " + err;
 				return false;
 			}
 		}
-	}
-	if (env_devs) {
-		if (!set_devices(cfg, env_devs, error, "SOFTVERBS_DEVICES"))
-			return false;
 	}
 	const char *fabric = getenv("SOFTVERBS_FABRIC");
 	if (fabric) {

@@ -266,7 +266,7 @@ TEST_F(LoadConfig, FileThenEnvironmentOverrides)
 // leaves out a device that the file configures ("'a.ports' names device 'a',
 // which is not in the device list").  Reported to the provider's owner;
 // enable once the environment can pick a subset of the file's devices.
-TEST_F(LoadConfig, DISABLED_EnvironmentPicksSubsetOfFileDevices)
+TEST_F(LoadConfig, EnvironmentPicksSubsetOfFileDevices)
 {
 	use_config("devices = a, b\n"
 		   "a.ports = 2\n"
