@@ -99,8 +99,10 @@ EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_
 EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index,
 			 union ibv_gid *gid)
 {
-	if (!context || !gid || index < 0)
+	if (!context || !gid || index < 0) {
+		errno = EINVAL;
 		return -1;
+	}
 	ibv_gid_entry e;
 	int ret = _ibv_query_gid_ex(context, port_num, index, &e, 0, sizeof(e));
 	if (ret == ENODATA) {
@@ -131,8 +133,10 @@ EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num,
 
 EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
 {
-	if (!context || !pkey)
+	if (!context || !pkey) {
+		errno = EINVAL;
 		return -1;
+	}
 	const verbs_context_ops *ops = get_ops(context);
 	if (!ops->query_pkey) {
 		errno = EOPNOTSUPP;
