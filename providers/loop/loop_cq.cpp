@@ -2,6 +2,7 @@
 // Completion queues: a multi-producer ring in shared memory (the protocol is
 // at sv_cq_ring in kernel-abi/softverbs-abi.h), polled by its owner.
 #include "loop.h"
+#include "objects.h"
 
 #include <cerrno>
 #include <cstring>
@@ -217,12 +218,15 @@ ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int
 	c.channel = channel;
 	c.context = ctx;
 	wire_channel(cq);
+	// Async events (IBV_EVENT_CQ_ERR) name the CQ by its registry slot.
+	objects_add(SV_OBJ_CQ, cq->ref.slot, &c);
 	return &c;
 }
 
 int loop_destroy_cq(ibv_cq *ibcq)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
+	objects_remove(SV_OBJ_CQ, cq->ref.slot);
 	queue_destroy(*cq->ctx->fab, cq->ref, cq->ring);
 	delete cq;
 	return 0;
@@ -311,6 +315,8 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	}
 	nr->prod = moved;
 	nr->cons = 0;
+	objects_remove(SV_OBJ_CQ, cq->ref.slot);
+	objects_add(SV_OBJ_CQ, nref.slot, ibcq);
 	queue_destroy(fab, cq->ref, cq->ring);
 	cq->ref = nref;
 	cq->ring = nr;

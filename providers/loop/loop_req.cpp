@@ -265,6 +265,10 @@ void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len
 	e.qp_num = qp->qpn;
 	e.byte_len = byte_len;
 	push_own(qp->scq, e);
+	// An error completion takes a connected QP to ERR (IB C10-61, C10-96):
+	// its receive queue and the WRs behind this one then complete flushed.
+	if (st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR && qp->type != IBV_QPT_UD)
+		qp_set_error(*qp->ctx->fab, qp->slot);
 }
 
 // Takes a receive WQE of the peer (its RQ or SRQ).  Returns false if none.
