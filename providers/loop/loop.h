@@ -45,6 +45,7 @@ struct loop_context {
 struct loop_pd {
 	ibv_pd base; // Must be first
 	uint32_t pdn;
+	bool parent_domain; // A loop_parent_domain (loop_td.cpp): pdn is its PD's
 };
 
 struct loop_mr {
@@ -70,6 +71,7 @@ struct loop_cq {
 	sv_cqe cur;
 	uint64_t wc_flags_ex;
 	bool locked; // start_poll took lock
+	bool single_threaded; // IBV_CREATE_CQ_ATTR_SINGLE_THREADED: polling takes no lock
 };
 
 struct loop_srq {
@@ -136,6 +138,7 @@ struct loop_qp {
 	ibv_qp_attr attr;   // What modify_qp set, for query_qp
 	std::deque<send_wr> backlog; // WRs waiting behind an RNR or a retry
 	bool in_progress_list;
+	struct wr_builder *builder; // ibv_wr_* state (loop_qp_ex.cpp); null without send_ops_flags
 };
 
 template <typename T, typename M> inline T *container_of_first(M *m)
@@ -259,6 +262,30 @@ int loop_destroy_ah(ibv_ah *ah);
 
 // loop_req.cpp: the requester
 int loop_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
+// Runs n WRs built by the ibv_wr_* API as post_send runs a list, taking
+// sq_lock.  All or nothing: EINVAL (QP state) or ENOMEM (no room in the send
+// queue) before any WR runs.  The caller has checked each WR (wr_valid).
+int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n);
+// Whether the requester carries out op on a QP of type t.
+bool wr_opcode_supported(ibv_qp_type t, ibv_wr_opcode op);
+
+// loop_qp_ex.cpp: ibv_wr_* (extended QPs)
+// Checks send_ops_flags of a QP about to be created: 0 or EOPNOTSUPP.
+int qp_ex_check(const ibv_qp_init_attr_ex &attr);
+// Fills the ibv_qp_ex of a created QP; sets VERBS_QP_EX.
+void qp_ex_init(loop_qp *qp, uint64_t send_ops_flags);
+void qp_ex_destroy(loop_qp *qp);
+
+// loop_cq.cpp, for loop_cq_ex.cpp: a CQ with its ring and channel wired, and
+// the next completion (caller holds cq->lock unless single-threaded).
+loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel);
+bool cq_pop(loop_cq *cq, sv_cqe &out);
+
+// loop_td.cpp: thread domains and parent domains
+ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr);
+int loop_dealloc_td(ibv_td *td);
+ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *attr);
+int loop_dealloc_parent_domain(loop_pd *pd);
 // Runs the backlog of a QP (called by the progress thread); returns the time
 // of the next retry or 0 when the backlog is empty.
 uint64_t qp_run_backlog(loop_qp *qp);

@@ -16,7 +16,8 @@ inline constexpr uint64_t kDeviceCapFlagsEx = 0;
 // Atomics take a fabric-wide striped lock: atomic among all users of the fabric.
 inline constexpr ibv_atomic_cap kAtomicCap = IBV_ATOMIC_HCA;
 inline constexpr int kMaxMw = 0;
-inline constexpr uint64_t kCompletionTimestampMask = 0;
-inline constexpr uint64_t kHcaCoreClockKhz = 0;
+// The device clock is CLOCK_MONOTONIC in ns: a 1 GHz clock of 64 bits.
+inline constexpr uint64_t kCompletionTimestampMask = UINT64_MAX;
+inline constexpr uint64_t kHcaCoreClockKhz = 1000000;
 
 } // namespace loop

@@ -223,6 +223,25 @@ ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int
 	return &c;
 }
 
+loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
+{
+	loop_cq *cq = new_cq(ctx, cqe, channel);
+	if (!cq)
+		return nullptr;
+	ibv_cq &c = cq->vcq.cq;
+	c.cqe = static_cast<int>(cq->capacity);
+	c.handle = cq->ref.slot;
+	c.channel = channel;
+	c.context = ctx;
+	wire_channel(cq);
+	return cq;
+}
+
+bool cq_pop(loop_cq *cq, sv_cqe &out)
+{
+	return cq_take(cq, out);
+}
+
 int loop_destroy_cq(ibv_cq *ibcq)
 {
 	loop_cq *cq = to_loop_cq(ibcq);

@@ -27,6 +27,8 @@ ibv_pd *loop_alloc_pd(ibv_context *ctx)
 int loop_dealloc_pd(ibv_pd *ibpd)
 {
 	loop_pd *pd = to_loop_pd(ibpd);
+	if (pd->parent_domain)
+		return loop_dealloc_parent_domain(pd);
 	if (pd->imported)
 		return EINVAL; // Imported PDs are unimported
 	objects_remove(kObjPd, pd->pdn);

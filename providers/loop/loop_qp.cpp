@@ -210,10 +210,17 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
-	uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD;
+	uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
+			 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	if (attr->comp_mask & ~known) {
 		errno = EOPNOTSUPP;
 		return nullptr;
+	}
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+		if (int e = qp_ex_check(*attr)) {
+			errno = e;
+			return nullptr;
+		}
 	}
 	if (attr->create_flags) {
 		errno = EOPNOTSUPP;
@@ -356,6 +363,8 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 	pthread_cond_init(&q.cond, nullptr);
 	if (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD)
 		qp->vqp.xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd);
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+		qp_ex_init(qp, attr->send_ops_flags);
 	attr->cap = qp->cap;
 	return &q;
 }
@@ -527,6 +536,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		queue_destroy(fab, qp->rq_ref, qp->rq);
 	pthread_mutex_destroy(&ibqp->mutex);
 	pthread_cond_destroy(&ibqp->cond);
+	qp_ex_destroy(qp);
 	delete qp;
 	return 0;
 }

@@ -204,11 +204,11 @@ int loop_query_rt_values(ibv_context *ctx, ibv_values_ex *values)
 	(void)ctx;
 	if (values->comp_mask & ~static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK))
 		return EINVAL;
+	// The clock of CQE timestamps (read_completion_ts), in ns.
 	timespec ts;
-	clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
-	if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK)
 		values->raw_clock = ts;
-	}
 	return 0;
 }
 

@@ -887,4 +887,55 @@ uint64_t qp_run_backlog(loop_qp *qp)
 	return drain(qp);
 }
 
+bool wr_opcode_supported(ibv_qp_type t, ibv_wr_opcode op)
+{
+	return opcode_ok(t, op);
+}
+
+// The loop of loop_post_send over WRs already in our form (ibv_wr_*).
+int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	bool need_progress = false;
+	{
+		std::lock_guard<std::mutex> g(qp->sq_lock);
+		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
+		    qp->type == IBV_QPT_XRC_RECV)
+			return EINVAL;
+		if (n > qp->cap.max_send_wr ||
+		    (!qp->backlog.empty() && qp->backlog.size() + n > qp->cap.max_send_wr))
+			return ENOMEM;
+		for (size_t i = 0; i < n; i++) {
+			send_wr &w = wrs[i];
+			w.rnr_left = qp->attr.rnr_retry;
+			w.retry_left = qp->attr.retry_cnt;
+			w.next_try_ns = 0;
+			if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
+				sv_cqe e{};
+				e.wr_id = w.wr_id;
+				e.status = IBV_WC_WR_FLUSH_ERR;
+				e.opcode = wc_opcode(w.opcode);
+				e.qp_num = qp->qpn;
+				push_own(qp->scq, e);
+				continue;
+			}
+			if (!qp->backlog.empty()) {
+				qp->backlog.push_back(w);
+				continue;
+			}
+			if (run_wr(qp, w) != step::done) {
+				qp->backlog.push_back(w);
+				drain(qp);
+				need_progress = !qp->backlog.empty();
+			}
+			state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+		}
+	}
+	if (need_progress)
+		progress_add(qp);
+	return 0;
+}
+
 } // namespace loop

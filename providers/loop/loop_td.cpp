@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: MIT
+// Thread domains and parent domains.
+//
+// A thread domain is a promise by the application that one thread at a
+// time uses the objects under it; mlx5 uses it to drop locks and pick a
+// doorbell.  The loop provider's locks are uncontended user-space mutexes,
+// so a TD is accepted and recorded, and changes nothing.
+//
+// A parent domain stands in for its protection domain wherever a PD is
+// taken (QPs, SRQs, MRs, CQs through IBV_CQ_INIT_ATTR_MASK_PD): it carries
+// the protection domain's PD number, so keys and checks are those of the
+// protection domain.  The application's allocators
+// (IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) are accepted and not called: the
+// provider's queue memory is shared memory that peers map, which an
+// application allocator cannot supply; its other allocations are small
+// host objects.  This is documented in docs/design.md.
+#include "loop.h"
+
+#include <cerrno>
+#include <new>
+
+namespace loop {
+
+namespace {
+
+struct loop_td {
+	ibv_td base; // Must be first
+};
+
+struct loop_parent_domain {
+	loop_pd pd; // Must be first; pd.pdn is the protection domain's
+	ibv_pd *protection_domain;
+	ibv_td *td;
+	void *pd_context;
+	void *(*alloc)(ibv_pd *pd, void *pd_context, size_t size, size_t alignment,
+		       uint64_t resource_type);
+	void (*free)(ibv_pd *pd, void *pd_context, void *ptr, uint64_t resource_type);
+};
+
+} // namespace
+
+ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr)
+{
+	if (!attr || attr->comp_mask) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	auto *td = new (std::nothrow) loop_td{};
+	if (!td) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	td->base.context = ctx;
+	return &td->base;
+}
+
+int loop_dealloc_td(ibv_td *td)
+{
+	delete reinterpret_cast<loop_td *>(td);
+	return 0;
+}
+
+ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *attr)
+{
+	uint32_t known = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+			 IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+	if (!attr || !attr->pd || (attr->comp_mask & ~known)) {
+		errno = attr && (attr->comp_mask & ~known) ? EOPNOTSUPP : EINVAL;
+		return nullptr;
+	}
+	loop_pd *prot = to_loop_pd(attr->pd);
+	if (prot->parent_domain || attr->pd->context != ctx ||
+	    (attr->td && attr->td->context != ctx)) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	if ((attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) &&
+	    (!attr->alloc || !attr->free)) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	auto *p = new (std::nothrow) loop_parent_domain{};
+	if (!p) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	p->pd.base.context = ctx;
+	p->pd.base.handle = attr->pd->handle;
+	p->pd.pdn = prot->pdn;
+	p->pd.parent_domain = true;
+	p->protection_domain = attr->pd;
+	p->td = attr->td;
+	if (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
+		p->pd_context = attr->pd_context;
+	if (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) {
+		p->alloc = attr->alloc;
+		p->free = attr->free;
+	}
+	return &p->pd.base;
+}
+
+int loop_dealloc_parent_domain(loop_pd *pd)
+{
+	delete reinterpret_cast<loop_parent_domain *>(pd);
+	return 0;
+}
+
+} // namespace loop

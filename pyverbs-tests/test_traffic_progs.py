@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: MIT
+"""Traffic through our library by small C programs (tests/progs), built by
+meson against <infiniband/verbs.h> and the system's -libverbs, run with
+LD_LIBRARY_PATH pointing at our build: one subprocess per scenario, each on
+a fabric of its own (the env fixture), each with a timeout."""
+import os
+import select
+import signal
+import subprocess
+import time
+
+import pytest
+
+import svtest
+
+SCENARIOS = ["rc_ops", "inline_sge", "signaling", "solicited", "uc", "ud", "mcast", "srq",
+             "cq_overflow", "errors", "rnr", "post_errors", "query_modify", "threads"]
+
+
+@pytest.fixture
+def progs(build_dir):
+    d = build_dir / "tests" / "progs"
+    for p in ("sv_traffic", "sv_peer"):
+        if not (d / p).exists():
+            pytest.fail(f"{d / p} missing: build with ninja -C {build_dir} "
+                        "(needs libibverbs-dev)")
+    return d
+
+
+def run_prog(argv, env, timeout=90):
+    p = svtest.run([str(a) for a in argv], env, timeout=timeout)
+    assert p.returncode == 0, (f"{argv} exited {p.returncode}\nstdout:\n{p.stdout}\n"
+                               f"stderr:\n{p.stderr}")
+    return p.stdout
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario_one_process(progs, env, scenario):
+    out = run_prog([progs / "sv_traffic", scenario], env)
+    assert f"OK {scenario}" in out
+
+
+@pytest.mark.parametrize("scenario", ["rc_ops", "uc", "ud", "errors", "threads"])
+def test_scenario_across_two_devices(progs, env, scenario):
+    """The two QPs of each pair on different devices, loop0 and loop1."""
+    env["SOFTVERBS_DEVICES"] = "loop0,loop1"
+    out = run_prog([progs / "sv_traffic", scenario, "loop0", "loop1"], env)
+    assert f"OK {scenario}" in out
+
+
+def test_programs_really_use_our_library(progs, env):
+    """Without our library path the system's rdma-core finds no loop0: the
+    programs are not linked to our build by an rpath."""
+    e = dict(env)
+    del e["LD_LIBRARY_PATH"]
+    p = svtest.run([str(progs / "sv_traffic"), "rc_ops"], e, timeout=30)
+    assert p.returncode != 0 and "OK rc_ops" not in p.stdout
+
+
+class Proc:
+    """A child whose stdout lines we read with a deadline and relay."""
+
+    def __init__(self, argv, env):
+        self.p = subprocess.Popen([str(a) for a in argv], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  bufsize=1)
+
+    def line(self, timeout=20):
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line from {self.p.args} in {timeout} s")
+            r, _, _ = select.select([self.p.stdout], [], [], left)
+            if r:
+                l = self.p.stdout.readline()
+                if not l:
+                    self.p.wait(timeout=10)
+                    raise AssertionError(f"{self.p.args} ended ({self.p.returncode}): "
+                                         f"{self.p.stderr.read()}")
+                return l.rstrip("\n")
+
+    def send(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def finish(self, timeout=30):
+        try:
+            self.p.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            raise AssertionError(f"{self.p.args} did not end")
+        err = self.p.stderr.read()
+        return self.p.returncode, err
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        for f in (self.p.stdin, self.p.stdout, self.p.stderr):
+            try:
+                f.close()
+            except Exception:
+                pass
+
+
+@pytest.fixture
+def procs():
+    live = []
+    yield live
+    for p in live:
+        p.kill()
+
+
+@pytest.mark.parametrize("devs", [("loop0", "loop0"), ("loop0", "loop1"), ("loop1", "loop0")])
+def test_two_processes(progs, env, procs, devs):
+    """SEND 1 B..1 MiB, RDMA READ 2 MiB, RDMA WRITE, CAS and FAA between two
+    processes; each side checks the data it owns."""
+    env["SOFTVERBS_DEVICES"] = "loop0,loop1"
+    srv = Proc([progs / "sv_peer", "server", devs[0]], env)
+    procs.append(srv)
+    info = srv.line()
+    assert info.startswith("INFO ")
+    cli = Proc([progs / "sv_peer", "client", devs[1]], env)
+    procs.append(cli)
+    cli.send(info)
+    cinfo = cli.line()
+    assert cinfo.startswith("INFO ")
+    srv.send(cinfo)
+    assert srv.line() == "READY"
+    cli.send("READY")
+    assert cli.line(60) == "DONE"
+    assert srv.line(60) == "DONE 22"
+    rc, err = cli.finish()
+    assert rc == 0, err
+    rc, err = srv.finish()
+    assert rc == 0, err
+
+
+def test_killed_peer(progs, env, procs, fabric):
+    """SIGKILL the target mid-transfer: the survivor's outstanding WRs end in
+    RETRY_EXC_ERR then WR_FLUSH_ERR within the QP's timeout (4.096 us *
+    2^14 * (retry_cnt 3 + 1), about 0.3 s, plus slack), its other QPs keep
+    working, and a new process uses the fabric at once."""
+    vic = Proc([progs / "sv_peer", "victim", "loop0"], env)
+    procs.append(vic)
+    info = vic.line()
+    sur = Proc([progs / "sv_peer", "survivor", "loop0"], env)
+    procs.append(sur)
+    sur.send(info)
+    vic.send(sur.line())
+    assert vic.line() == "READY"
+    sur.send("READY")
+    assert sur.line(30) == "STREAMING"
+    os.kill(vic.p.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    vic.p.wait(timeout=10)
+    first = sur.line(20)
+    elapsed = time.monotonic() - t0
+    assert first == "FIRSTERR transport retry counter exceeded", first
+    assert elapsed < 5, f"error completion took {elapsed:.1f} s"
+    err_line = sur.line(20)
+    assert err_line.startswith("ERR transport retry counter exceeded"), err_line
+    assert sur.line(20) == "OK"
+    rc, err = sur.finish()
+    assert rc == 0, err
+    # A new process works on the same fabric, at once
+    t0 = time.monotonic()
+    out = run_prog([progs / "sv_traffic", "rc_ops"], env, timeout=30)
+    assert "OK rc_ops" in out
+    assert time.monotonic() - t0 < 10
+    # ...and so does a fresh pair of processes
+    srv = Proc([progs / "sv_peer", "server", "loop0"], env)
+    procs.append(srv)
+    cli = Proc([progs / "sv_peer", "client", "loop0"], env)
+    procs.append(cli)
+    cli.send(srv.line())
+    srv.send(cli.line())
+    assert srv.line() == "READY"
+    cli.send("READY")
+    assert cli.line(60) == "DONE"
+    assert srv.line(60) == "DONE 22"
+    assert cli.finish()[0] == 0
+    assert srv.finish()[0] == 0

@@ -1,0 +1,311 @@
+/* SPDX-License-Identifier: MIT */
+/* One side of a two-process RC test; the test harness relays the lines.
+ *
+ *   sv_peer server DEV    prints "INFO lid qpn addr rkey", reads the
+ *                         client's INFO, posts receives, prints "READY",
+ *                         checks every message, prints "DONE n", then
+ *                         keeps its memory until stdin closes.
+ *   sv_peer client DEV    reads the server's INFO, prints its own, waits
+ *                         for "READY", then SEND (sizes 1 B..1 MiB), RDMA
+ *                         WRITE / READ, atomics, all verified; "DONE".
+ *   sv_peer victim DEV    like server, but sits still (to be SIGKILLed).
+ *   sv_peer survivor DEV  streams RDMA WRITEs and SENDs at the victim,
+ *                         prints "STREAMING" once traffic flows, and after
+ *                         the victim dies reports "ERR <status> <n_flushed>";
+ *                         then checks that its other QPs still work: "OK".
+ */
+#include "svt.h"
+
+#define MSGS 22 /* SEND sizes: 1, 2, 4 ... 1 MiB, and 3 odd ones */
+#define BUF (4u << 20)
+
+static size_t msg_len(int i)
+{
+	if (i <= 20)
+		return (size_t)1 << i;
+	return 12345;
+}
+
+static char *read_line(char *buf, size_t n)
+{
+	if (!fgets(buf, (int)n, stdin))
+		FAIL("stdin closed early");
+	buf[strcspn(buf, "\n")] = 0;
+	return buf;
+}
+
+struct info {
+	unsigned lid, qpn;
+	unsigned long long addr;
+	unsigned rkey;
+};
+
+static void get_info(struct info *i)
+{
+	char line[256];
+	read_line(line, sizeof(line));
+	if (sscanf(line, "INFO %u %u %llu %u", &i->lid, &i->qpn, &i->addr, &i->rkey) != 4)
+		FAIL("bad info line '%s'", line);
+}
+
+static void expect_line(const char *want)
+{
+	char line[256];
+	read_line(line, sizeof(line));
+	if (strcmp(line, want))
+		FAIL("got '%s', expected '%s'", line, want);
+}
+
+struct side {
+	struct svt_dev d;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+};
+
+static void side_open(struct side *s, const char *dev, uint32_t wr)
+{
+	svt_open(&s->d, dev);
+	s->cq = ibv_create_cq(s->d.ctx, 4096, NULL, NULL, 0);
+	CHECK(s->cq);
+	struct svt_qpopt o = {IBV_QPT_RC, s->cq, s->cq, NULL, 0, wr, wr, 1, 0};
+	s->qp = svt_qp(&s->d, &o);
+	s->mr = svt_mr(&s->d, BUF, SVT_ALL_ACCESS);
+	printf("INFO %u %u %llu %u\n", s->d.lid, s->qp->qp_num,
+	       (unsigned long long)(uintptr_t)s->mr->addr, s->mr->rkey);
+}
+
+static void run_server(const char *dev, int victim)
+{
+	struct side s;
+	side_open(&s, dev, 256);
+	struct info peer;
+	get_info(&peer);
+	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 3, 7};
+	svt_connect(s.qp, peer.qpn, (uint16_t)peer.lid, &c);
+	char *B = s.mr->addr;
+	/* The upper 2 MiB is what the client reads */
+	svt_fill(B + BUF / 2, BUF / 2, 99);
+	if (victim) {
+		for (int i = 0; i < 200; i++) {
+			struct ibv_sge rs = svt_sge(s.mr, 0, 65536);
+			svt_post_recv1(s.qp, i, &rs, 1);
+		}
+		printf("READY\n");
+		for (;;)
+			pause();
+	}
+	struct ibv_sge rs = svt_sge(s.mr, 0, BUF / 2);
+	svt_post_recv1(s.qp, 0, &rs, 1);
+	printf("READY\n");
+	int ok = 0;
+	for (int i = 0; i < MSGS; i++) {
+		struct ibv_wc wc;
+		if (!svt_poll(s.cq, &wc, 20000))
+			FAIL("message %d did not arrive", i);
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.wr_id, i);
+		CHECK_EQ(wc.byte_len, msg_len(i));
+		CHECK_EQ(wc.src_qp, peer.qpn);
+		static char expect[BUF / 2];
+		svt_fill(expect, msg_len(i), (unsigned)i);
+		if (memcmp(expect, B, msg_len(i)))
+			FAIL("message %d (%zu bytes) corrupted", i, msg_len(i));
+		ok++;
+		/* The next receive is posted only now: the client's RNR retries cover it */
+		if (i + 1 < MSGS)
+			svt_post_recv1(s.qp, i + 1, &rs, 1);
+	}
+	printf("DONE %d\n", ok);
+	/* Keep the memory for the client's one-sided operations */
+	char line[256];
+	while (fgets(line, sizeof(line), stdin))
+		;
+	/* The client wrote its pattern at offset BUF/4 and added to word BUF/2-8 */
+	static char expect[65536];
+	svt_fill(expect, 65536, 77);
+	if (memcmp(B + BUF / 4, expect, 65536))
+		FAIL("client's RDMA WRITE not visible");
+	CHECK_EQ(*(uint64_t *)(B + BUF / 4 + 65536 + 64), 1000 + 3);
+}
+
+static void run_client(const char *dev)
+{
+	struct info peer;
+	get_info(&peer);
+	struct side s;
+	side_open(&s, dev, 256);
+	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 3, 7};
+	svt_connect(s.qp, peer.qpn, (uint16_t)peer.lid, &c);
+	expect_line("READY");
+	char *A = s.mr->addr;
+	struct ibv_wc wc;
+	for (int i = 0; i < MSGS; i++) {
+		svt_fill(A, msg_len(i), (unsigned)i);
+		struct ibv_sge ss = svt_sge(s.mr, 0, (uint32_t)msg_len(i));
+		CHECK(svt_post_send1(s.qp, i, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
+		wc = svt_wait(s.cq, "send");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.wr_id, i);
+	}
+	/* RDMA READ of 2 MiB, verified */
+	memset(A, 0, BUF);
+	struct ibv_sge rd = svt_sge(s.mr, 0, BUF / 2);
+	CHECK(svt_post_send1(s.qp, 100, IBV_WR_RDMA_READ, &rd, 1, IBV_SEND_SIGNALED,
+			     peer.addr + BUF / 2, peer.rkey) == 0);
+	wc = svt_wait(s.cq, "read");
+	CHECK_WC(wc, IBV_WC_SUCCESS);
+	{
+		static char expect[BUF / 2];
+		svt_fill(expect, BUF / 2, 99);
+		if (memcmp(expect, A, BUF / 2))
+			FAIL("RDMA READ data differs");
+	}
+	/* RDMA WRITE 64 KiB, then atomics on one word */
+	svt_fill(A, 65536, 77);
+	struct ibv_sge ws = svt_sge(s.mr, 0, 65536);
+	CHECK(svt_post_send1(s.qp, 101, IBV_WR_RDMA_WRITE, &ws, 1, IBV_SEND_SIGNALED,
+			     peer.addr + BUF / 4, peer.rkey) == 0);
+	CHECK_WC(svt_wait(s.cq, "write"), IBV_WC_SUCCESS);
+	uint64_t word = peer.addr + BUF / 4 + 65536 + 64;
+	struct ibv_send_wr aw = {0}, *bad;
+	struct ibv_sge as = svt_sge(s.mr, BUF - 8, 8);
+	aw.sg_list = &as;
+	aw.num_sge = 1;
+	aw.send_flags = IBV_SEND_SIGNALED;
+	aw.wr.atomic.remote_addr = word;
+	aw.wr.atomic.rkey = peer.rkey;
+	aw.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+	aw.wr.atomic.compare_add = 0;
+	aw.wr.atomic.swap = 1000;
+	CHECK(ibv_post_send(s.qp, &aw, &bad) == 0);
+	CHECK_WC(svt_wait(s.cq, "cas"), IBV_WC_SUCCESS);
+	CHECK_EQ(*(uint64_t *)(A + BUF - 8), 0);
+	aw.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	for (int i = 0; i < 3; i++) {
+		aw.wr.atomic.compare_add = 1;
+		CHECK(ibv_post_send(s.qp, &aw, &bad) == 0);
+		CHECK_WC(svt_wait(s.cq, "faa"), IBV_WC_SUCCESS);
+		CHECK_EQ(*(uint64_t *)(A + BUF - 8), 1000 + i);
+	}
+	printf("DONE\n");
+}
+
+static void run_survivor(const char *dev)
+{
+	struct info peer;
+	get_info(&peer);
+	struct side s;
+	side_open(&s, dev, 512);
+	/* timeout 14: 67 ms, retry_cnt 3 */
+	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 3, 7};
+	svt_connect(s.qp, peer.qpn, (uint16_t)peer.lid, &c);
+	/* A pair of QPs of our own that must keep working */
+	struct ibv_cq *cq2 = ibv_create_cq(s.d.ctx, 64, NULL, NULL, 0);
+	struct svt_qpopt o = {IBV_QPT_RC, cq2, cq2, NULL, 0, 16, 16, 1, 0};
+	struct ibv_qp *x = svt_qp(&s.d, &o), *y = svt_qp(&s.d, &o);
+	svt_connect(x, y->qp_num, s.d.lid, &c);
+	svt_connect(y, x->qp_num, s.d.lid, &c);
+	expect_line("READY");
+	char *A = s.mr->addr;
+	svt_fill(A, BUF, 5);
+	uint64_t posted = 0, done = 0, sent = 0;
+	int streaming = 0;
+	enum ibv_wc_status first_err = IBV_WC_SUCCESS;
+	uint64_t first_err_wr = 0, flushed = 0, ok_after = 0;
+	uint64_t deadline = svt_now_ms() + 40000;
+	/* Keep up to 16 WRs outstanding: 64 KiB writes and, 1 in 8, a SEND */
+	while (first_err == IBV_WC_SUCCESS || done < posted) {
+		if (svt_now_ms() > deadline)
+			FAIL("no error completion: posted %llu done %llu",
+			     (unsigned long long)posted, (unsigned long long)done);
+		while (first_err == IBV_WC_SUCCESS && posted - done < 16) {
+			int send = (posted % 8) == 7 && sent < 150;
+			struct ibv_sge ss = svt_sge(s.mr, (posted % 32) * 65536, 65536);
+			int r;
+			if (send) {
+				r = svt_post_send1(s.qp, posted, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0);
+				sent++;
+			} else {
+				r = svt_post_send1(s.qp, posted, IBV_WR_RDMA_WRITE, &ss, 1,
+						   IBV_SEND_SIGNALED, peer.addr + (posted % 32) * 65536,
+						   peer.rkey);
+			}
+			CHECK(r == 0);
+			posted++;
+		}
+		struct ibv_wc wc[16];
+		int n = ibv_poll_cq(s.cq, 16, wc);
+		CHECK(n >= 0);
+		for (int i = 0; i < n; i++) {
+			if (wc[i].wr_id != done)
+				FAIL("completion out of order: %llu, expected %llu",
+				     (unsigned long long)wc[i].wr_id, (unsigned long long)done);
+			done++;
+			if (wc[i].status == IBV_WC_SUCCESS) {
+				if (first_err != IBV_WC_SUCCESS)
+					ok_after++;
+			} else if (first_err == IBV_WC_SUCCESS) {
+				first_err = wc[i].status;
+				first_err_wr = wc[i].wr_id;
+				printf("FIRSTERR %s\n", ibv_wc_status_str(first_err));
+			} else if (wc[i].status == IBV_WC_WR_FLUSH_ERR) {
+				flushed++;
+			} else {
+				FAIL("second error %s after %s", ibv_wc_status_str(wc[i].status),
+				     ibv_wc_status_str(first_err));
+			}
+		}
+		if (!streaming && done >= 200) {
+			streaming = 1;
+			printf("STREAMING\n");
+		}
+		if (!n)
+			usleep(streaming ? 200 : 20);
+	}
+	(void)first_err_wr;
+	printf("ERR %s %llu %llu\n", ibv_wc_status_str(first_err), (unsigned long long)flushed,
+	       (unsigned long long)ok_after);
+	if (ok_after)
+		FAIL("%llu successes after the first error", (unsigned long long)ok_after);
+	CHECK_EQ(svt_state(s.qp), IBV_QPS_ERR);
+	/* The other QPs work */
+	struct ibv_mr *m2 = svt_mr(&s.d, 8192, SVT_ALL_ACCESS);
+	svt_fill(m2->addr, 4096, 8);
+	struct ibv_sge rs = svt_sge(m2, 4096, 4096), ss = svt_sge(m2, 0, 4096);
+	svt_post_recv1(y, 1, &rs, 1);
+	CHECK(svt_post_send1(x, 2, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
+	struct ibv_wc wc;
+	for (int i = 0; i < 2; i++) {
+		wc = svt_wait(cq2, "other QPs");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+	}
+	CHECK(memcmp(m2->addr, (char *)m2->addr + 4096, 4096) == 0);
+	/* A fresh QP can be created and used */
+	struct ibv_qp *z = svt_qp(&s.d, &o);
+	svt_connect(z, y->qp_num, s.d.lid, &c);
+	(void)z;
+	printf("OK\n");
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc < 3) {
+		fprintf(stderr, "usage: %s server|client|victim|survivor DEV\n", argv[0]);
+		return 2;
+	}
+	svt_watchdog(90);
+	if (!strcmp(argv[1], "server"))
+		run_server(argv[2], 0);
+	else if (!strcmp(argv[1], "victim"))
+		run_server(argv[2], 1);
+	else if (!strcmp(argv[1], "client"))
+		run_client(argv[2]);
+	else if (!strcmp(argv[1], "survivor"))
+		run_survivor(argv[2]);
+	else
+		return 2;
+	fflush(stdout);
+	return 0;
+}
