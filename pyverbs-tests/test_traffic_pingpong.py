@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: MIT
+"""Debian's five ibv_*_pingpong tools, unmodified, between two processes
+through our library: default arguments, -e (completion events), RC with
+sizes 1 B..1 MiB and a long run of 100000 iterations, and with the server
+on loop0 and the client on loop1.  Each pair runs on its own fabric (the
+env fixture) and its own TCP port, under a timeout; both are killed and the
+fabric's segments removed whatever happens."""
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+TOOLS = ["ibv_rc_pingpong", "ibv_uc_pingpong", "ibv_ud_pingpong", "ibv_srq_pingpong",
+         "ibv_xsrq_pingpong"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port):
+    """Whether some socket listens on port (read from /proc, without
+    connecting: the tool's server accepts exactly one connection)."""
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(f).read().splitlines()[1:]
+        except OSError:
+            continue
+        for l in lines:
+            parts = l.split()
+            if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def pingpong(env, tool, args=(), server_dev="loop0", client_dev="loop0", timeout=120):
+    if not shutil.which(tool):
+        pytest.fail(f"{tool} missing (apt-get install ibverbs-utils)")
+    port = free_port()
+    common = ["-p", str(port)] + list(args)
+    srv = subprocess.Popen([tool, "-d", server_dev] + common, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    cli = None
+    try:
+        end = time.monotonic() + 20
+        while not listening(port):
+            if srv.poll() is not None:
+                raise AssertionError(f"{tool} server ended {srv.returncode}: "
+                                     f"{srv.communicate()}")
+            if time.monotonic() > end:
+                raise AssertionError(f"{tool} server never listened on {port}")
+            time.sleep(0.02)
+        cli = subprocess.Popen([tool, "-d", client_dev] + common + ["127.0.0.1"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cout, cerr = cli.communicate(timeout=timeout)
+        sout, serr = srv.communicate(timeout=30)
+    finally:
+        for p in (srv, cli):
+            if p and p.poll() is None:
+                p.kill()
+                p.communicate()
+    msg = (f"{tool} {args} {server_dev}->{client_dev}: server rc {srv.returncode}\n{sout}{serr}\n"
+           f"client rc {cli.returncode}\n{cout}{cerr}")
+    assert srv.returncode == 0 and cli.returncode == 0, msg
+    # The tools print "<bytes> bytes in <s> seconds" on both sides; xsrq
+    # prints "success" once its data checked out.
+    if tool == "ibv_xsrq_pingpong":
+        assert "success" in cout and "success" in sout, msg
+    else:
+        assert "bytes in" in cout and "bytes in" in sout, msg
+    return cout + cerr, sout + serr
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_default(env, tool):
+    pingpong(env, tool)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_events(env, tool):
+    pingpong(env, tool, ["-e"])
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, 65536, 1 << 20])
+def test_rc_sizes(env, size):
+    n = 20 if size >= 65536 else 200
+    c, _ = pingpong(env, "ibv_rc_pingpong", ["-s", str(size), "-n", str(n)])
+    assert f"{2 * size * n} bytes in" in c, c
+
+
+def test_rc_long_run(env):
+    c, s = pingpong(env, "ibv_rc_pingpong", ["-s", "64", "-n", "100000"], timeout=300)
+    assert f"{2 * 64 * 100000} bytes in" in c, c
+    assert "100000 iters in" in c, c
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_across_devices(env, tool):
+    env["SOFTVERBS_DEVICES"] = "loop0,loop1"
+    pingpong(env, tool, server_dev="loop0", client_dev="loop1")
+
+
+def test_rc_across_devices_events_and_size(env):
+    env["SOFTVERBS_DEVICES"] = "loop0,loop1"
+    c, _ = pingpong(env, "ibv_rc_pingpong", ["-e", "-s", "100000", "-n", "50"],
+                    server_dev="loop1", client_dev="loop0")
+    assert f"{2 * 100000 * 50} bytes in" in c, c
