@@ -30,7 +30,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 1
+#define SV_ABI_VERSION 3
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -163,8 +163,26 @@ enum sv_mr_kind {
 	SV_MR_KIND_NULL = 2, /* Writes dropped, reads give zeros */
 	SV_MR_KIND_MW1 = 3,
 	SV_MR_KIND_MW2 = 4,
+	SV_MR_KIND_FD = 5,   /* Backed by a file descriptor: peers map it */
+	SV_MR_KIND_FRMR = 6, /* A BMME key: registered through the send queue */
 };
 
+enum sv_mr_flags {
+	SV_MR_BLOCK_LIST = 1 << 0, /* addr holds npages page addresses (uint64_t) */
+	SV_MR_ODP = 1 << 1,	   /* On demand: nothing was mapped at registration */
+};
+
+/*
+ * Windows (MW1/MW2): iova/length are the window as the wire names it, addr
+ * is the parent MR's iova of the window's first byte, parent the parent's
+ * slot; an access through a window is checked against the window, then
+ * resolved through the parent.  A parent counts its bound windows in
+ * bound_mws and cannot be deregistered while any is bound.
+ * FD MRs: the owner keeps descriptor fd open for the MR's life; a peer takes
+ * its own copy with pidfd_getfd() (or opens /proc/<pid>/fd/<fd>), maps it and
+ * copies with memcpy.  fd_offset is the object offset of iova; cookie is new
+ * on every (re)registration, so a peer's cached mapping is never stale.
+ */
 struct sv_mr_rec {
 	uint32_t state;	     /* enum sv_mr_state; written last, with release */
 	uint32_t key;	     /* The low 8 bits of the current lkey/rkey */
@@ -178,9 +196,17 @@ struct sv_mr_rec {
 	uint32_t kind;	     /* enum sv_mr_kind */
 	uint32_t bound_qpn;  /* Type 2 windows: the QP allowed to use it */
 	uint32_t parent;     /* Windows: slot of the MR they are bound to */
-	uint32_t reserved[3];
+	uint32_t bound_mws;  /* MRs: windows bound to this MR */
+	uint64_t fd_offset;  /* FD MRs: offset of iova's byte in the object */
+	int32_t fd;	     /* FD MRs: the owner's descriptor */
+	uint32_t cookie;     /* Random per registration */
+	uint32_t npages;     /* Block lists: entries at addr */
+	uint8_t page_shift;  /* Block lists: log2 of the block size */
+	uint8_t flags;	     /* enum sv_mr_flags */
+	uint16_t max_pages;  /* FRMR keys: block-list capacity (0: 65536) */
+	uint32_t reserved[2];
 };
-SV_STATIC_ASSERT(sizeof(struct sv_mr_rec) == 72, "MR record size");
+SV_STATIC_ASSERT(sizeof(struct sv_mr_rec) == 96, "MR record size");
 
 /*
  * Queue objects: CQ rings, receive queues, SRQs.  Each lives in its own

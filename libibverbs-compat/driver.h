@@ -77,6 +77,7 @@ struct verbs_sysfs_dev {
 };
 
 struct verbs_device;
+struct softverbs_fast_reg_wr;
 
 struct verbs_device_ops {
 	const char *name;
@@ -274,6 +275,15 @@ struct verbs_context_ops {
 	void (*unimport_dm)(struct ibv_dm *dm);
 	void (*unimport_mr)(struct ibv_mr *mr);
 	void (*unimport_pd)(struct ibv_pd *pd);
+
+	/* softverbs extensions, reached from <infiniband/softverbs_dv.h>. */
+	struct ibv_mr *(*sv_reg_mr_fd)(struct ibv_pd *pd, int fd, int fd_type, uint64_t offset,
+				       size_t length, uint64_t iova, unsigned int access);
+	int (*sv_rereg_mr_fd)(struct ibv_mr *mr, int flags, struct ibv_pd *pd, int fd,
+			      int fd_type, uint64_t offset, size_t length, uint64_t iova,
+			      unsigned int access);
+	struct ibv_mr *(*sv_alloc_fast_reg_mr)(struct ibv_pd *pd, uint32_t max_pages);
+	int (*sv_post_fast_reg)(struct ibv_qp *qp, const struct softverbs_fast_reg_wr *wr);
 };
 
 /* Registration, called from a provider's constructor. */

@@ -8,6 +8,8 @@
 #include "fabric.h"
 #include "loop_param.h"
 #include "queue_seg.h"
+#include "softverbs_dv.h"
+#include "xfer.h"
 
 #include <atomic>
 #include <cstddef>
@@ -51,6 +53,14 @@ struct loop_pd {
 struct loop_mr {
 	verbs_mr vmr; // Must be first
 	uint32_t slot; // In the registry's mrs[]
+	// FD MRs: our dup of the descriptor and our mapping of the range.
+	int fd = -1;
+	void *map = nullptr;
+	size_t map_len = 0;
+	// BMME keys: the block list the record points at (max_pages entries;
+	// peers read it from here) and the list a posted fast-reg WR staged.
+	std::vector<uint64_t> pages;
+	std::vector<uint64_t> staged;
 };
 
 struct loop_mw {
@@ -104,7 +114,22 @@ struct send_wr {
 	uint64_t remote_addr;
 	uint32_t rkey;
 	__be32 imm_data;
-	uint32_t invalidate_rkey;
+	uint32_t invalidate_rkey; // LOCAL_INV, SEND_WITH_INV
+	// BIND_MW: the window (slot in mrs[], type 1 or 2), the new rkey in
+	// rkey, and the bind_info (bind_lkey 0 and bind_len 0: unbind a type 1).
+	// kWrFastReg: mw_slot is the BMME key's slot, rkey its new key,
+	// remote_addr the iova, bind_addr the first byte (virtual range) or the
+	// offset into the first block (block list, staged in loop_mr::staged),
+	// bind_len the length, bind_access the rights, npages/page_shift the list.
+	uint32_t mw_slot;
+	uint32_t mw_type;
+	uint32_t bind_lkey;
+	uint32_t bind_access;
+	uint64_t bind_addr;
+	uint64_t bind_len;
+	uint32_t npages;
+	uint32_t page_shift;
+	loop_mr *frmr; // kWrFastReg: the key's object
 	uint64_t compare_add;
 	uint64_t swap;
 	// UD
@@ -208,13 +233,53 @@ ibv_mr *loop_alloc_null_mr(ibv_pd *pd);
 // Looks up a key for an access by (lease, pdn) of `need` rights to
 // [iova, iova + len).  Returns the address in the owner's space, or an error
 // (ENOENT bad key, EACCES rights or PD, ERANGE bounds).
+// pdn for a lookup that does not check the PD (the owner placing data it
+// was sent into its own memory: the sender checked the PD).
+inline constexpr uint32_t kAnyPdn = UINT32_MAX;
+// An fd-backed MR of a peer resolves to our own mapping of it (mapped).
 struct mr_hit {
 	uint64_t addr;
 	uint32_t kind;
 	uint32_t slot;
+	uint32_t access; // The rights of the key that was named (a window's own)
+	bool mapped;	 // addr is in this process (fd-backed MR of a peer)
+	bool odp;	 // May be unmapped: copy with a checked call, even in-process
 };
 int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
 	      uint64_t len, uint32_t need, uint32_t qpn, mr_hit &hit);
+// Resolves [iova, iova + len) of a key into target segments (a block-list
+// MR may give several), appended to out.  Same checks and errors as
+// mr_lookup, plus EFAULT when a peer's block list cannot be read.
+int mr_resolve(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+	       uint64_t len, uint32_t need, uint32_t qpn, std::vector<rseg> &out,
+	       uint32_t *access = nullptr);
+// The private opcode of a BMME fast-register WR (softverbs_post_fast_reg).
+inline constexpr ibv_wr_opcode kWrFastReg = IBV_WR_DRIVER1;
+// Its completion opcode, SOFTVERBS_WC_FAST_REG (8: unused by verbs.h).
+inline constexpr ibv_wc_opcode kWcFastReg = static_cast<ibv_wc_opcode>(8);
+// Local memory operations, run by the requester in WR order: BIND_MW,
+// LOCAL_INV, kWrFastReg.  Returns the completion status.
+ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w);
+// SEND_WITH_INV at the responder: invalidates rkey on behalf of the
+// receiving QP (its owner, PD and, for type 2 windows, the QP itself).
+// Returns 0 or an errno.
+int mr_remote_invalidate(fabric &fab, uint32_t owner_lease, uint32_t pdn, uint32_t qpn,
+			 uint32_t rkey);
+// Copies a bind_mw / fast-reg ibv_send_wr into w; 0 or an errno.
+int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w);
+ibv_mw *loop_alloc_mw(ibv_pd *pd, ibv_mw_type type);
+int loop_dealloc_mw(ibv_mw *mw);
+int loop_bind_mw(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *bind);
+int loop_advise_mr(ibv_pd *pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *sg,
+		   uint32_t num_sge);
+ibv_mr *loop_reg_dmabuf_mr(ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+			   int access);
+ibv_mr *loop_reg_mr_fd(ibv_pd *pd, int fd, int fd_type, uint64_t offset, size_t length,
+		       uint64_t iova, unsigned int access);
+int loop_rereg_mr_fd(ibv_mr *mr, int flags, ibv_pd *pd, int fd, int fd_type, uint64_t offset,
+		     size_t length, uint64_t iova, unsigned int access);
+ibv_mr *loop_alloc_fast_reg_mr(ibv_pd *pd, uint32_t max_pages);
+int loop_post_fast_reg(ibv_qp *qp, const softverbs_fast_reg_wr *wr);
 
 // loop_cq.cpp
 ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int comp_vector);

@@ -11,11 +11,23 @@ namespace loop {
 
 inline constexpr unsigned int kDeviceCapFlags =
 	IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
-	IBV_DEVICE_XRC;
+	IBV_DEVICE_XRC | IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+	IBV_DEVICE_MEM_MGT_EXTENSIONS;
 inline constexpr uint64_t kDeviceCapFlagsEx = 0;
 // Atomics take a fabric-wide striped lock: atomic among all users of the fabric.
 inline constexpr ibv_atomic_cap kAtomicCap = IBV_ATOMIC_HCA;
-inline constexpr int kMaxMw = 0;
+// Windows share the key table with MRs (loop_mr.cpp).
+inline constexpr int kMaxMw = 16384;
+// On-demand paging: nothing is pinned, so every transport and operation the
+// requester runs works on ODP memory, implicit ODP included.
+inline constexpr uint64_t kOdpGeneralCaps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+inline constexpr uint32_t kOdpRcCaps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+				       IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+				       IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+inline constexpr uint32_t kOdpUcCaps =
+	IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+inline constexpr uint32_t kOdpUdCaps =
+	IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
 // The device clock is CLOCK_MONOTONIC in ns: a 1 GHz clock of 64 bits.
 inline constexpr uint64_t kCompletionTimestampMask = UINT64_MAX;
 inline constexpr uint64_t kHcaCoreClockKhz = 1000000;

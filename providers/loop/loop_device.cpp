@@ -157,11 +157,14 @@ int loop_get_async_event(ibv_context *ctx, ibv_async_event *event)
 }
 
 const verbs_context_ops loop_ctx_ops = {
+	.advise_mr = loop_advise_mr,
+	.alloc_mw = loop_alloc_mw,
 	.alloc_null_mr = loop_alloc_null_mr,
 	.alloc_parent_domain = loop_alloc_parent_domain,
 	.alloc_pd = loop_alloc_pd,
 	.alloc_td = loop_alloc_td,
 	.attach_mcast = loop_attach_mcast,
+	.bind_mw = loop_bind_mw,
 	.close_xrcd = loop_close_xrcd,
 	.create_ah = loop_create_ah,
 	.create_cq = loop_create_cq,
@@ -170,6 +173,7 @@ const verbs_context_ops loop_ctx_ops = {
 	.create_qp_ex = loop_create_qp_ex,
 	.create_srq = loop_create_srq,
 	.create_srq_ex = loop_create_srq_ex,
+	.dealloc_mw = loop_dealloc_mw,
 	.dealloc_pd = loop_dealloc_pd,
 	.dealloc_td = loop_dealloc_td,
 	.dereg_mr = loop_dereg_mr,
@@ -196,10 +200,15 @@ const verbs_context_ops loop_ctx_ops = {
 	.query_qp = loop_query_qp,
 	.query_rt_values = loop_query_rt_values,
 	.query_srq = loop_query_srq,
+	.reg_dmabuf_mr = loop_reg_dmabuf_mr,
 	.reg_mr = loop_reg_mr,
 	.req_notify_cq = loop_req_notify_cq,
 	.rereg_mr = loop_rereg_mr,
 	.resize_cq = loop_resize_cq,
+	.sv_reg_mr_fd = loop_reg_mr_fd,
+	.sv_rereg_mr_fd = loop_rereg_mr_fd,
+	.sv_alloc_fast_reg_mr = loop_alloc_fast_reg_mr,
+	.sv_post_fast_reg = loop_post_fast_reg,
 };
 
 // Peers copy into this process's registered memory with process_vm_writev,

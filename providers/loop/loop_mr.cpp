@@ -1,13 +1,24 @@
 // SPDX-License-Identifier: MIT
-// Memory regions and the key table.  Every access to memory, local or
-// remote, goes through mr_lookup() before a byte moves.
+// Memory regions, windows and the key table.  Every access to memory, local
+// or remote, goes through mr_resolve() (or mr_lookup()) before a byte moves.
+// Kinds of key (see sv_mr_rec): plain MRs (also on-demand and implicit),
+// the null MR, fd-backed MRs (peers map the object), BMME keys registered
+// through the send queue (a virtual range or a block list), and type 1 and
+// 2 memory windows, which resolve through the MR they are bound to.
 #include "loop.h"
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
+#include <map>
+#include <mutex>
 #include <random>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace loop {
 
@@ -16,7 +27,10 @@ namespace {
 constexpr uint32_t kRemoteRights =
 	IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 constexpr uint32_t kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | kRemoteRights |
-				      IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING;
+				      IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+				      IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB |
+				      IBV_ACCESS_RELAXED_ORDERING;
+constexpr uint32_t kMaxFastRegPages = 65535;
 
 uint8_t random_key()
 {
@@ -29,15 +43,30 @@ uint8_t random_key()
 	return static_cast<uint8_t>(rng());
 }
 
+uint32_t random_cookie()
+{
+	uint32_t c = 0;
+	if (getrandom(&c, sizeof(c), 0) != sizeof(c))
+		c = static_cast<uint32_t>(now_ns());
+	return c | 1;
+}
+
 std::atomic_ref<uint32_t> mr_state(sv_mr_rec &m)
 {
 	return std::atomic_ref<uint32_t>(m.state);
 }
 
+// Optional access flags (IBV_ACCESS_OPTIONAL_RANGE) a device does not know
+// are dropped, as rdma-core does; relaxed ordering is one we honour.
+int clean_access(int access)
+{
+	return access & (~IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_RELAXED_ORDERING);
+}
+
 // Checks the access flags as the spec and rdma-core do.
 int check_access(int access)
 {
-	if (access & ~static_cast<int>(kSupportedAccess | IBV_ACCESS_OPTIONAL_RANGE))
+	if (access & ~static_cast<int>(kSupportedAccess))
 		return EINVAL;
 	// Remote write or atomic needs local write (IB spec o10-8.2).
 	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
@@ -46,9 +75,22 @@ int check_access(int access)
 	return 0;
 }
 
+struct mr_init {
+	uint32_t pdn = 0;
+	uint64_t iova = 0;
+	uint64_t length = 0;
+	uint64_t addr = 0;
+	uint32_t access = 0;
+	uint32_t kind = SV_MR_KIND_MR;
+	uint32_t state = SV_MR_VALID;
+	uint8_t flags = 0;
+	int32_t fd = -1;
+	uint64_t fd_offset = 0;
+	uint16_t max_pages = 0;
+};
+
 // Allocates a key slot and publishes the record.  Returns the slot or -errno.
-int publish_mr(loop_context *lctx, uint32_t pdn, uint64_t iova, uint64_t length,
-	       uint64_t addr, uint32_t access, uint32_t kind, uint32_t &key_out)
+int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 {
 	fabric &fab = *lctx->fab;
 	sv_registry *r = fab.reg();
@@ -68,91 +110,277 @@ int publish_mr(loop_context *lctx, uint32_t pdn, uint64_t iova, uint64_t length,
 		m.key = k;
 		m.owner_lease = static_cast<uint32_t>(lctx->lease);
 		m.owner_gen = lctx->lease_gen;
-		m.pdn = pdn;
-		m.access = access;
-		m.iova = iova;
-		m.length = length;
-		m.addr = addr;
-		m.kind = kind;
+		m.pdn = in.pdn;
+		m.access = in.access;
+		m.iova = in.iova;
+		m.length = in.length;
+		m.addr = in.addr;
+		m.kind = in.kind;
 		m.bound_qpn = 0;
 		m.parent = 0;
-		mr_state(m).store(SV_MR_VALID, std::memory_order_release);
+		m.bound_mws = 0;
+		m.fd_offset = in.fd_offset;
+		m.fd = in.fd;
+		m.cookie = random_cookie();
+		m.npages = 0;
+		m.page_shift = 0;
+		m.flags = in.flags;
+		m.max_pages = in.max_pages;
+		mr_state(m).store(in.state, std::memory_order_release);
 		key_out = (i << SV_MR_KEY_BITS) | k;
 		return static_cast<int>(i);
 	}
 	return -ENOMEM;
 }
 
-void unpublish_mr(fabric &fab, uint32_t slot)
+// Copies a record that is in use, confirming it did not change meanwhile.
+bool snapshot(sv_mr_rec &m, sv_mr_rec &c)
 {
-	registry_guard g(fab);
-	mr_state(fab.reg()->mrs[slot]).store(SV_MR_FREE, std::memory_order_release);
+	uint32_t st = mr_state(m).load(std::memory_order_acquire);
+	if (st == SV_MR_FREE)
+		return false;
+	memcpy(&c, &m, sizeof(c));
+	std::atomic_thread_fence(std::memory_order_acquire);
+	return mr_state(m).load(std::memory_order_relaxed) == c.state && c.key == m.key &&
+	       c.cookie == m.cookie;
 }
 
-} // namespace
+// ---- fd-backed memory: peers map the owner's object ----
 
-int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
-	      uint64_t len, uint32_t need, uint32_t qpn, mr_hit &hit)
+struct fd_map {
+	char *base;   // Our mapping
+	size_t len;
+	uint64_t off; // Object offset of base
+};
+
+std::mutex g_map_lock;
+std::map<uint64_t, fd_map> g_maps; // (slot << 32 | cookie) -> mapping
+constexpr size_t kMaxMaps = 256;
+
+int open_peer_fd(pid_t pid, int fd)
+{
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+	int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+	if (pidfd >= 0) {
+		int ours = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+		close(pidfd);
+		if (ours >= 0)
+			return ours;
+	}
+#endif
+	// memfds and shm files can be opened again by path; dma-bufs cannot.
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+	return open(path, O_RDWR | O_CLOEXEC);
+}
+
+// Our mapping of a peer's fd-backed MR, made on first use and cached.
+char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c)
+{
+	uint64_t id = (static_cast<uint64_t>(slot) << 32) | c.cookie;
+	std::lock_guard<std::mutex> g(g_map_lock);
+	auto it = g_maps.find(id);
+	if (it == g_maps.end()) {
+		if (c.owner_lease >= SV_MAX_PROCS)
+			return nullptr;
+		pid_t pid = static_cast<pid_t>(fab.reg()->leases[c.owner_lease].pid);
+		int fd = open_peer_fd(pid, c.fd);
+		if (fd < 0)
+			return nullptr;
+		uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+		uint64_t off = c.fd_offset & ~(page - 1);
+		size_t len = c.fd_offset - off + c.length;
+		void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+			       static_cast<off_t>(off));
+		if (p == MAP_FAILED)
+			p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(off));
+		close(fd);
+		if (p == MAP_FAILED)
+			return nullptr;
+		if (g_maps.size() >= kMaxMaps) {
+			for (auto &e : g_maps)
+				munmap(e.second.base, e.second.len);
+			g_maps.clear();
+		}
+		it = g_maps.emplace(id, fd_map{static_cast<char *>(p), len, off}).first;
+	}
+	return it->second.base + (c.fd_offset - it->second.off);
+}
+
+// ---- resolution ----
+
+// Appends the segments of [off, off + len) of a non-window record (off
+// relative to its iova).
+int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, uint64_t len,
+		 std::vector<rseg> &out)
+{
+	bool self = c.owner_lease == static_cast<uint32_t>(fab.lease());
+	if (c.kind == SV_MR_KIND_NULL) {
+		out.push_back({nullptr, len, seg_kind::null});
+		return 0;
+	}
+	if (c.kind == SV_MR_KIND_FD && !self) {
+		char *base = peer_map(fab, slot, c);
+		if (!base)
+			return EFAULT;
+		out.push_back({base + off, len, seg_kind::mapped});
+		return 0;
+	}
+	seg_kind k = (c.flags & SV_MR_ODP) ? seg_kind::peer_checked : seg_kind::peer;
+	if (!(c.flags & SV_MR_BLOCK_LIST)) {
+		out.push_back({reinterpret_cast<void *>(c.addr + off), len, k});
+		return 0;
+	}
+	// A block list: byte off is fd_offset + off into the list's blocks.
+	uint64_t bsz = 1ULL << c.page_shift;
+	uint64_t pos = c.fd_offset + off;
+	uint64_t first = pos >> c.page_shift;
+	uint64_t last = len ? (pos + len - 1) >> c.page_shift : first;
+	if (last >= c.npages)
+		return ERANGE;
+	thread_local std::vector<uint64_t> pages;
+	pages.resize(last - first + 1);
+	iovec l{pages.data(), pages.size() * sizeof(uint64_t)};
+	iovec r{reinterpret_cast<void *>(c.addr + first * sizeof(uint64_t)), l.iov_len};
+	pid_t pid = c.owner_lease < SV_MAX_PROCS
+			    ? static_cast<pid_t>(fab.reg()->leases[c.owner_lease].pid)
+			    : 0;
+	if (xfer(pid, self, &l, 1, &r, 1, xfer_dir::from_peer))
+		return EFAULT;
+	uint64_t in = pos & (bsz - 1);
+	for (uint64_t i = 0; len; i++) {
+		uint64_t n = std::min(len, bsz - in);
+		out.push_back({reinterpret_cast<void *>(pages[i] + in), n, k});
+		len -= n;
+		in = 0;
+	}
+	return 0;
+}
+
+bool in_bounds(const sv_mr_rec &c, uint64_t iova, uint64_t len)
+{
+	if (len)
+		return iova >= c.iova && len <= c.length && iova - c.iova <= c.length - len;
+	return !c.length || (iova >= c.iova && iova - c.iova <= c.length);
+}
+
+// The checks of a key named by an access; c receives its record.
+int check_key(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+	      uint64_t len, uint32_t need, uint32_t qpn, sv_mr_rec &c)
 {
 	uint32_t slot = key >> SV_MR_KEY_BITS;
 	if (slot == 0 || slot >= SV_MAX_MRS)
 		return ENOENT;
 	sv_mr_rec &m = fab.reg()->mrs[slot];
-	if (mr_state(m).load(std::memory_order_acquire) != SV_MR_VALID)
-		return ENOENT;
-	// Copy the record, then confirm it did not change under us.
-	sv_mr_rec c;
-	memcpy(&c, &m, sizeof(c));
-	std::atomic_thread_fence(std::memory_order_acquire);
-	if (mr_state(m).load(std::memory_order_relaxed) != SV_MR_VALID || c.key != m.key)
+	if (!snapshot(m, c) || c.state != SV_MR_VALID)
 		return ENOENT;
 	if ((c.key & 0xff) != (key & 0xff) || c.owner_lease != owner_lease)
 		return ENOENT;
-	if (c.pdn != pdn)
+	if (pdn != kAnyPdn && c.pdn != pdn)
 		return EACCES;
 	if ((c.access & need) != need)
 		return EACCES;
 	if (c.kind == SV_MR_KIND_MW2 && c.bound_qpn != qpn)
 		return EACCES;
-	if (len && (iova < c.iova || len > c.length || iova - c.iova > c.length - len))
+	if (!in_bounds(c, iova, len))
 		return ERANGE;
-	if (!len && c.length && (iova < c.iova || iova - c.iova > c.length))
-		return ERANGE;
-	hit.addr = c.addr + (iova - c.iova);
-	hit.kind = c.kind;
-	hit.slot = slot;
 	return 0;
 }
 
-ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
+} // namespace
+
+int mr_resolve(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+	       uint64_t len, uint32_t need, uint32_t qpn, std::vector<rseg> &out,
+	       uint32_t *access)
 {
-	access &= ~IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_RELAXED_ORDERING;
-	int err = check_access(access);
-	if (err) {
-		errno = err;
-		return nullptr;
+	sv_mr_rec c;
+	int err = check_key(fab, key, owner_lease, pdn, iova, len, need, qpn, c);
+	if (err)
+		return err;
+	if (access)
+		*access = c.access;
+	uint32_t slot = key >> SV_MR_KEY_BITS;
+	if (c.kind == SV_MR_KIND_MW1 || c.kind == SV_MR_KIND_MW2) {
+		// Through the window to the MR it is bound to, in that MR's iova.
+		uint64_t piova = c.addr + (iova - c.iova);
+		slot = c.parent;
+		if (slot == 0 || slot >= SV_MAX_MRS)
+			return ENOENT;
+		sv_mr_rec p;
+		if (!snapshot(fab.reg()->mrs[slot], p) || p.state != SV_MR_VALID ||
+		    p.owner_lease != owner_lease || !in_bounds(p, piova, len))
+			return ENOENT;
+		if (access)
+			*access |= p.access & IBV_ACCESS_RELAXED_ORDERING;
+		return resolve_body(fab, slot, p, piova - p.iova, len, out);
 	}
-	if (!length || length > kMaxMrSize || (!addr && length)) {
-		errno = EINVAL;
-		return nullptr;
+	return resolve_body(fab, slot, c, iova - c.iova, len, out);
+}
+
+int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+	      uint64_t len, uint32_t need, uint32_t qpn, mr_hit &hit)
+{
+	thread_local std::vector<rseg> segs;
+	segs.clear();
+	uint32_t access = 0;
+	int err = mr_resolve(fab, key, owner_lease, pdn, iova, len, need, qpn, segs, &access);
+	if (err)
+		return err;
+	hit.slot = key >> SV_MR_KEY_BITS;
+	hit.access = access;
+	hit.kind = SV_MR_KIND_MR;
+	hit.mapped = false;
+	hit.odp = false;
+	hit.addr = 0;
+	if (segs.empty())
+		return 0;
+	if (segs.size() > 1)
+		return ERANGE; // Callers of mr_lookup need one contiguous piece
+	const rseg &s = segs[0];
+	hit.addr = reinterpret_cast<uintptr_t>(s.base);
+	hit.kind = s.kind == seg_kind::null ? SV_MR_KIND_NULL : SV_MR_KIND_MR;
+	hit.mapped = s.kind == seg_kind::mapped;
+	hit.odp = s.kind == seg_kind::peer_checked;
+	return 0;
+}
+
+// ---- registration ----
+
+namespace {
+
+// Whether every page of [addr, addr + len) is mapped, as a kernel that pins
+// the pages would find out.
+bool range_mapped(uintptr_t addr, size_t len)
+{
+	uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+	uintptr_t a = addr & ~(page - 1);
+	uintptr_t end = addr + len;
+	if (end < addr)
+		return false;
+	thread_local std::vector<unsigned char> vec;
+	constexpr size_t kStep = 1ULL << 30;
+	while (a < end) {
+		size_t n = std::min<uintptr_t>(end - a, kStep);
+		vec.resize((n + page - 1) / page);
+		if (mincore(reinterpret_cast<void *>(a), n, vec.data()) && errno == ENOMEM)
+			return false;
+		a += n;
 	}
-	loop_context *lctx = to_loop_context(pd->context);
+	return true;
+}
+
+loop_mr *new_mr()
+{
 	auto *mr = new (std::nothrow) loop_mr{};
-	if (!mr) {
+	if (!mr)
 		errno = ENOMEM;
-		return nullptr;
-	}
-	uint32_t key;
-	int slot = publish_mr(lctx, to_loop_pd(pd)->pdn, hca_va, length,
-			      reinterpret_cast<uintptr_t>(addr), static_cast<uint32_t>(access),
-			      SV_MR_KIND_MR, key);
-	if (slot < 0) {
-		delete mr;
-		errno = -slot;
-		return nullptr;
-	}
+	return mr;
+}
+
+ibv_mr *finish_mr(loop_mr *mr, int slot, uint32_t key, ibv_mr_type type, int access)
+{
 	mr->slot = static_cast<uint32_t>(slot);
-	mr->vmr.mr_type = IBV_MR_TYPE_MR;
+	mr->vmr.mr_type = type;
 	mr->vmr.access = access;
 	ibv_mr &m = mr->vmr.ibv_mr;
 	m.lkey = m.rkey = key;
@@ -160,37 +388,101 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 	return &m;
 }
 
-ibv_mr *loop_alloc_null_mr(ibv_pd *pd)
+} // namespace
+
+ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
 {
-	loop_context *lctx = to_loop_context(pd->context);
-	auto *mr = new (std::nothrow) loop_mr{};
-	if (!mr) {
-		errno = ENOMEM;
+	access = clean_access(access);
+	int err = check_access(access);
+	if (err) {
+		errno = err;
 		return nullptr;
 	}
+	bool odp = access & IBV_ACCESS_ON_DEMAND;
+	// Implicit ODP: the whole address space, as rdma-core spells it.
+	bool implicit = odp && !addr && length == SIZE_MAX;
+	if (!implicit && (!length || length > kMaxMrSize || !addr)) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	if (!odp && !range_mapped(reinterpret_cast<uintptr_t>(addr), length)) {
+		errno = EFAULT; // What ib_umem_get() answers for memory that is not there
+		return nullptr;
+	}
+	loop_mr *mr = new_mr();
+	if (!mr)
+		return nullptr;
+	mr_init in;
+	in.pdn = to_loop_pd(pd)->pdn;
+	in.iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : hca_va;
+	in.length = implicit ? UINT64_MAX : length;
+	in.addr = implicit ? 0 : reinterpret_cast<uintptr_t>(addr);
+	in.access = static_cast<uint32_t>(access);
+	in.flags = odp ? SV_MR_ODP : 0;
+	if (implicit)
+		in.iova = 0;
 	uint32_t key;
-	int slot = publish_mr(lctx, to_loop_pd(pd)->pdn, 0, UINT64_MAX, 0,
-			      IBV_ACCESS_LOCAL_WRITE, SV_MR_KIND_NULL, key);
+	int slot = publish_mr(to_loop_context(pd->context), in, key);
 	if (slot < 0) {
 		delete mr;
 		errno = -slot;
 		return nullptr;
 	}
-	mr->slot = static_cast<uint32_t>(slot);
-	mr->vmr.mr_type = IBV_MR_TYPE_NULL_MR;
-	ibv_mr &m = mr->vmr.ibv_mr;
-	m.context = pd->context;
-	m.pd = pd;
-	m.lkey = m.rkey = key;
-	m.handle = key;
-	return &m;
+	return finish_mr(mr, slot, key, IBV_MR_TYPE_MR, access);
 }
+
+ibv_mr *loop_alloc_null_mr(ibv_pd *pd)
+{
+	loop_mr *mr = new_mr();
+	if (!mr)
+		return nullptr;
+	mr_init in;
+	in.pdn = to_loop_pd(pd)->pdn;
+	in.length = UINT64_MAX;
+	in.access = IBV_ACCESS_LOCAL_WRITE;
+	in.kind = SV_MR_KIND_NULL;
+	uint32_t key;
+	int slot = publish_mr(to_loop_context(pd->context), in, key);
+	if (slot < 0) {
+		delete mr;
+		errno = -slot;
+		return nullptr;
+	}
+	ibv_mr *m = finish_mr(mr, slot, key, IBV_MR_TYPE_NULL_MR, IBV_ACCESS_LOCAL_WRITE);
+	m->context = pd->context;
+	m->pd = pd;
+	return m;
+}
+
+namespace {
+
+void release_fd(loop_mr *mr)
+{
+	if (mr->map)
+		munmap(mr->map, mr->map_len);
+	if (mr->fd >= 0)
+		close(mr->fd);
+	mr->map = nullptr;
+	mr->map_len = 0;
+	mr->fd = -1;
+}
+
+} // namespace
 
 int loop_dereg_mr(verbs_mr *vmr)
 {
 	loop_mr *mr = to_loop_mr(&vmr->ibv_mr);
 	loop_context *lctx = to_loop_context(vmr->ibv_mr.context);
-	unpublish_mr(*lctx->fab, mr->slot);
+	fabric &fab = *lctx->fab;
+	{
+		registry_guard g(fab);
+		sv_mr_rec &m = fab.reg()->mrs[mr->slot];
+		// Windows bound to it keep it alive (IB spec o10-32).
+		if (m.bound_mws)
+			return EBUSY;
+		mr_state(m).store(SV_MR_FREE, std::memory_order_release);
+	}
+	release_fd(mr);
 	delete mr;
 	return 0;
 }
@@ -201,30 +493,591 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 	loop_context *lctx = to_loop_context(vmr->ibv_mr.context);
 	fabric &fab = *lctx->fab;
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
-		access &= ~IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_RELAXED_ORDERING;
+		access = clean_access(access);
 		int err = check_access(access);
 		if (err)
 			return err;
+	} else {
+		access = vmr->access;
 	}
-	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && length > kMaxMrSize)
-		return EINVAL;
+	bool odp = access & IBV_ACCESS_ON_DEMAND;
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		if (!length || length > kMaxMrSize)
+			return EINVAL;
+		if (!odp && !range_mapped(reinterpret_cast<uintptr_t>(addr), length))
+			return EFAULT;
+	}
 	registry_guard g(fab);
 	sv_mr_rec &m = fab.reg()->mrs[mr->slot];
+	if (m.bound_mws && (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD)))
+		return EBUSY;
 	// Take the key out of service while the record changes.
 	mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
 	if (flags & IBV_REREG_MR_CHANGE_PD)
 		m.pdn = to_loop_pd(pd)->pdn;
-	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
 		m.access = static_cast<uint32_t>(access);
+		m.flags = static_cast<uint8_t>((m.flags & ~SV_MR_ODP) | (odp ? SV_MR_ODP : 0));
+	}
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		m.addr = reinterpret_cast<uintptr_t>(addr);
-		m.iova = reinterpret_cast<uintptr_t>(addr);
+		m.iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : reinterpret_cast<uintptr_t>(addr);
 		m.length = length;
 	}
+	m.cookie = random_cookie();
 	// The keys stay as they were, as on mlx5: peers that hold the rkey keep
 	// using it against the new translation and rights.
 	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
 	return 0;
+}
+
+// ---- fd-backed MRs ----
+
+namespace {
+
+// Checks and maps [offset, offset + length) of fd; fills mr's fd and map.
+int map_fd(loop_mr *mr, int fd, int fd_type, uint64_t offset, size_t length, int access)
+{
+	if (fd_type != SOFTVERBS_FD_DMABUF && fd_type != SOFTVERBS_FD_MEMFD)
+		return EINVAL;
+	if (!length || length > kMaxMrSize)
+		return EINVAL;
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0)
+		return EBADF;
+	off_t end = lseek(fd, 0, SEEK_END); // dma-bufs report their size here
+	uint64_t size = end > 0 ? static_cast<uint64_t>(end) : static_cast<uint64_t>(st.st_size);
+	if (offset > size || length > size - offset)
+		return EINVAL;
+	int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (dup_fd < 0)
+		return errno;
+	uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+	uint64_t off = offset & ~(page - 1);
+	size_t len = offset - off + length;
+	int prot = PROT_READ | ((access & IBV_ACCESS_LOCAL_WRITE) ? PROT_WRITE : 0);
+	void *p = mmap(nullptr, len, prot, MAP_SHARED, dup_fd, static_cast<off_t>(off));
+	if (p == MAP_FAILED) {
+		int e = errno == EINVAL ? ENODEV : errno;
+		close(dup_fd);
+		return e;
+	}
+	mr->fd = dup_fd;
+	mr->map = p;
+	mr->map_len = len;
+	return 0;
+}
+
+} // namespace
+
+ibv_mr *loop_reg_mr_fd(ibv_pd *pd, int fd, int fd_type, uint64_t offset, size_t length,
+		       uint64_t iova, unsigned int uaccess)
+{
+	int access = clean_access(static_cast<int>(uaccess));
+	int err = check_access(access);
+	if (err || (access & IBV_ACCESS_ON_DEMAND)) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	loop_mr *mr = new_mr();
+	if (!mr)
+		return nullptr;
+	err = map_fd(mr, fd, fd_type, offset, length, access);
+	if (err) {
+		delete mr;
+		errno = err;
+		return nullptr;
+	}
+	uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+	mr_init in;
+	in.pdn = to_loop_pd(pd)->pdn;
+	in.iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : iova;
+	in.length = length;
+	in.addr = reinterpret_cast<uintptr_t>(mr->map) + (offset & (page - 1));
+	in.access = static_cast<uint32_t>(access);
+	in.kind = SV_MR_KIND_FD;
+	in.fd = mr->fd;
+	in.fd_offset = offset;
+	uint32_t key;
+	int slot = publish_mr(to_loop_context(pd->context), in, key);
+	if (slot < 0) {
+		release_fd(mr);
+		delete mr;
+		errno = -slot;
+		return nullptr;
+	}
+	return finish_mr(mr, slot, key, IBV_MR_TYPE_DMABUF_MR, access);
+}
+
+ibv_mr *loop_reg_dmabuf_mr(ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+			   int access)
+{
+	return loop_reg_mr_fd(pd, fd, SOFTVERBS_FD_DMABUF, offset, length, iova,
+			      static_cast<unsigned int>(access));
+}
+
+int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, uint64_t offset,
+		     size_t length, uint64_t iova, unsigned int uaccess)
+{
+	loop_mr *mr = to_loop_mr(ibmr);
+	loop_context *lctx = to_loop_context(ibmr->context);
+	fabric &fab = *lctx->fab;
+	if (mr->vmr.mr_type != IBV_MR_TYPE_DMABUF_MR)
+		return EINVAL;
+	int access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? clean_access(static_cast<int>(uaccess))
+							 : mr->vmr.access;
+	if (check_access(access) || (access & IBV_ACCESS_ON_DEMAND))
+		return EINVAL;
+	loop_mr fresh{};
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		int err = map_fd(&fresh, fd, fd_type, offset, length, access);
+		if (err)
+			return err;
+	} else if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && (access & IBV_ACCESS_LOCAL_WRITE) &&
+		   !(mr->vmr.access & IBV_ACCESS_LOCAL_WRITE)) {
+		// Our mapping is read-only: map the same range again, writable.
+		sv_mr_rec &m = fab.reg()->mrs[mr->slot];
+		int err = map_fd(&fresh, mr->fd, SOFTVERBS_FD_MEMFD, m.fd_offset, m.length, access);
+		if (err)
+			return err;
+		offset = m.fd_offset;
+		length = m.length;
+		iova = m.iova;
+		flags |= IBV_REREG_MR_CHANGE_TRANSLATION;
+	}
+	{
+		registry_guard g(fab);
+		sv_mr_rec &m = fab.reg()->mrs[mr->slot];
+		if (m.bound_mws &&
+		    (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD))) {
+			release_fd(&fresh);
+			return EBUSY;
+		}
+		mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
+		if (flags & IBV_REREG_MR_CHANGE_PD)
+			m.pdn = to_loop_pd(pd)->pdn;
+		m.access = static_cast<uint32_t>(access);
+		if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+			uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+			m.iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : iova;
+			m.length = length;
+			m.addr = reinterpret_cast<uintptr_t>(fresh.map) + (offset & (page - 1));
+			m.fd = fresh.fd;
+			m.fd_offset = offset;
+		}
+		m.cookie = random_cookie();
+		mr_state(m).store(SV_MR_VALID, std::memory_order_release);
+	}
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		release_fd(mr);
+		mr->fd = fresh.fd;
+		mr->map = fresh.map;
+		mr->map_len = fresh.map_len;
+		fresh.fd = -1;
+		fresh.map = nullptr;
+	}
+	return 0;
+}
+
+// ---- on-demand paging ----
+
+int loop_advise_mr(ibv_pd *pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *sg,
+		   uint32_t num_sge)
+{
+	if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH &&
+	    advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+	    advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		return EOPNOTSUPP;
+	if ((flags & ~IBV_ADVISE_MR_FLAG_FLUSH) || !num_sge || !sg)
+		return EINVAL;
+	loop_context *lctx = to_loop_context(pd->context);
+	fabric &fab = *lctx->fab;
+	uint32_t need = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? IBV_ACCESS_LOCAL_WRITE : 0;
+	for (uint32_t i = 0; i < num_sge; i++) {
+		sv_mr_rec c;
+		if (check_key(fab, sg[i].lkey, static_cast<uint32_t>(lctx->lease),
+			      to_loop_pd(pd)->pdn, sg[i].addr, sg[i].length, need, 0, c))
+			return EINVAL;
+		if (!(c.flags & SV_MR_ODP))
+			return EINVAL; // Only on-demand MRs take advice (as the kernel says)
+	}
+	// Fault the pages in now, as an ODP HCA's prefetch does; a hole in the
+	// range is no error (the access that needs it will fail then).
+	if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		return 0;
+#ifdef MADV_POPULATE_READ
+	uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+	for (uint32_t i = 0; i < num_sge; i++) {
+		uintptr_t a = sg[i].addr & ~(page - 1);
+		uintptr_t e = sg[i].addr + sg[i].length;
+		madvise(reinterpret_cast<void *>(a), e - a,
+			need ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+	}
+#endif
+	return 0;
+}
+
+// ---- memory windows ----
+
+ibv_mw *loop_alloc_mw(ibv_pd *pd, ibv_mw_type type)
+{
+	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	auto *mw = new (std::nothrow) loop_mw{};
+	if (!mw) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	mr_init in;
+	in.pdn = to_loop_pd(pd)->pdn;
+	in.kind = type == IBV_MW_TYPE_1 ? SV_MR_KIND_MW1 : SV_MR_KIND_MW2;
+	in.state = SV_MR_INVALID; // Unbound
+	uint32_t key;
+	int slot = publish_mr(to_loop_context(pd->context), in, key);
+	if (slot < 0) {
+		delete mw;
+		errno = -slot;
+		return nullptr;
+	}
+	mw->slot = static_cast<uint32_t>(slot);
+	mw->base.context = pd->context;
+	mw->base.pd = pd;
+	mw->base.rkey = key;
+	mw->base.handle = key;
+	mw->base.type = type;
+	return &mw->base;
+}
+
+namespace {
+
+// Unbinds a window record.  Caller holds the registry lock.
+void unbind_locked(sv_registry *r, sv_mr_rec &w)
+{
+	if (w.parent && w.parent < SV_MAX_MRS && r->mrs[w.parent].bound_mws)
+		r->mrs[w.parent].bound_mws--;
+	w.parent = 0;
+	w.bound_qpn = 0;
+	w.length = 0;
+	w.access = 0;
+}
+
+} // namespace
+
+int loop_dealloc_mw(ibv_mw *ibmw)
+{
+	auto *mw = reinterpret_cast<loop_mw *>(ibmw);
+	fabric &fab = *to_loop_context(ibmw->context)->fab;
+	{
+		registry_guard g(fab);
+		sv_mr_rec &w = fab.reg()->mrs[mw->slot];
+		mr_state(w).store(SV_MR_INVALID, std::memory_order_release);
+		unbind_locked(fab.reg(), w);
+		mr_state(w).store(SV_MR_FREE, std::memory_order_release);
+	}
+	delete mw;
+	return 0;
+}
+
+// Set while loop_bind_mw posts: only it may post a type 1 bind.
+thread_local bool g_bind_type1 = false;
+// Set while loop_post_fast_reg posts: the WR's fields beyond ibv_send_wr.
+thread_local const softverbs_fast_reg_wr *g_fast_reg = nullptr;
+
+int loop_bind_mw(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *bind)
+{
+	if (!mw || !bind || mw->type != IBV_MW_TYPE_1 || mw->pd != qp->pd)
+		return EINVAL;
+	const ibv_mw_bind_info &bi = bind->bind_info;
+	if (!bi.mr && (bi.addr || bi.length))
+		return EINVAL;
+	if (bi.mr && bi.length && !(reinterpret_cast<verbs_mr *>(bi.mr)->access & IBV_ACCESS_MW_BIND))
+		return EINVAL;
+	ibv_send_wr wr{};
+	wr.wr_id = bind->wr_id;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = bind->send_flags;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+	wr.bind_mw.bind_info = bi;
+	ibv_send_wr *bad = nullptr;
+	g_bind_type1 = true;
+	int ret = loop_post_send(qp, &wr, &bad);
+	g_bind_type1 = false;
+	if (!ret)
+		mw->rkey = wr.bind_mw.rkey;
+	return ret;
+}
+
+int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
+{
+	if (in->opcode == IBV_WR_BIND_MW) {
+		ibv_mw *mw = in->bind_mw.mw;
+		if (!mw)
+			return EINVAL;
+		if (mw->type == IBV_MW_TYPE_1 && !g_bind_type1)
+			return EINVAL; // Type 1 windows are bound with ibv_bind_mw
+		const ibv_mw_bind_info &bi = in->bind_mw.bind_info;
+		w.mw_slot = reinterpret_cast<loop_mw *>(mw)->slot;
+		w.mw_type = mw->type;
+		w.rkey = in->bind_mw.rkey;
+		w.bind_lkey = bi.mr ? bi.mr->lkey : 0;
+		w.bind_addr = bi.addr;
+		w.bind_len = bi.length;
+		w.bind_access = bi.mw_access_flags;
+		(void)qp;
+		return 0;
+	}
+	if (in->opcode == kWrFastReg && g_fast_reg) {
+		const softverbs_fast_reg_wr *fr = g_fast_reg;
+		w.frmr = to_loop_mr(fr->mr);
+		w.mw_slot = w.frmr->slot;
+		w.rkey = in->wr.rdma.rkey;
+		w.remote_addr = fr->iova;
+		w.bind_addr = fr->addr;
+		w.bind_len = fr->length;
+		w.bind_access = fr->access;
+		w.npages = fr->page_list ? fr->num_pages : 0;
+		w.page_shift = fr->page_shift;
+		return 0;
+	}
+	return EINVAL;
+}
+
+namespace {
+
+ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_registry *r = fab.reg();
+	uint32_t me = static_cast<uint32_t>(qp->ctx->lease);
+	if (w.mw_slot == 0 || w.mw_slot >= SV_MAX_MRS || (w.rkey >> SV_MR_KEY_BITS) != w.mw_slot)
+		return IBV_WC_MW_BIND_ERR;
+	uint32_t rights = w.bind_access & (kRemoteRights | IBV_ACCESS_ZERO_BASED);
+	registry_guard g(fab);
+	sv_mr_rec &win = r->mrs[w.mw_slot];
+	uint32_t want_kind = w.mw_type == IBV_MW_TYPE_1 ? SV_MR_KIND_MW1 : SV_MR_KIND_MW2;
+	if (win.state == SV_MR_FREE || win.kind != want_kind || win.owner_lease != me ||
+	    win.pdn != qp->pdn)
+		return IBV_WC_MW_BIND_ERR;
+	// A type 2 window is bound once; invalidate it before binding again.
+	if (want_kind == SV_MR_KIND_MW2 && win.state == SV_MR_VALID)
+		return IBV_WC_MW_BIND_ERR;
+	bool unbind = w.mw_type == IBV_MW_TYPE_1 && !w.bind_len;
+	uint32_t pslot = 0;
+	uint64_t piova = 0;
+	if (!unbind) {
+		uint32_t l = w.bind_lkey;
+		pslot = l >> SV_MR_KEY_BITS;
+		if (!l || pslot == 0 || pslot >= SV_MAX_MRS || pslot == w.mw_slot)
+			return IBV_WC_MW_BIND_ERR;
+		sv_mr_rec &p = r->mrs[pslot];
+		if (p.state != SV_MR_VALID || (p.key & 0xff) != (l & 0xff) || p.owner_lease != me ||
+		    p.pdn != qp->pdn)
+			return IBV_WC_MW_BIND_ERR;
+		if (p.kind != SV_MR_KIND_MR && p.kind != SV_MR_KIND_FD && p.kind != SV_MR_KIND_FRMR)
+			return IBV_WC_MW_BIND_ERR;
+		if (!(p.access & IBV_ACCESS_MW_BIND))
+			return IBV_WC_MW_BIND_ERR;
+		if ((rights & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+		    !(p.access & IBV_ACCESS_LOCAL_WRITE))
+			return IBV_WC_MW_BIND_ERR;
+		if (!in_bounds(p, w.bind_addr, w.bind_len))
+			return IBV_WC_MW_BIND_ERR;
+		piova = w.bind_addr;
+	}
+	mr_state(win).store(SV_MR_INVALID, std::memory_order_release);
+	unbind_locked(r, win);
+	win.key = w.rkey & 0xff;
+	win.cookie = random_cookie();
+	if (unbind)
+		return IBV_WC_SUCCESS; // Unbound, with a new key
+	win.parent = pslot;
+	r->mrs[pslot].bound_mws++;
+	win.addr = piova;
+	win.iova = (rights & IBV_ACCESS_ZERO_BASED) ? 0 : w.bind_addr;
+	win.length = w.bind_len;
+	win.access = rights & kRemoteRights;
+	win.bound_qpn = w.mw_type == IBV_MW_TYPE_2 ? qp->qpn : 0;
+	mr_state(win).store(SV_MR_VALID, std::memory_order_release);
+	return IBV_WC_SUCCESS;
+}
+
+// Invalidates rkey: a type 2 window or a BMME key.  Caller holds the lock.
+int invalidate_locked(sv_registry *r, uint32_t owner, uint32_t pdn, uint32_t qpn, uint32_t rkey,
+		      bool remote)
+{
+	uint32_t slot = rkey >> SV_MR_KEY_BITS;
+	if (slot == 0 || slot >= SV_MAX_MRS)
+		return ENOENT;
+	sv_mr_rec &m = r->mrs[slot];
+	if (m.state != SV_MR_VALID || (m.key & 0xff) != (rkey & 0xff) || m.owner_lease != owner)
+		return ENOENT;
+	if (m.pdn != pdn)
+		return EACCES;
+	if (m.kind == SV_MR_KIND_MW2) {
+		// A remote invalidation must come on the QP the window is bound to.
+		if (remote && m.bound_qpn != qpn)
+			return EACCES;
+		mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
+		unbind_locked(r, m);
+		return 0;
+	}
+	if (m.kind == SV_MR_KIND_FRMR) {
+		if (m.bound_mws)
+			return EBUSY;
+		mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
+		return 0;
+	}
+	return EINVAL; // MRs from reg_mr and type 1 windows cannot be invalidated
+}
+
+ibv_wc_status fast_reg_run(loop_qp *qp, send_wr &w)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_registry *r = fab.reg();
+	uint32_t me = static_cast<uint32_t>(qp->ctx->lease);
+	uint32_t slot = w.mw_slot;
+	if (slot == 0 || slot >= SV_MAX_MRS)
+		return IBV_WC_MW_BIND_ERR;
+	registry_guard g(fab);
+	sv_mr_rec &m = r->mrs[slot];
+	if (m.kind != SV_MR_KIND_FRMR || m.owner_lease != me || m.pdn != qp->pdn)
+		return IBV_WC_MW_BIND_ERR;
+	// A key is registered once; invalidate it before registering again.
+	if (m.state != SV_MR_INVALID || m.bound_mws)
+		return IBV_WC_MW_BIND_ERR;
+	uint32_t access = w.bind_access;
+	if (check_access(static_cast<int>(clean_access(static_cast<int>(access)))) ||
+	    (access & IBV_ACCESS_ON_DEMAND))
+		return IBV_WC_MW_BIND_ERR;
+	loop_mr *lmr = w.frmr;
+	uint8_t flags = 0;
+	uint64_t addr = w.bind_addr;
+	uint64_t fbo = 0;
+	if (w.npages) {
+		uint64_t bsz = 1ULL << w.page_shift;
+		if (!lmr || w.npages > lmr->pages.size() || w.npages > lmr->staged.size() ||
+		    w.bind_addr >= bsz || w.bind_len > w.npages * bsz - w.bind_addr)
+			return IBV_WC_MW_BIND_ERR;
+		std::copy(lmr->staged.begin(), lmr->staged.begin() + w.npages, lmr->pages.begin());
+		addr = reinterpret_cast<uintptr_t>(lmr->pages.data());
+		fbo = w.bind_addr;
+		flags = SV_MR_BLOCK_LIST;
+	}
+	m.key = w.rkey & 0xff;
+	m.access = clean_access(static_cast<int>(access));
+	m.iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : w.remote_addr;
+	m.length = w.bind_len;
+	m.addr = addr;
+	m.fd_offset = fbo;
+	m.npages = w.npages;
+	m.page_shift = static_cast<uint8_t>(w.page_shift);
+	m.flags = flags;
+	m.cookie = random_cookie();
+	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
+	if (lmr) {
+		lmr->vmr.ibv_mr.lkey = lmr->vmr.ibv_mr.rkey = (slot << SV_MR_KEY_BITS) | (w.rkey & 0xff);
+		lmr->vmr.ibv_mr.addr = reinterpret_cast<void *>(w.npages ? 0 : w.bind_addr);
+		lmr->vmr.ibv_mr.length = w.bind_len;
+		lmr->vmr.access = static_cast<int>(m.access);
+	}
+	return IBV_WC_SUCCESS;
+}
+
+} // namespace
+
+ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w)
+{
+	switch (w.opcode) {
+	case IBV_WR_BIND_MW:
+		return bind_run(qp, w);
+	case IBV_WR_LOCAL_INV: {
+		fabric &fab = *qp->ctx->fab;
+		registry_guard g(fab);
+		return invalidate_locked(fab.reg(), static_cast<uint32_t>(qp->ctx->lease), qp->pdn,
+					 qp->qpn, w.invalidate_rkey, false)
+			       ? IBV_WC_LOC_QP_OP_ERR
+			       : IBV_WC_SUCCESS;
+	}
+	default:
+		if (w.opcode == kWrFastReg)
+			return fast_reg_run(qp, w);
+		return IBV_WC_LOC_QP_OP_ERR;
+	}
+}
+
+int mr_remote_invalidate(fabric &fab, uint32_t owner_lease, uint32_t pdn, uint32_t qpn,
+			 uint32_t rkey)
+{
+	registry_guard g(fab);
+	return invalidate_locked(fab.reg(), owner_lease, pdn, qpn, rkey, true);
+}
+
+// ---- BMME keys ----
+
+ibv_mr *loop_alloc_fast_reg_mr(ibv_pd *pd, uint32_t max_pages)
+{
+	if (!max_pages || max_pages > kMaxFastRegPages) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	loop_mr *mr = new_mr();
+	if (!mr)
+		return nullptr;
+	try {
+		mr->pages.assign(max_pages, 0);
+		mr->staged.assign(max_pages, 0);
+	} catch (...) {
+		delete mr;
+		errno = ENOMEM;
+		return nullptr;
+	}
+	mr_init in;
+	in.pdn = to_loop_pd(pd)->pdn;
+	in.kind = SV_MR_KIND_FRMR;
+	in.state = SV_MR_INVALID;
+	in.max_pages = static_cast<uint16_t>(max_pages);
+	uint32_t key;
+	int slot = publish_mr(to_loop_context(pd->context), in, key);
+	if (slot < 0) {
+		delete mr;
+		errno = -slot;
+		return nullptr;
+	}
+	// Not IBV_MR_TYPE_MR: ibv_rereg_mr refuses it, as it should.
+	return finish_mr(mr, slot, key, IBV_MR_TYPE_IMPORTED_MR, 0);
+}
+
+int loop_post_fast_reg(ibv_qp *ibqp, const softverbs_fast_reg_wr *fr)
+{
+	loop_mr *mr = to_loop_mr(fr->mr);
+	if (mr->pages.empty() || fr->mr->context != ibqp->context)
+		return EINVAL;
+	if (fr->page_list) {
+		if (!fr->num_pages || fr->num_pages > mr->pages.size() || fr->page_shift < 12 ||
+		    fr->page_shift > 30)
+			return EINVAL;
+	} else if (fr->num_pages) {
+		return EINVAL;
+	}
+	if (!fr->length || fr->length > kMaxMrSize)
+		return EINVAL;
+	if (fr->page_list)
+		std::copy(fr->page_list, fr->page_list + fr->num_pages, mr->staged.begin());
+	// Through the send queue, as a kWrFastReg WR (see send_wr in loop.h).
+	ibv_send_wr wr{};
+	wr.wr_id = fr->wr_id;
+	wr.opcode = kWrFastReg;
+	wr.send_flags = fr->send_flags & (IBV_SEND_SIGNALED | IBV_SEND_FENCE);
+	wr.wr.rdma.remote_addr = fr->iova;
+	wr.wr.rdma.rkey = softverbs_key_with(fr->mr->lkey, fr->key);
+	g_fast_reg = fr;
+	ibv_send_wr *bad = nullptr;
+	int ret = loop_post_send(ibqp, &wr, &bad);
+	g_fast_reg = nullptr;
+	return ret;
 }
 
 } // namespace loop

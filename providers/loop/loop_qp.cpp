@@ -75,8 +75,8 @@ int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
 	if ((mask & IBV_QP_ACCESS_FLAGS) &&
 	    (a.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
 				   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-				   IBV_ACCESS_MW_BIND)))
-		return EINVAL;
+				   IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND)))
+		return EINVAL; // ON_DEMAND: as the kernel, which lets it through
 	if ((mask & IBV_QP_PATH_MTU) && (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096))
 		return EINVAL;
 	if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > kMaxQpInitRdAtom)

@@ -130,6 +130,11 @@ int loop_query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *inpu
 	a.completion_timestamp_mask = kCompletionTimestampMask;
 	a.hca_core_clock = kHcaCoreClockKhz;
 	a.phys_port_cnt_ex = lctx->dev->num_ports;
+	a.odp_caps.general_caps = kOdpGeneralCaps;
+	a.odp_caps.per_transport_caps.rc_odp_caps = kOdpRcCaps;
+	a.odp_caps.per_transport_caps.uc_odp_caps = kOdpUcCaps;
+	a.odp_caps.per_transport_caps.ud_odp_caps = kOdpUdCaps;
+	a.xrc_odp_caps = kOdpRcCaps;
 	a.max_dm_size = kMaxDmSize;
 	// Fields past what the caller's header knows about are not written.
 	memcpy(attr, &a, std::min(attr_size, sizeof(a)));

@@ -55,7 +55,7 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op)
 	case IBV_WR_BIND_MW:
 		return IBV_WC_BIND_MW;
 	default:
-		return IBV_WC_SEND;
+		return op == kWrFastReg ? kWcFastReg : IBV_WC_SEND;
 	}
 }
 
@@ -71,9 +71,13 @@ bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op)
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+	case IBV_WR_SEND_WITH_INV:
 		return t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND;
+	case IBV_WR_LOCAL_INV:
+	case IBV_WR_BIND_MW:
+		return t != IBV_QPT_UD;
 	default:
-		return false;
+		return op == kWrFastReg && t != IBV_QPT_UD;
 	}
 }
 
@@ -140,6 +144,7 @@ bool peer_receives(const sv_qp_rec &q)
 struct local_buf {
 	std::vector<iovec> iov;
 	uint64_t len = 0;
+	bool checked = false; // Some local memory is on demand: copy with checked calls
 };
 
 // A scratch area standing behind the null MR: writes land here and are
@@ -166,18 +171,23 @@ ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &
 		return IBV_WC_SUCCESS;
 	}
 	fabric &fab = *qp->ctx->fab;
+	b.checked = false;
+	thread_local std::vector<rseg> segs;
 	for (uint32_t i = 0; i < w.num_sge; i++) {
 		const ibv_sge &s = w.sge[i];
 		if (!s.length)
 			continue;
-		mr_hit hit;
-		if (mr_lookup(fab, s.lkey, static_cast<uint32_t>(qp->ctx->lease), qp->pdn, s.addr,
-			      s.length, need_write ? IBV_ACCESS_LOCAL_WRITE : 0, qp->qpn, hit))
+		segs.clear();
+		if (mr_resolve(fab, s.lkey, static_cast<uint32_t>(qp->ctx->lease), qp->pdn, s.addr,
+			       s.length, need_write ? IBV_ACCESS_LOCAL_WRITE : 0, qp->qpn, segs))
 			return IBV_WC_LOC_PROT_ERR;
-		if (hit.kind == SV_MR_KIND_NULL)
-			add_null(b.iov, s.length);
-		else
-			b.iov.push_back({reinterpret_cast<void *>(hit.addr), s.length});
+		for (const rseg &g : segs) {
+			if (g.kind == seg_kind::null)
+				add_null(b.iov, g.len);
+			else
+				b.iov.push_back({g.base, g.len});
+			b.checked |= g.kind == seg_kind::peer_checked;
+		}
 		b.len += s.length;
 	}
 	return IBV_WC_SUCCESS;
@@ -186,7 +196,7 @@ ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &
 // Builds the iovecs of a peer's receive WQE for len bytes (after skip
 // bytes, for the GRH of a UD receive).  Returns a status for the responder.
 ibv_wc_status scatter_remote(loop_context *lctx, const peer &p, const sv_recv_wqe *wqe,
-			     uint32_t pdn, uint64_t skip_plus_len, std::vector<iovec> &out)
+			     uint32_t pdn, uint64_t skip_plus_len, std::vector<rseg> &out)
 {
 	out.clear();
 	if (wqe->num_sge == 0xffffffff)
@@ -196,15 +206,10 @@ ibv_wc_status scatter_remote(loop_context *lctx, const peer &p, const sv_recv_wq
 		const sv_sge &s = wqe->sge[i];
 		if (!s.length)
 			continue;
-		mr_hit hit;
-		if (mr_lookup(*lctx->fab, s.lkey, p.rec.owner_lease, pdn, s.addr, s.length,
-			      IBV_ACCESS_LOCAL_WRITE, p.qpn, hit))
-			return IBV_WC_LOC_PROT_ERR;
 		uint64_t n = std::min<uint64_t>(s.length, skip_plus_len - room);
-		if (hit.kind == SV_MR_KIND_NULL)
-			add_null(out, n);
-		else
-			out.push_back({reinterpret_cast<void *>(hit.addr), n});
+		if (mr_resolve(*lctx->fab, s.lkey, p.rec.owner_lease, pdn, s.addr, n,
+			       IBV_ACCESS_LOCAL_WRITE, p.qpn, out))
+			return IBV_WC_LOC_PROT_ERR;
 		room += n;
 	}
 	if (room < skip_plus_len)
@@ -361,7 +366,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 	rcv.slid = my_lid;
 	rcv.sl = a.ah_attr.sl;
 	bool solicited = w.flags & IBV_SEND_SOLICITED;
-	thread_local std::vector<iovec> riov;
+	thread_local std::vector<rseg> riov;
 	thread_local std::vector<uint8_t> wqe_buf;
 	sv_recv_wqe *wqe = nullptr;
 
@@ -377,8 +382,9 @@ step run_connected(loop_qp *qp, send_wr &w)
 		}
 		ibv_wc_status rs = scatter_remote(lctx, p, wqe, recv_pdn(fab, p), lb.len, riov);
 		if (rs == IBV_WC_SUCCESS) {
-			int err = xfer(p.pid, p.self, lb.iov.data(), static_cast<int>(lb.iov.size()),
-				       riov.data(), static_cast<int>(riov.size()), xfer_dir::to_peer);
+			int err = xfer_segs(p.pid, p.self && !lb.checked, lb.iov.data(),
+					    static_cast<int>(lb.iov.size()), riov.data(),
+					    static_cast<int>(riov.size()), xfer_dir::to_peer);
 			if (err == ESRCH)
 				return step::unreachable;
 			if (err)
@@ -403,6 +409,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 		}
 		complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
 		return step::done;
+	case IBV_WR_SEND_WITH_INV:
 	}
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
@@ -420,11 +427,20 @@ step run_connected(loop_qp *qp, send_wr &w)
 		mr_hit hit{};
 		int kerr = 0;
 		if (lb.len) {
+		if (rs == IBV_WC_SUCCESS && w.opcode == IBV_WR_SEND_WITH_INV) {
+			// The responder invalidates the key on behalf of its QP.
+			if (mr_remote_invalidate(fab, p.rec.owner_lease, p.rec.pdn, p.qpn,
+						 w.invalidate_rkey))
+				rs = IBV_WC_LOC_PROT_ERR;
+			else
+				rcv.wc_flags = IBV_WC_WITH_INV;
+			rcv.imm_data = w.invalidate_rkey; // Read back as wc.invalidated_rkey
+		}
 			if (!(p.rec.access & right))
 				kerr = EACCES;
 			else
-				kerr = mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
-						 w.remote_addr, lb.len, right, p.qpn, hit);
+				kerr = mr_resolve(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
+						  w.remote_addr, lb.len, right, p.qpn, riov, &raccess);
 		}
 		if (kerr) {
 			if (imm) {
@@ -440,20 +456,19 @@ step run_connected(loop_qp *qp, send_wr &w)
 			return step::done;
 		}
 		if (lb.len) {
-			riov.clear();
-			if (hit.kind == SV_MR_KIND_NULL)
-				add_null(riov, lb.len);
-			else
-				riov.push_back({reinterpret_cast<void *>(hit.addr), lb.len});
-			int err = xfer(p.pid, p.self, lb.iov.data(), static_cast<int>(lb.iov.size()),
-				       riov.data(), static_cast<int>(riov.size()),
-				       read ? xfer_dir::from_peer : xfer_dir::to_peer);
+			int err = xfer_segs(p.pid, p.self && !lb.checked, lb.iov.data(),
+					    static_cast<int>(lb.iov.size()), riov.data(),
+					    static_cast<int>(riov.size()),
+					    read ? xfer_dir::from_peer : xfer_dir::to_peer,
+					    raccess & IBV_ACCESS_RELAXED_ORDERING);
 			if (err == ESRCH)
 				return step::unreachable;
 			if (err) {
 				// The registered range is not mapped in the target any more.
 				if (qp->type != IBV_QPT_UC)
 					responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+		uint32_t raccess = 0;
+		riov.clear();
 				complete(qp, w, IBV_WC_REM_ACCESS_ERR, 0);
 				return step::done;
 			}
@@ -475,7 +490,6 @@ step run_connected(loop_qp *qp, send_wr &w)
 			complete(qp, w, IBV_WC_LOC_LEN_ERR, 0);
 			return step::done;
 		}
-		mr_hit hit{};
 		int kerr = (p.rec.access & IBV_ACCESS_REMOTE_ATOMIC)
 				   ? mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
 					       w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, p.qpn, hit)
@@ -492,7 +506,10 @@ step run_connected(loop_qp *qp, send_wr &w)
 		int err = 0;
 		if (hit.kind != SV_MR_KIND_NULL) {
 			atomic_guard g(fab, p.rec.owner_lease, hit.addr);
-			err = xfer_word(p.pid, p.self, hit.addr, &old, xfer_dir::from_peer);
+			// A peer's fd-backed MR is mapped here; on-demand memory
+			// takes a checked call even in-process.
+			bool here = (p.self && !hit.odp) || hit.mapped;
+			err = xfer_word(p.pid, here, hit.addr, &old, xfer_dir::from_peer);
 			if (!err) {
 				uint64_t nv = old;
 				bool store = true;
@@ -503,7 +520,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 				else
 					store = false;
 				if (store)
-					err = xfer_word(p.pid, p.self, hit.addr, &nv, xfer_dir::to_peer);
+					err = xfer_word(p.pid, here, hit.addr, &nv, xfer_dir::to_peer);
 			}
 		}
 		if (err == ESRCH)
@@ -545,7 +562,7 @@ void deliver_ud(loop_qp *qp, const send_wr &w, const peer &p, const local_buf &l
 	if (!peer_receives(p.rec) || p.rec.qp_type != IBV_QPT_UD || p.rec.qkey != qkey)
 		return; // Dropped silently, as a UD packet with a bad Q_Key is
 	thread_local std::vector<uint8_t> wqe_buf;
-	thread_local std::vector<iovec> riov;
+	thread_local std::vector<rseg> riov;
 	sv_recv_wqe *wqe = nullptr;
 	if (!take_recv(fab, p, wqe_buf, wqe))
 		return;
@@ -567,8 +584,9 @@ void deliver_ud(loop_qp *qp, const send_wr &w, const peer &p, const local_buf &l
 		liov.clear();
 		liov.push_back({&grh, sizeof(grh)});
 		liov.insert(liov.end(), lb.iov.begin(), lb.iov.end());
-		if (xfer(p.pid, p.self, liov.data(), static_cast<int>(liov.size()), riov.data(),
-			 static_cast<int>(riov.size()), xfer_dir::to_peer))
+		if (xfer_segs(p.pid, p.self && !lb.checked, liov.data(),
+			      static_cast<int>(liov.size()), riov.data(),
+			      static_cast<int>(riov.size()), xfer_dir::to_peer))
 			rs = IBV_WC_LOC_PROT_ERR;
 	}
 	sv_cqe rcv{};
@@ -679,6 +697,13 @@ uint64_t drain(loop_qp *qp)
 		if (state == IBV_QPS_ERR) {
 			flush_backlog(qp);
 			return 0;
+	// Local memory operations: run here, in WR order.  Every WR before
+	// them has completed (the requester runs one WR at a time), so a fence
+	// holds by construction.
+	if (w.opcode == IBV_WR_LOCAL_INV || w.opcode == IBV_WR_BIND_MW || w.opcode == kWrFastReg) {
+		complete(qp, w, mr_local_op(qp, w), 0);
+		return step::done;
+	}
 		}
 		send_wr &w = qp->backlog.front();
 		uint64_t now = now_ns();
@@ -802,6 +827,13 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 
 atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
 {
+	if (in->opcode == IBV_WR_LOCAL_INV || in->opcode == IBV_WR_SEND_WITH_INV)
+		w.invalidate_rkey = in->invalidate_rkey;
+	if (in->opcode == IBV_WR_BIND_MW || in->opcode == kWrFastReg) {
+		int err = mr_copy_wr(qp, in, w);
+		if (err)
+			return err;
+	}
 	uint64_t h = (addr >> 3) * 0x9e3779b97f4a7c15ULL ^ lease;
 	word_ = &fab.reg()->atomic_locks[(h >> 20) % SV_ATOMIC_LOCKS];
 	auto me = static_cast<uint32_t>(getpid());

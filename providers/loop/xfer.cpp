@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <vector>
 
 namespace loop {
 
@@ -66,6 +67,114 @@ int xfer(pid_t pid, bool same_process, const iovec *local, int nl, const iovec *
 		return static_cast<size_t>(n) == want ? 0 : EFAULT;
 	}
 	return EINVAL;
+}
+
+namespace {
+
+// One contiguous piece of a transfer: local bytes and where they go.
+struct piece {
+	char *local;
+	char *remote;
+	size_t len;
+	seg_kind kind;
+};
+
+// Runs pieces in the order given: consecutive peer pieces share one
+// process_vm_writev/readv call (the kernel copies its iovecs in order).
+int run_pieces(pid_t pid, bool same_process, const std::vector<piece> &ps, xfer_dir dir)
+{
+	thread_local std::vector<iovec> lv, rv;
+	size_t want = 0;
+	auto flush = [&]() -> int {
+		if (lv.empty())
+			return 0;
+		ssize_t n = dir == xfer_dir::to_peer
+				    ? process_vm_writev(pid, lv.data(), lv.size(), rv.data(), rv.size(), 0)
+				    : process_vm_readv(pid, lv.data(), lv.size(), rv.data(), rv.size(), 0);
+		lv.clear();
+		rv.clear();
+		size_t w = want;
+		want = 0;
+		if (n < 0)
+			return errno;
+		return static_cast<size_t>(n) == w ? 0 : EFAULT;
+	};
+	lv.clear();
+	rv.clear();
+	for (const piece &p : ps) {
+		if ((p.kind == seg_kind::peer && !same_process) || p.kind == seg_kind::peer_checked) {
+			if (lv.size() == IOV_MAX) {
+				if (int err = flush())
+					return err;
+			}
+			lv.push_back({p.local, p.len});
+			rv.push_back({p.remote, p.len});
+			want += p.len;
+			continue;
+		}
+		if (int err = flush())
+			return err;
+		switch (p.kind) {
+		case seg_kind::null:
+			if (dir == xfer_dir::from_peer)
+				memset(p.local, 0, p.len);
+			break;
+		default: // mapped, or peer within this process
+			if (dir == xfer_dir::to_peer)
+				memmove(p.remote, p.local, p.len);
+			else
+				memmove(p.local, p.remote, p.len);
+			break;
+		}
+	}
+	return flush();
+}
+
+} // namespace
+
+int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rseg *remote,
+	      int nr, xfer_dir dir, bool relaxed)
+{
+	thread_local std::vector<piece> ps;
+	ps.clear();
+	int li = 0, ri = 0;
+	size_t lo = 0, ro = 0, total = 0;
+	while (li < nl && ri < nr) {
+		size_t n = std::min(local[li].iov_len - lo, remote[ri].len - ro);
+		if (n) {
+			ps.push_back({static_cast<char *>(local[li].iov_base) + lo,
+				      static_cast<char *>(remote[ri].base) + ro, n, remote[ri].kind});
+			total += n;
+		}
+		lo += n;
+		ro += n;
+		if (lo == local[li].iov_len) {
+			li++;
+			lo = 0;
+		}
+		if (ro == remote[ri].len) {
+			ri++;
+			ro = 0;
+		}
+	}
+	if (relaxed && dir == xfer_dir::to_peer && total >= kRelaxedMinBytes) {
+		// The target allowed any placement order: place the chunks last
+		// first.  It costs the same system calls as in-order placement and
+		// makes code that wrongly polls the last byte fail here, not on
+		// the first NIC that reorders.
+		thread_local std::vector<piece> rev;
+		rev.clear();
+		for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
+			size_t end = it->len;
+			while (end) {
+				size_t n = end % kRelaxedChunk ? end % kRelaxedChunk : std::min(end, kRelaxedChunk);
+				end -= n;
+				rev.push_back({it->local + end, it->remote + end, n, it->kind});
+			}
+		}
+		return run_pieces(pid, same_process, rev, dir);
+	}
+	return run_pieces(pid, same_process, ps, dir);
 }
 
 int xfer_word(pid_t pid, bool same_process, uint64_t remote_addr, uint64_t *value, xfer_dir dir)

@@ -21,6 +21,32 @@ enum class xfer_dir { to_peer, from_peer };
 int xfer(pid_t pid, bool same_process, const iovec *local, int nlocal, const iovec *remote,
 	 int nremote, xfer_dir dir);
 
+// Where a target-side segment lives.
+enum class seg_kind : uint8_t {
+	peer,	// In the target's address space: cross-memory attach (or memcpy in-process)
+	peer_checked, // Like peer, but may be unmapped (ODP): a checked system call even in-process
+	mapped, // Mapped into this process (an fd-backed MR): memcpy, no system call
+	null,	// The null MR: writes are dropped, reads give zeros
+};
+
+struct rseg {
+	void *base;
+	size_t len;
+	seg_kind kind;
+};
+
+// Like xfer(), with target segments of mixed kinds.  Runs of peer segments
+// go in one system call each.  relaxed: the target granted
+// IBV_ACCESS_RELAXED_ORDERING, so a large write may be placed out of
+// address order (see docs/memory.md); without it bytes land in order.
+int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nlocal, const rseg *remote,
+	      int nremote, xfer_dir dir, bool relaxed = false);
+
+// Writes above this size into a relaxed-ordering MR are placed in chunks,
+// last chunk first.
+inline constexpr size_t kRelaxedMinBytes = 64 * 1024;
+inline constexpr size_t kRelaxedChunk = 16 * 1024;
+
 // Reads or writes 8 bytes at a peer address (for atomics).
 int xfer_word(pid_t pid, bool same_process, uint64_t remote_addr, uint64_t *value, xfer_dir dir);
 
