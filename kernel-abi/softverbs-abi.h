@@ -330,7 +330,8 @@ struct sv_cq_ring {
 	uint32_t async_len;
 	uint8_t channel_addr[108]; /* Abstract AF_UNIX address of the channel */
 	uint8_t async_addr[108];   /* Abstract AF_UNIX address of the owner's async fd */
-	uint8_t pad3[SV_CACHELINE * 4 - 24 - 216];
+	uint32_t payload_offset;   /* Where the sv_cqe_payload array starts; 0: none */
+	uint8_t pad3[SV_CACHELINE * 4 - 24 - 216 - 4];
 };
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, prod) == 128, "producer line");
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, cons) == 192, "consumer line");
@@ -338,6 +339,24 @@ SV_STATIC_ASSERT(sizeof(struct sv_cq_ring) == 512, "CQ ring header size");
 
 enum sv_cqe_flags {
 	SV_CQE_SOLICITED = 1 << 0,
+	/* The message is in this entry's payload: the owner places it into its
+	 * receive buffer (after checking the key itself) before the completion
+	 * becomes visible.  Small SENDs travel this way, with no system call. */
+	SV_CQE_PLACE = 1 << 1,
+	/* The sender placed the payload itself (it had to: a later operation
+	 * of the same QP must not overtake it).  Whoever clears SV_CQE_PLACE
+	 * with a compare-and-swap on flags places the data; the other does not. */
+	SV_CQE_PLACED = 1 << 2,
+};
+
+#define SV_CQE_INLINE_MAX 176
+
+/* One per CQE slot, at the same index, in the array at payload_offset. */
+struct sv_cqe_payload {
+	uint64_t iova;	/* Receive buffer as the receive WQE named it */
+	uint32_t lkey;	/* and its key */
+	uint32_t len;	/* Bytes in data[], at most SV_CQE_INLINE_MAX */
+	uint8_t data[SV_CQE_INLINE_MAX];
 };
 
 struct sv_cqe {
@@ -361,6 +380,7 @@ struct sv_cqe {
 	uint64_t timestamp; /* Completion time, CLOCK_MONOTONIC ns */
 };
 SV_STATIC_ASSERT(sizeof(struct sv_cqe) == 64, "one CQE per cache line");
+SV_STATIC_ASSERT(sizeof(struct sv_cqe_payload) == 192, "three cache lines of payload");
 
 /*
  * Receive queue or SRQ ring: one producer (the owner posting receives,

@@ -24,6 +24,7 @@ struct loop_device {
 	verbs_device vdev; // Must be first
 	std::string name;
 	device_config cfg;
+	uint64_t dm_used; // Device memory handed out by this process, under the DM lock
 };
 
 struct gid_slot {
@@ -42,12 +43,15 @@ struct loop_context {
 	int async_fd; // Datagram socket: async events from any process
 	uint8_t async_addr[108];
 	uint32_t async_len;
+	uint32_t identity;	       // Inode of cmd_fd: how ibv_import_device finds us
+	loop_context *imported_from; // Set on a context made by ibv_import_device
 };
 
 struct loop_pd {
 	ibv_pd base; // Must be first
 	uint32_t pdn;
 	bool parent_domain; // A loop_parent_domain (loop_td.cpp): pdn is its PD's
+	bool imported;
 };
 
 struct loop_mr {
@@ -67,6 +71,35 @@ struct loop_mw {
 	ibv_mw base; // Must be first
 	uint32_t slot;
 };
+
+struct loop_dm {
+	ibv_dm base; // Must be first
+	void *addr;
+	uint64_t length;
+	loop_device *ldev;
+	loop_dm *imported_from; // Set on an imported copy
+};
+
+inline loop_dm *to_loop_dm(ibv_dm *d)
+{
+	return reinterpret_cast<loop_dm *>(d);
+}
+
+// loop_dm.cpp
+ibv_dm *loop_alloc_dm(ibv_context *ctx, ibv_alloc_dm_attr *attr);
+int loop_free_dm(ibv_dm *dm);
+ibv_dm *loop_import_dm(ibv_context *ctx, uint32_t handle);
+void loop_unimport_dm(ibv_dm *dm);
+ibv_mr *loop_reg_dm_mr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length,
+		       unsigned int access);
+ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access);
+
+// loop_import.cpp: sharing a context's objects with an imported context
+verbs_context *loop_import_context(ibv_device *dev, int cmd_fd);
+ibv_pd *loop_import_pd(ibv_context *ctx, uint32_t handle);
+void loop_unimport_pd(ibv_pd *pd);
+ibv_mr *loop_import_mr(ibv_pd *pd, uint32_t handle);
+void loop_unimport_mr(ibv_mr *mr);
 
 struct loop_cq {
 	verbs_cq vcq; // Must be first
@@ -163,6 +196,16 @@ struct loop_qp {
 	ibv_qp_attr attr;   // What modify_qp set, for query_qp
 	std::deque<send_wr> backlog; // WRs waiting behind an RNR or a retry
 	bool in_progress_list;
+	// SENDs whose data waits in the peer's CQE payload for the peer to
+	// place it.  Anything this QP moves later places them first, so that
+	// bytes still land in the order the QP sent them.  Under sq_lock.
+	struct deferred_send {
+		obj_ref cq;	// Looked up again when used: the CQ may be gone
+		uint64_t index; // Reservation index of the CQE
+		void *dst;	// Receive buffer in the peer's address space
+		pid_t pid;
+	};
+	std::vector<deferred_send> deferred;
 	struct wr_builder *builder; // ibv_wr_* state (loop_qp_ex.cpp); null without send_ops_flags
 };
 
@@ -233,9 +276,6 @@ ibv_mr *loop_alloc_null_mr(ibv_pd *pd);
 // Looks up a key for an access by (lease, pdn) of `need` rights to
 // [iova, iova + len).  Returns the address in the owner's space, or an error
 // (ENOENT bad key, EACCES rights or PD, ERANGE bounds).
-// pdn for a lookup that does not check the PD (the owner placing data it
-// was sent into its own memory: the sender checked the PD).
-inline constexpr uint32_t kAnyPdn = UINT32_MAX;
 // An fd-backed MR of a peer resolves to our own mapping of it (mapped).
 struct mr_hit {
 	uint64_t addr;
@@ -245,6 +285,9 @@ struct mr_hit {
 	bool mapped;	 // addr is in this process (fd-backed MR of a peer)
 	bool odp;	 // May be unmapped: copy with a checked call, even in-process
 };
+// pdn for a lookup that does not check the PD (the owner placing data it
+// was sent into its own memory: the sender checked the PD).
+inline constexpr uint32_t kAnyPdn = UINT32_MAX;
 int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
 	      uint64_t len, uint32_t need, uint32_t qpn, mr_hit &hit);
 // Resolves [iova, iova + len) of a key into target segments (a block-list
@@ -290,7 +333,13 @@ int loop_req_notify_cq(ibv_cq *cq, int solicited_only);
 int loop_resize_cq(ibv_cq *cq, int cqe);
 // Pushes a completion into any CQ ring (ours or a peer's).  Returns 0, or
 // ENOSPC when the ring overflowed (the owner then gets IBV_EVENT_CQ_ERR).
-int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited);
+int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited,
+	    const sv_cqe_payload *payload = nullptr, uint64_t *index = nullptr);
+// The sender's side of SV_CQE_PLACE: places a deferred payload itself
+// unless the owner already took it.  Returns 0 or an errno of the copy.
+int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid);
+// Whether a (possibly peer's) CQ ring has a valid payload array.
+bool cq_has_payload(const sv_cq_ring *ring);
 // Drops the unpolled completions of one QP (on RESET and destroy, as HCAs do).
 void cq_clean(loop_cq *cq, uint32_t qpn);
 uint64_t now_ns();

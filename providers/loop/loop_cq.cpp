@@ -53,6 +53,27 @@ void to_wc(const sv_cqe &e, ibv_wc &wc)
 	wc.dlid_path_bits = e.dlid_path_bits;
 }
 
+sv_cqe_payload *payloads(sv_cq_ring *r)
+{
+	return reinterpret_cast<sv_cqe_payload *>(reinterpret_cast<char *>(r) + r->payload_offset);
+}
+
+// Puts a message that travelled in the CQE's payload into the receive
+// buffer.  The payload came through shared memory: its length and key are
+// checked against this process's own key table before a byte is written.
+void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
+{
+	uint32_t len = std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX);
+	mr_hit hit;
+	if (mr_lookup(*cq->ctx->fab, pl.lkey, static_cast<uint32_t>(cq->ctx->lease), kAnyPdn,
+		      pl.iova, len, IBV_ACCESS_LOCAL_WRITE, 0, hit) ||
+	    hit.kind != SV_MR_KIND_MR) {
+		e.status = IBV_WC_LOC_PROT_ERR;
+		return;
+	}
+	memcpy(reinterpret_cast<void *>(hit.addr), pl.data, len);
+}
+
 // Takes the next completion, if any.  Caller holds cq->lock.
 bool cq_take(loop_cq *cq, sv_cqe &out)
 {
@@ -63,6 +84,16 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 	    static_cast<uint32_t>(c + 1))
 		return false;
 	out = slot;
+	if ((out.flags & SV_CQE_PLACE) && r->payload_offset) {
+		// Race the sender for the right to place (SV_CQE_PLACED).
+		std::atomic_ref<uint8_t> f(slot.flags);
+		uint8_t v = f.load(std::memory_order_acquire);
+		while ((v & SV_CQE_PLACE) &&
+		       !f.compare_exchange_weak(v, v & ~SV_CQE_PLACE, std::memory_order_acq_rel))
+			;
+		if (v & SV_CQE_PLACE)
+			place(cq, out, payloads(r)[c & cq->mask]);
+	}
 	std::atomic_ref<uint64_t>(r->cons).store(c + 1, std::memory_order_release);
 	return true;
 }
@@ -81,7 +112,8 @@ loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
 	}
 	uint32_t entries = round_pow2(static_cast<uint32_t>(cqe));
 	void *map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_CQ, entries, sizeof(sv_cqe),
-				 sizeof(sv_cq_ring), 0, cq->ref);
+				 sizeof(sv_cq_ring), 0, cq->ref,
+				 static_cast<size_t>(entries) * sizeof(sv_cqe_payload));
 	if (!map) {
 		int e = errno;
 		delete cq;
@@ -93,6 +125,8 @@ loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
 	cq->slots = reinterpret_cast<sv_cqe *>(static_cast<char *>(map) + sizeof(sv_cq_ring));
 	cq->mask = entries - 1;
 	cq->capacity = entries;
+	cq->ring->payload_offset =
+		static_cast<uint32_t>(queue_bytes(sizeof(sv_cq_ring), entries, sizeof(sv_cqe)));
 	memcpy(cq->ring->async_addr, lctx->async_addr, lctx->async_len);
 	cq->ring->async_len = lctx->async_len;
 	(void)channel; // Wired after verbs_init_cq, which sets cq->channel.
@@ -116,6 +150,17 @@ void wire_channel(loop_cq *cq)
 
 } // namespace
 
+bool cq_has_payload(const sv_cq_ring *ring)
+{
+	// The array is in a peer's segment: it must lie inside it.
+	uint64_t end = static_cast<uint64_t>(ring->payload_offset) +
+		       static_cast<uint64_t>(ring->hdr.entries) * sizeof(sv_cqe_payload);
+	return ring->payload_offset >= ring->hdr.slots_offset +
+					       static_cast<uint64_t>(ring->hdr.entries) *
+						       ring->hdr.entry_size &&
+	       end <= ring->hdr.seg.seg_size;
+}
+
 uint64_t now_ns()
 {
 	timespec ts;
@@ -128,7 +173,33 @@ void send_async(const uint8_t *addr, uint32_t len, const sv_async_msg &msg)
 	send_dgram(addr, len, &msg, sizeof(msg));
 }
 
-int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited)
+int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
+{
+	uint32_t mask = ring->hdr.entries - 1;
+	auto *slots = reinterpret_cast<sv_cqe *>(reinterpret_cast<char *>(ring) +
+						 ring->hdr.slots_offset);
+	sv_cqe &slot = slots[index & mask];
+	// Consumed already, or the slot holds a later lap's entry: nothing to do.
+	if (std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire) > index ||
+	    std::atomic_ref<uint32_t>(slot.seq).load(std::memory_order_acquire) !=
+		    static_cast<uint32_t>(index + 1))
+		return 0;
+	sv_cqe_payload pl = payloads(ring)[index & mask];
+	std::atomic_ref<uint8_t> f(slot.flags);
+	uint8_t v = f.load(std::memory_order_acquire);
+	while ((v & SV_CQE_PLACE) &&
+	       !f.compare_exchange_weak(v, (v & ~SV_CQE_PLACE) | SV_CQE_PLACED,
+					std::memory_order_acq_rel))
+		;
+	if (!(v & SV_CQE_PLACE))
+		return 0; // The owner took it
+	iovec l{pl.data, std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX)};
+	iovec r{dst, l.iov_len};
+	return xfer(pid, false, &l, 1, &r, 1, xfer_dir::to_peer);
+}
+
+int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *payload,
+	    uint64_t *index)
 {
 	uint32_t entries = ring->hdr.entries;
 	uint32_t mask = entries - 1;
@@ -156,6 +227,17 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited)
 	e.seq = 0;
 	e.timestamp = now_ns();
 	e.flags = solicited ? SV_CQE_SOLICITED : 0;
+	if (payload) {
+		// The caller checked the ring has a payload array (cq_has_payload).
+		sv_cqe_payload &dst = payloads(ring)[p & mask];
+		dst.iova = payload->iova;
+		dst.lkey = payload->lkey;
+		dst.len = payload->len;
+		memcpy(dst.data, payload->data, std::min<uint32_t>(payload->len, SV_CQE_INLINE_MAX));
+		e.flags |= SV_CQE_PLACE;
+	}
+	if (index)
+		*index = p;
 	memcpy(reinterpret_cast<char *>(&slot) + sizeof(uint32_t),
 	       reinterpret_cast<char *>(&e) + sizeof(uint32_t), sizeof(e) - sizeof(uint32_t));
 	std::atomic_ref<uint32_t>(slot.seq).store(static_cast<uint32_t>(p + 1),
@@ -197,6 +279,8 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 		if (dst != i) {
 			cq->slots[dst & cq->mask] = s;
 			cq->slots[dst & cq->mask].seq = static_cast<uint32_t>(dst + 1);
+			if (r->payload_offset)
+				payloads(r)[dst & cq->mask] = payloads(r)[i & cq->mask];
 		}
 	}
 	std::atomic_ref<uint64_t>(r->cons).store(dst, std::memory_order_release);
@@ -293,10 +377,13 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	fabric &fab = *cq->ctx->fab;
 	obj_ref nref;
 	void *map = queue_create(fab, cq->ctx->lease, SV_OBJ_CQ, entries, sizeof(sv_cqe),
-				 sizeof(sv_cq_ring), 0, nref);
+				 sizeof(sv_cq_ring), 0, nref,
+				 static_cast<size_t>(entries) * sizeof(sv_cqe_payload));
 	if (!map)
 		return errno;
 	auto *nr = static_cast<sv_cq_ring *>(map);
+	nr->payload_offset =
+		static_cast<uint32_t>(queue_bytes(sizeof(sv_cq_ring), entries, sizeof(sv_cqe)));
 	memcpy(nr->async_addr, cq->ring->async_addr, sizeof(nr->async_addr));
 	nr->async_len = cq->ring->async_len;
 	memcpy(nr->channel_addr, cq->ring->channel_addr, sizeof(nr->channel_addr));
@@ -330,6 +417,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 		}
 		ns[moved] = s;
 		ns[moved].seq = static_cast<uint32_t>(moved + 1);
+		payloads(nr)[moved] = payloads(cq->ring)[c & cq->mask];
 		moved++;
 	}
 	nr->prod = moved;

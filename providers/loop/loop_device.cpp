@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -99,6 +101,8 @@ int open_async_socket()
 void loop_free_context(ibv_context *ctx)
 {
 	loop_context *lctx = to_loop_context(ctx);
+	if (!lctx->imported_from)
+		objects_remove(kObjCtx, lctx->identity);
 	if (lctx->async_fd >= 0)
 		close(lctx->async_fd);
 	verbs_uninit_context(&lctx->vctx);
@@ -158,6 +162,7 @@ int loop_get_async_event(ibv_context *ctx, ibv_async_event *event)
 
 const verbs_context_ops loop_ctx_ops = {
 	.advise_mr = loop_advise_mr,
+	.alloc_dm = loop_alloc_dm,
 	.alloc_mw = loop_alloc_mw,
 	.alloc_null_mr = loop_alloc_null_mr,
 	.alloc_parent_domain = loop_alloc_parent_domain,
@@ -183,8 +188,12 @@ const verbs_context_ops loop_ctx_ops = {
 	.destroy_srq = loop_destroy_srq,
 	.detach_mcast = loop_detach_mcast,
 	.free_context = loop_free_context,
+	.free_dm = loop_free_dm,
 	.get_async_event = loop_get_async_event,
 	.get_srq_num = loop_get_srq_num,
+	.import_dm = loop_import_dm,
+	.import_mr = loop_import_mr,
+	.import_pd = loop_import_pd,
 	.modify_qp = loop_modify_qp,
 	.modify_srq = loop_modify_srq,
 	.open_qp = loop_open_qp,
@@ -200,11 +209,15 @@ const verbs_context_ops loop_ctx_ops = {
 	.query_qp = loop_query_qp,
 	.query_rt_values = loop_query_rt_values,
 	.query_srq = loop_query_srq,
+	.reg_dm_mr = loop_reg_dm_mr,
 	.reg_dmabuf_mr = loop_reg_dmabuf_mr,
 	.reg_mr = loop_reg_mr,
 	.req_notify_cq = loop_req_notify_cq,
 	.rereg_mr = loop_rereg_mr,
 	.resize_cq = loop_resize_cq,
+	.unimport_dm = loop_unimport_dm,
+	.unimport_mr = loop_unimport_mr,
+	.unimport_pd = loop_unimport_pd,
 	.sv_reg_mr_fd = loop_reg_mr_fd,
 	.sv_rereg_mr_fd = loop_rereg_mr_fd,
 	.sv_alloc_fast_reg_mr = loop_alloc_fast_reg_mr,
@@ -226,10 +239,11 @@ void allow_cross_memory_attach()
 	});
 }
 
-verbs_context *loop_alloc_context(ibv_device *ibdev, int cmd_fd, void *private_data)
+// Creates a context on ibdev.  cmd_fd < 0 makes a new command fd: a memfd
+// whose identity lets ibv_import_device() find this context again.
+loop_context *new_context(ibv_device *ibdev, int cmd_fd)
 {
 	allow_cross_memory_attach();
-	(void)private_data;
 	loop_device *ldev = to_loop_device(ibdev);
 	fabric *fab = nullptr;
 	std::string err;
@@ -251,10 +265,19 @@ verbs_context *loop_alloc_context(ibv_device *ibdev, int cmd_fd, void *private_d
 		errno = -lease;
 		return nullptr;
 	}
-	auto *lctx = verbs_init_and_alloc_context(ibdev, cmd_fd, static_cast<loop_context *>(nullptr), vctx, 0);
-	if (!lctx)
+	bool own_fd = cmd_fd < 0;
+	if (own_fd) {
+		cmd_fd = memfd_create("softverbs-context", MFD_CLOEXEC);
+		if (cmd_fd < 0)
+			return nullptr;
+	}
+	auto *lctx = verbs_init_and_alloc_context(ibdev, cmd_fd, static_cast<loop_context *>(nullptr),
+						  vctx, 0);
+	if (!lctx) {
+		if (own_fd)
+			close(cmd_fd);
 		return nullptr;
-	// The memory is calloc'd: construct the C++ members in place.
+	}
 	lctx->fab = fab;
 	lctx->dev = rec;
 	lctx->ldev = ldev;
@@ -277,6 +300,40 @@ verbs_context *loop_alloc_context(ibv_device *ibdev, int cmd_fd, void *private_d
 		memcpy(lctx->async_addr, sa.sun_path, lctx->async_len);
 	}
 	verbs_set_ops(&lctx->vctx, &loop_ctx_ops);
+	return lctx;
+}
+
+uint32_t fd_identity(int fd)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return 0;
+	return static_cast<uint32_t>(st.st_ino);
+}
+
+verbs_context *loop_alloc_context(ibv_device *ibdev, int cmd_fd, void *private_data)
+{
+	(void)private_data;
+	(void)cmd_fd; // No kernel: the provider makes its own command fd.
+	loop_context *lctx = new_context(ibdev, -1);
+	if (!lctx)
+		return nullptr;
+	lctx->identity = fd_identity(lctx->vctx.context.cmd_fd);
+	objects_add(kObjCtx, lctx->identity, lctx);
+	return &lctx->vctx;
+}
+
+verbs_context *loop_import_context_impl(ibv_device *ibdev, int cmd_fd)
+{
+	auto *orig = static_cast<loop_context *>(objects_find(kObjCtx, fd_identity(cmd_fd)));
+	if (!orig || &orig->ldev->vdev.device != ibdev) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	loop_context *lctx = new_context(ibdev, cmd_fd);
+	if (!lctx)
+		return nullptr;
+	lctx->imported_from = orig;
 	return &lctx->vctx;
 }
 
@@ -288,7 +345,7 @@ const verbs_device_ops loop_dev_ops = {
 	.static_providers = nullptr,
 	.match_device = nullptr,
 	.alloc_context = loop_alloc_context,
-	.import_context = nullptr,
+	.import_context = loop_import_context_impl,
 	.alloc_device = loop_alloc_device,
 	.uninit_device = loop_uninit_device,
 };

@@ -232,7 +232,40 @@ void push_own(loop_cq *cq, sv_cqe &e)
 
 // Completes into the peer's receive CQ: the QP's, or an XRC SRQ's.  The
 // reference is read afresh on every try, since a resize moves the ring.
-void push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited)
+// Places every deferred SEND of the QP that its peer has not taken yet.
+// Called before the QP moves any other bytes, and on state changes.
+void flush_deferred(loop_qp *qp)
+{
+	if (qp->deferred.empty())
+		return;
+	fabric &fab = *qp->ctx->fab;
+	for (const loop_qp::deferred_send &d : qp->deferred) {
+		auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, d.cq, SV_OBJ_CQ));
+		if (ring && cq_has_payload(ring))
+			cq_place_deferred(ring, d.index, d.dst, d.pid);
+	}
+	qp->deferred.clear();
+}
+
+// Forgets deferred SENDs the peer has taken; bounds the list.
+void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pid_t pid)
+{
+	auto &v = qp->deferred;
+	if (v.size() >= 256) {
+		fabric &fab = *qp->ctx->fab;
+		std::erase_if(v, [&](const loop_qp::deferred_send &d) {
+			auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, d.cq, SV_OBJ_CQ));
+			return !ring || std::atomic_ref<uint64_t>(ring->cons).load() > d.index;
+		});
+		if (v.size() >= 256)
+			flush_deferred(qp);
+	}
+	v.push_back({cq, index, dst, pid});
+}
+
+void push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
+	       const sv_cqe_payload *payload = nullptr, loop_qp *deferring = nullptr,
+	       void *dst = nullptr)
 {
 	sv_registry *r = fab.reg();
 	for (int i = 0; i < 1000; i++) {
@@ -242,10 +275,49 @@ void push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited)
 		auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, ref, SV_OBJ_CQ));
 		if (!ring)
 			return;
-		if (cq_push(ring, e, solicited) != ESTALE)
+		if (payload && !cq_has_payload(ring)) {
+			// Every ring of this ABI has the array; a damaged one loses
+			// the message, visibly.
+			e.status = IBV_WC_LOC_QP_OP_ERR;
+			payload = nullptr;
+		}
+		uint64_t index = 0;
+		if (cq_push(ring, e, solicited, payload, &index) != ESTALE) {
+			if (payload && deferring)
+				note_deferred(deferring, ref, index, dst, p.pid);
 			return;
+		}
 		sched_yield();
 	}
+}
+
+// Small SENDs to another process travel in the CQE's payload and the
+// receiver places them when it polls: no system call on either side.  Only
+// for a message that fits, from memory that is surely mapped, into one
+// receive SGE of ordinary memory.
+bool pack_inline(const local_buf &lb, const sv_recv_wqe *wqe, const std::vector<rseg> &riov,
+		 const peer &p, sv_cqe_payload &pl)
+{
+	if (p.self || lb.checked || lb.len > SV_CQE_INLINE_MAX || riov.size() != 1 ||
+	    riov[0].kind != seg_kind::peer || wqe->num_sge == 0xffffffff)
+		return false;
+	const sv_sge *sge = nullptr;
+	for (uint32_t i = 0; i < wqe->num_sge; i++)
+		if (wqe->sge[i].length) {
+			sge = &wqe->sge[i];
+			break;
+		}
+	if (!sge && lb.len)
+		return false;
+	pl.iova = sge ? sge->addr : 0;
+	pl.lkey = sge ? sge->lkey : 0;
+	pl.len = static_cast<uint32_t>(lb.len);
+	uint32_t off = 0;
+	for (const iovec &v : lb.iov) {
+		memcpy(pl.data + off, v.iov_base, v.iov_len);
+		off += static_cast<uint32_t>(v.iov_len);
+	}
+	return true;
 }
 
 void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type)
@@ -372,6 +444,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 
 	switch (w.opcode) {
 	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_INV:
 	case IBV_WR_SEND_WITH_IMM: {
 		if (!take_recv(fab, p, wqe_buf, wqe)) {
 			if (qp->type == IBV_QPT_UC) {
@@ -381,7 +454,10 @@ step run_connected(loop_qp *qp, send_wr &w)
 			return step::rnr;
 		}
 		ibv_wc_status rs = scatter_remote(lctx, p, wqe, recv_pdn(fab, p), lb.len, riov);
-		if (rs == IBV_WC_SUCCESS) {
+		thread_local sv_cqe_payload pl;
+		bool packed = rs == IBV_WC_SUCCESS && lb.len && pack_inline(lb, wqe, riov, p, pl);
+		if (rs == IBV_WC_SUCCESS && !packed) {
+			flush_deferred(qp); // Earlier SENDs land first
 			int err = xfer_segs(p.pid, p.self && !lb.checked, lb.iov.data(),
 					    static_cast<int>(lb.iov.size()), riov.data(),
 					    static_cast<int>(riov.size()), xfer_dir::to_peer);
@@ -389,6 +465,15 @@ step run_connected(loop_qp *qp, send_wr &w)
 				return step::unreachable;
 			if (err)
 				rs = IBV_WC_LOC_PROT_ERR;
+		}
+		if (rs == IBV_WC_SUCCESS && w.opcode == IBV_WR_SEND_WITH_INV) {
+			// The responder invalidates the key on behalf of its QP.
+			if (mr_remote_invalidate(fab, p.rec.owner_lease, p.rec.pdn, p.qpn,
+						 w.invalidate_rkey))
+				rs = IBV_WC_LOC_PROT_ERR;
+			else
+				rcv.wc_flags = IBV_WC_WITH_INV;
+			rcv.imm_data = w.invalidate_rkey; // Read back as wc.invalidated_rkey
 		}
 		rcv.wr_id = wqe->wr_id;
 		rcv.opcode = IBV_WC_RECV;
@@ -398,7 +483,10 @@ step run_connected(loop_qp *qp, send_wr &w)
 			rcv.wc_flags = IBV_WC_WITH_IMM;
 		}
 		rcv.status = rs;
-		push_peer(fab, p, rcv, solicited);
+		if (packed && rs == IBV_WC_SUCCESS)
+			push_peer(fab, p, rcv, solicited, &pl, qp, riov[0].base);
+		else
+			push_peer(fab, p, rcv, solicited);
 		if (rs != IBV_WC_SUCCESS) {
 			if (qp->type != IBV_QPT_UC)
 				responder_error(fab, p, IBV_EVENT_QP_REQ_ERR);
@@ -409,7 +497,6 @@ step run_connected(loop_qp *qp, send_wr &w)
 		}
 		complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
 		return step::done;
-	case IBV_WR_SEND_WITH_INV:
 	}
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
@@ -424,18 +511,10 @@ step run_connected(loop_qp *qp, send_wr &w)
 			}
 			return step::rnr;
 		}
-		mr_hit hit{};
 		int kerr = 0;
+		uint32_t raccess = 0;
+		riov.clear();
 		if (lb.len) {
-		if (rs == IBV_WC_SUCCESS && w.opcode == IBV_WR_SEND_WITH_INV) {
-			// The responder invalidates the key on behalf of its QP.
-			if (mr_remote_invalidate(fab, p.rec.owner_lease, p.rec.pdn, p.qpn,
-						 w.invalidate_rkey))
-				rs = IBV_WC_LOC_PROT_ERR;
-			else
-				rcv.wc_flags = IBV_WC_WITH_INV;
-			rcv.imm_data = w.invalidate_rkey; // Read back as wc.invalidated_rkey
-		}
 			if (!(p.rec.access & right))
 				kerr = EACCES;
 			else
@@ -456,6 +535,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 			return step::done;
 		}
 		if (lb.len) {
+			flush_deferred(qp); // Earlier SENDs land first
 			int err = xfer_segs(p.pid, p.self && !lb.checked, lb.iov.data(),
 					    static_cast<int>(lb.iov.size()), riov.data(),
 					    static_cast<int>(riov.size()),
@@ -467,8 +547,6 @@ step run_connected(loop_qp *qp, send_wr &w)
 				// The registered range is not mapped in the target any more.
 				if (qp->type != IBV_QPT_UC)
 					responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
-		uint32_t raccess = 0;
-		riov.clear();
 				complete(qp, w, IBV_WC_REM_ACCESS_ERR, 0);
 				return step::done;
 			}
@@ -490,6 +568,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 			complete(qp, w, IBV_WC_LOC_LEN_ERR, 0);
 			return step::done;
 		}
+		mr_hit hit{};
 		int kerr = (p.rec.access & IBV_ACCESS_REMOTE_ATOMIC)
 				   ? mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
 					       w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, p.qpn, hit)
@@ -505,6 +584,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 		uint64_t old = 0;
 		int err = 0;
 		if (hit.kind != SV_MR_KIND_NULL) {
+			flush_deferred(qp);
 			atomic_guard g(fab, p.rec.owner_lease, hit.addr);
 			// A peer's fd-backed MR is mapped here; on-demand memory
 			// takes a checked call even in-process.
@@ -661,6 +741,13 @@ step run_ud(loop_qp *qp, send_wr &w)
 
 step run_wr(loop_qp *qp, send_wr &w)
 {
+	// Local memory operations: run here, in WR order.  Every WR before
+	// them has completed (the requester runs one WR at a time), so a fence
+	// holds by construction.
+	if (w.opcode == IBV_WR_LOCAL_INV || w.opcode == IBV_WR_BIND_MW || w.opcode == kWrFastReg) {
+		complete(qp, w, mr_local_op(qp, w), 0);
+		return step::done;
+	}
 	if (qp->type == IBV_QPT_UD)
 		return run_ud(qp, w);
 	return run_connected(qp, w);
@@ -697,13 +784,6 @@ uint64_t drain(loop_qp *qp)
 		if (state == IBV_QPS_ERR) {
 			flush_backlog(qp);
 			return 0;
-	// Local memory operations: run here, in WR order.  Every WR before
-	// them has completed (the requester runs one WR at a time), so a fence
-	// holds by construction.
-	if (w.opcode == IBV_WR_LOCAL_INV || w.opcode == IBV_WR_BIND_MW || w.opcode == kWrFastReg) {
-		complete(qp, w, mr_local_op(qp, w), 0);
-		return step::done;
-	}
 		}
 		send_wr &w = qp->backlog.front();
 		uint64_t now = now_ns();
@@ -791,6 +871,13 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 	}
 	w.imm_data = in->imm_data;
 	w.invalidate_rkey = 0;
+	if (in->opcode == IBV_WR_LOCAL_INV || in->opcode == IBV_WR_SEND_WITH_INV)
+		w.invalidate_rkey = in->invalidate_rkey;
+	if (in->opcode == IBV_WR_BIND_MW || in->opcode == kWrFastReg) {
+		int err = mr_copy_wr(qp, in, w);
+		if (err)
+			return err;
+	}
 	switch (in->opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
@@ -827,13 +914,6 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 
 atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
 {
-	if (in->opcode == IBV_WR_LOCAL_INV || in->opcode == IBV_WR_SEND_WITH_INV)
-		w.invalidate_rkey = in->invalidate_rkey;
-	if (in->opcode == IBV_WR_BIND_MW || in->opcode == kWrFastReg) {
-		int err = mr_copy_wr(qp, in, w);
-		if (err)
-			return err;
-	}
 	uint64_t h = (addr >> 3) * 0x9e3779b97f4a7c15ULL ^ lease;
 	word_ = &fab.reg()->atomic_locks[(h >> 20) % SV_ATOMIC_LOCKS];
 	auto me = static_cast<uint32_t>(getpid());

@@ -38,7 +38,8 @@ std::string queue_name(const fabric &fab, const obj_ref &ref)
 }
 
 void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
-		   uint32_t entry_size, uint32_t header_size, uint32_t max_sge, obj_ref &ref)
+		   uint32_t entry_size, uint32_t header_size, uint32_t max_sge, obj_ref &ref,
+		   size_t extra_bytes)
 {
 	sv_registry *r = fab.reg();
 	{
@@ -65,7 +66,8 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 		ref.gen = o.generation;
 	}
 	std::string name = queue_name(fab, ref);
-	size_t bytes = queue_bytes(header_size, entries, entry_size);
+	size_t bytes = queue_bytes(header_size, entries, entry_size) +
+		       ((extra_bytes + 4095) & ~size_t(4095));
 	int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	void *p = MAP_FAILED;
 	int err = 0;

@@ -17,8 +17,10 @@ struct obj_ref {
 
 // Owner side: allocates an object slot and a segment of `bytes` bytes whose
 // sv_queue_hdr is filled in.  Returns the mapping or nullptr with errno.
+// extra_bytes are added after the slots (a CQ's payload array).
 void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
-		   uint32_t entry_size, uint32_t header_size, uint32_t max_sge, obj_ref &ref);
+		   uint32_t entry_size, uint32_t header_size, uint32_t max_sge, obj_ref &ref,
+		   size_t extra_bytes = 0);
 // Owner side: unmaps, unlinks and frees the slot.
 void queue_destroy(fabric &fab, const obj_ref &ref, void *map);
 
