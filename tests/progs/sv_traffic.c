@@ -947,6 +947,17 @@ static void sc_errors(void)
 		wc = svt_wait(p.bcq, "responder flush");
 		CHECK_EQ(wc.wr_id, 900);
 		CHECK_WC(wc, IBV_WC_WR_FLUSH_ERR);
+		/* The responder's owner hears of it: IBV_EVENT_QP_ACCESS_ERR on B */
+		struct pollfd pfd = {p.b.ctx->async_fd, POLLIN, 0};
+		if (poll(&pfd, 1, 2000) != 1)
+			FAIL("%s: no async event at the responder", what);
+		int fl = fcntl(p.b.ctx->async_fd, F_GETFL);
+		CHECK(fcntl(p.b.ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0);
+		struct ibv_async_event ev;
+		CHECK(ibv_get_async_event(p.b.ctx, &ev) == 0);
+		CHECK_EQ(ev.event_type, IBV_EVENT_QP_ACCESS_ERR);
+		CHECK(ev.element.qp == p.qb);
+		ibv_ack_async_event(&ev);
 	}
 	/* 3. atomic without REMOTE_ATOMIC on the MR -> REM_ACCESS_ERR */
 	{
