@@ -31,9 +31,9 @@ RC_OPS = (e.IBV_QP_EX_WITH_SEND | e.IBV_QP_EX_WITH_SEND_WITH_IMM | e.IBV_QP_EX_W
           e.IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | e.IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
 
 
-def errno_of(fn, *args):
+def errno_of(fn, *args, **kw):
     try:
-        fn(*args)
+        fn(*args, **kw)
     except PyverbsRDMAError as x:
         return x.error_code
     return 0
