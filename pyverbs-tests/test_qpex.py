@@ -346,8 +346,8 @@ out({"err": errno_of(a.wr_complete), "empty": empty(cq)})
     assert r == {"err": errno.EINVAL, "empty": True}
 
 
-@pytest.mark.parametrize("flag", ["IBV_QP_EX_WITH_TSO", "IBV_QP_EX_WITH_BIND_MW",
-                                  "IBV_QP_EX_WITH_ATOMIC_WRITE", "1 << 40"])
+@pytest.mark.parametrize("flag", ["IBV_QP_EX_WITH_TSO", "IBV_QP_EX_WITH_ATOMIC_WRITE",
+                                  "1 << 40"])
 def test_unsupported_send_ops_flags_refused(env, flag):
     expr = flag if flag.startswith("1") else f"e.{flag}"
     r = run(f"""
@@ -355,6 +355,64 @@ cq = cq_ex()
 out({{"err": errno_of(qp_ex, cq, e.IBV_QPT_RC, e.IBV_QP_EX_WITH_SEND | {expr})}})
 """, env)
     assert r["err"] == errno.EOPNOTSUPP
+
+
+def test_bind_mw_send_inv_and_local_inv(env):
+    r = run("""
+from pyverbs.mr import MW, MWBindInfo
+ops = RC_OPS | e.IBV_QP_EX_WITH_BIND_MW | e.IBV_QP_EX_WITH_LOCAL_INV | e.IBV_QP_EX_WITH_SEND_WITH_INV
+a, b, ca, cb = pair(ops=ops)
+ma = MR(pd, 4096, ACC)
+mb = MR(pd, 4096, ACC | e.IBV_ACCESS_MW_BIND)
+mw = MW(pd, e.IBV_MW_TYPE_2)
+key = (mw.rkey & ~0xff) | 0x42
+info = MWBindInfo(mb, mb.buf + 1024, 64, e.IBV_ACCESS_REMOTE_WRITE)
+# b binds a window on its memory; a writes through it, then invalidates it.
+b.wr_start()
+b.wr_id = 1
+b.wr_flags = e.IBV_SEND_SIGNALED
+b.wr_bind_mw(mw, key, info)
+b.wr_complete()
+bind = poll(cb, 1)
+ma.write(b"through the window", 18)
+recv(b, mb, wr_id=2, offset=0, length=64)
+a.wr_start()
+a.wr_flags = e.IBV_SEND_SIGNALED
+a.wr_id = 3
+a.wr_rdma_write(key, mb.buf + 1024)
+a.wr_set_sge(SGE(ma.buf, 18, ma.lkey))
+a.wr_id = 4
+a.wr_send_inv(key)
+a.wr_set_sge(SGE(ma.buf, 4, ma.lkey))
+a.wr_complete()
+sent = poll(ca, 2)
+got = poll(cb, 1)
+# Bound again under a new key, then invalidated locally.
+key2 = (key & ~0xff) | 0x43
+b.wr_start()
+b.wr_flags = e.IBV_SEND_SIGNALED
+b.wr_id = 5
+b.wr_bind_mw(mw, key2, info)
+b.wr_id = 6
+b.wr_local_inv(key2)
+b.wr_complete()
+local = poll(cb, 2)
+# A type 1 window is not bound through the wr API.
+mw1 = MW(pd, e.IBV_MW_TYPE_1)
+b.wr_start()
+b.wr_bind_mw(mw1, mw1.rkey, info)
+type1 = errno_of(b.wr_complete)
+out({"bind": bind, "sent": sent, "got": got, "local": local, "type1": type1,
+     "d": mb.read(18, 1024).decode(), "key": key})
+""", env)
+    assert brief(r["bind"]) == [(1, 0, 5)]  # IBV_WC_BIND_MW
+    assert brief(r["sent"]) == [(3, 0, WC_RDMA_WRITE), (4, 0, WC_SEND)]
+    g = r["got"][0]
+    assert (g["wr_id"], g["status"], g["opcode"], g["byte_len"]) == (2, 0, WC_RECV, 4)
+    assert g["flags"] & 8  # IBV_WC_WITH_INV
+    assert brief(r["local"]) == [(5, 0, 5), (6, 0, 6)]  # BIND_MW, LOCAL_INV
+    assert r["type1"] == errno.EINVAL
+    assert r["d"] == "through the window"
 
 
 def test_flush_after_error_state(env):

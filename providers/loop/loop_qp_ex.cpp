@@ -46,7 +46,8 @@ constexpr op_info kOps[] = {
 	{IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, IBV_WR_ATOMIC_FETCH_AND_ADD},
 	{IBV_QP_EX_WITH_LOCAL_INV, IBV_WR_LOCAL_INV},
 	{IBV_QP_EX_WITH_SEND_WITH_INV, IBV_WR_SEND_WITH_INV},
-	// BIND_MW, TSO and ATOMIC_WRITE: not offered (see qp_ex_check).
+	{IBV_QP_EX_WITH_BIND_MW, IBV_WR_BIND_MW},
+	// TSO and ATOMIC_WRITE: not offered (see qp_ex_check).
 };
 
 loop_qp *qp_of(ibv_qp_ex *qpx)
@@ -169,12 +170,27 @@ void wr_atomic_fetch_add(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t 
 		w->compare_add = add;
 }
 
-// Ops the QP never accepts in send_ops_flags: reaching one is misuse.
-void wr_bind_mw(ibv_qp_ex *qpx, ibv_mw *, uint32_t, const ibv_mw_bind_info *)
+// Type 2 windows only, as ibv_wr_bind_mw(3) says (type 1: ibv_bind_mw).
+// The fields are those mr_copy_wr fills for a posted BIND_MW.
+void wr_bind_mw(ibv_qp_ex *qpx, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info *bi)
 {
-	new_wr(qpx, IBV_QP_EX_WITH_BIND_MW, IBV_WR_BIND_MW);
+	send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_BIND_MW, IBV_WR_BIND_MW);
+	if (!w)
+		return;
+	if (!mw || !bi || mw->type != IBV_MW_TYPE_2) {
+		fail(qp_of(qpx)->builder, EINVAL);
+		return;
+	}
+	w->mw_slot = reinterpret_cast<loop_mw *>(mw)->slot;
+	w->mw_type = mw->type;
+	w->rkey = rkey;
+	w->bind_lkey = bi->mr ? bi->mr->lkey : 0;
+	w->bind_addr = bi->addr;
+	w->bind_len = bi->length;
+	w->bind_access = bi->mw_access_flags;
 }
 
+// Ops the QP never accepts in send_ops_flags: reaching one is misuse.
 void wr_send_tso(ibv_qp_ex *qpx, void *, uint16_t, uint16_t)
 {
 	new_wr(qpx, IBV_QP_EX_WITH_TSO, IBV_WR_TSO);

@@ -13,7 +13,7 @@
 // (IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) are accepted and not called: the
 // provider's queue memory is shared memory that peers map, which an
 // application allocator cannot supply; its other allocations are small
-// host objects.  This is documented in docs/design.md.
+// host objects.  See docs/extended-verbs.md.
 #include "loop.h"
 
 #include <cerrno>
