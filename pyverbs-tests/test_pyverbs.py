@@ -127,12 +127,13 @@ with d.Context(name="loop0") as ctx:
     "ctx.query_port(0)",
     "ctx.query_port(2)",
     "ctx.query_port(255)",
-    "ctx.query_gid_ex(1, 1)",
+    "ctx.query_gid_ex(1, 16)",
     "ctx.query_gid_ex(1, 1000)",
     "ctx.query_gid_ex(2, 0)",
     "ctx.query_gid_ex(0, 0)",
 ])
 def test_bad_port_or_index_raises_einval(env, call):
+    # The GID table has 16 slots (gid_tbl_len); index 16 is past its end.
     r = pyverbs(f"""
 with d.Context(name="loop0") as ctx:
     try:
@@ -146,7 +147,7 @@ with d.Context(name="loop0") as ctx:
 
 
 @pytest.mark.parametrize("call", [
-    "lib.ibv_query_gid(ctx, 1, 1, buf)",
+    "lib.ibv_query_gid(ctx, 1, 16, buf)",
     "lib.ibv_query_gid(ctx, 2, 0, buf)",
     "lib.ibv_query_pkey(ctx, 1, 4096, buf)",
     "lib.ibv_query_pkey(ctx, 3, 0, buf)",
@@ -199,3 +200,19 @@ raise SystemExit(0 if not l else 4)
     assert why in p.stderr, p.stderr
     if var == "SOFTVERBS_FABRIC":
         assert not os.path.exists(f"/dev/shm/{svtest.segment_prefix()}{value}")
+
+
+def test_empty_gid_slot_is_enodata(env):
+    """An InfiniBand port fills GID index 0 only, as HCAs do: the other slots
+    of its 16-entry table are empty (ENODATA), and ibv_query_gid reads zeros."""
+    r = pyverbs("""
+with d.Context(name="loop0") as ctx:
+    assert ctx.query_port(1).gid_tbl_len == 16
+    try:
+        ctx.query_gid_ex(1, 1)
+        out({"raised": False})
+    except PyverbsRDMAError as ex:
+        out({"raised": True, "errno": ex.error_code, "zero": str(ctx.query_gid(1, 1))})
+""", env)
+    assert r["raised"] and r["errno"] == errno.ENODATA, r
+    assert r["zero"] == "0000:0000:0000:0000:0000:0000:0000:0000", r

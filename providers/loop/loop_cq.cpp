@@ -81,8 +81,15 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 	uint64_t c = r->cons;
 	sv_cqe &slot = cq->slots[c & cq->mask];
 	if (std::atomic_ref<uint32_t>(slot.seq).load(std::memory_order_acquire) !=
-	    static_cast<uint32_t>(c + 1))
+	    static_cast<uint32_t>(c + 1)) {
+		// A process spinning on an empty CQ holds the core its peer needs to
+		// make the completion happen: on a busy machine (CI, more pollers
+		// than cores) give it up after a short spin.
+		if (++cq->empty_polls > kSpinBeforeYield)
+			sched_yield();
 		return false;
+	}
+	cq->empty_polls = 0;
 	out = slot;
 	if ((out.flags & SV_CQE_PLACE) && r->payload_offset) {
 		// Race the sender for the right to place (SV_CQE_PLACED).

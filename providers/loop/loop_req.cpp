@@ -332,6 +332,11 @@ void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type)
 
 void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len)
 {
+	// UC has no acknowledgements: a requester never learns what the
+	// responder did with its message, so remote errors complete as sent.
+	if (qp->type == IBV_QPT_UC && (st == IBV_WC_REM_ACCESS_ERR || st == IBV_WC_REM_INV_REQ_ERR ||
+				       st == IBV_WC_REM_OP_ERR))
+		st = IBV_WC_SUCCESS;
 	bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED) || st != IBV_WC_SUCCESS;
 	if (!signaled)
 		return;
