@@ -331,6 +331,13 @@ Ratios are softverbs / other: for bandwidth above 1 means softverbs is
 faster, for latency below 1 does.  Both tools report MB/s as they define it
 (perftest and ucx_perftest both count 2^20 bytes); memcpy is in MiB/s.
 
+Reading the numbers: on this 2-core machine under other load, UCX's
+shared-memory transports (which busy-poll) are noisy from run to run, and
+`ucp_put_bw` reports the rate at which puts are issued into UCX's pipeline,
+which for mid sizes exceeds a one-core memcpy; read its column as an upper
+bound.  softverbs' small-message bandwidth is bound by one requester
+call (checks, key lookups, a completion on each side) per message.
+
 ## Results
 
 {table}
