@@ -211,7 +211,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		return nullptr;
 	}
 	uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
-			 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+			 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
 	if (attr->comp_mask & ~known) {
 		errno = EOPNOTSUPP;
 		return nullptr;
@@ -222,7 +222,11 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 			return nullptr;
 		}
 	}
-	if (attr->create_flags) {
+	// A UD send to a multicast group is never looped back to the sending
+	// QP, so BLOCK_SELF_MCAST_LB holds already; no other flag is offered.
+	uint32_t cflags = (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr->create_flags : 0;
+	uint32_t allowed = attr->qp_type == IBV_QPT_UD ? IBV_QP_CREATE_BLOCK_SELF_MCAST_LB : 0;
+	if (cflags & ~allowed) {
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
