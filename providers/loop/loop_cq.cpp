@@ -293,12 +293,8 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 	std::atomic_ref<uint64_t>(r->cons).store(dst, std::memory_order_release);
 }
 
-ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int comp_vector)
+loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
 {
-	if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
-		errno = EINVAL;
-		return nullptr;
-	}
 	loop_cq *cq = new_cq(ctx, cqe, channel);
 	if (!cq)
 		return nullptr;
@@ -311,21 +307,17 @@ ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int
 	wire_channel(cq);
 	// Async events (IBV_EVENT_CQ_ERR) name the CQ by its registry slot.
 	objects_add(SV_OBJ_CQ, cq->ref.slot, &c);
-	return &c;
+	return cq;
 }
 
-loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
+ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int comp_vector)
 {
-	loop_cq *cq = new_cq(ctx, cqe, channel);
-	if (!cq)
+	if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
+		errno = EINVAL;
 		return nullptr;
-	ibv_cq &c = cq->vcq.cq;
-	c.cqe = static_cast<int>(cq->capacity);
-	c.handle = cq->ref.slot;
-	c.channel = channel;
-	c.context = ctx;
-	wire_channel(cq);
-	return cq;
+	}
+	loop_cq *cq = cq_new(ctx, cqe, channel);
+	return cq ? &cq->vcq.cq : nullptr;
 }
 
 bool cq_pop(loop_cq *cq, sv_cqe &out)

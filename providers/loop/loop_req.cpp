@@ -915,7 +915,39 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 	return 0;
 }
 
+// Runs one WR that passed the posting checks, or queues it behind the
+// backlog; a WR posted to a QP in ERR completes flushed.  Caller holds
+// sq_lock; state is refreshed for the next WR.  Returns 0 or ENOMEM.
+int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress)
+{
+	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
+	if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
+		sv_cqe e{};
+		e.wr_id = w.wr_id;
+		e.status = IBV_WC_WR_FLUSH_ERR;
+		e.opcode = wc_opcode(w.opcode);
+		e.qp_num = qp->qpn;
+		push_own(qp->scq, e);
+		return 0;
+	}
+	if (!qp->backlog.empty()) {
+		if (qp->backlog.size() >= qp->cap.max_send_wr)
+			return ENOMEM;
+		qp->backlog.push_back(w);
+		return 0;
+	}
+	if (run_wr(qp, w) != step::done) {
+		w.next_try_ns = 0;
+		qp->backlog.push_back(w);
+		drain(qp); // Books the retry (and fails at once with no retries left)
+		need_progress = !qp->backlog.empty();
+	}
+	state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+	return 0;
+}
+
 } // namespace
+
 
 atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
 {
@@ -961,36 +993,12 @@ int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
 		thread_local send_wr w;
 		for (; wr; wr = wr->next) {
 			ret = copy_wr(qp, wr, w);
+			if (!ret)
+				ret = submit(qp, w, state, need_progress);
 			if (ret) {
 				*bad = wr;
 				break;
 			}
-			if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
-				sv_cqe e{};
-				e.wr_id = w.wr_id;
-				e.status = IBV_WC_WR_FLUSH_ERR;
-				e.opcode = wc_opcode(w.opcode);
-				e.qp_num = qp->qpn;
-				push_own(qp->scq, e);
-				continue;
-			}
-			if (!qp->backlog.empty()) {
-				if (qp->backlog.size() >= qp->cap.max_send_wr) {
-					*bad = wr;
-					ret = ENOMEM;
-					break;
-				}
-				qp->backlog.push_back(w);
-				continue;
-			}
-			step s = run_wr(qp, w);
-			if (s != step::done) {
-				w.next_try_ns = 0;
-				qp->backlog.push_back(w);
-				drain(qp); // Books the retry (and fails at once with no retries left)
-				need_progress = !qp->backlog.empty();
-			}
-			state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
 		}
 	}
 	if (need_progress)
@@ -1024,30 +1032,14 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 		if (n > qp->cap.max_send_wr ||
 		    (!qp->backlog.empty() && qp->backlog.size() + n > qp->cap.max_send_wr))
 			return ENOMEM;
+		// The room check above makes submit() succeed for every WR: the
+		// batch posts whole.
 		for (size_t i = 0; i < n; i++) {
 			send_wr &w = wrs[i];
 			w.rnr_left = qp->attr.rnr_retry;
 			w.retry_left = qp->attr.retry_cnt;
 			w.next_try_ns = 0;
-			if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
-				sv_cqe e{};
-				e.wr_id = w.wr_id;
-				e.status = IBV_WC_WR_FLUSH_ERR;
-				e.opcode = wc_opcode(w.opcode);
-				e.qp_num = qp->qpn;
-				push_own(qp->scq, e);
-				continue;
-			}
-			if (!qp->backlog.empty()) {
-				qp->backlog.push_back(w);
-				continue;
-			}
-			if (run_wr(qp, w) != step::done) {
-				qp->backlog.push_back(w);
-				drain(qp);
-				need_progress = !qp->backlog.empty();
-			}
-			state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+			submit(qp, w, state, need_progress);
 		}
 	}
 	if (need_progress)
