@@ -30,7 +30,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 3
+#define SV_ABI_VERSION 4
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -93,12 +93,22 @@ SV_STATIC_ASSERT(sizeof(struct sv_device_rec) == 128, "two cache lines per devic
  * start time (field 22 of /proc/<pid>/stat) tell a live owner from a reused
  * pid.  Written under the registry lock.
  */
+enum sv_lease_flags {
+	SV_LEASE_CMA_USED = 1 << 0,	 /* This process moved bytes by cross-memory attach */
+	SV_LEASE_CMA_REFUSED = 1 << 1,	 /* The kernel refused it cross-memory attach */
+	SV_LEASE_SERVICE_USED = 1 << 2, /* It moved bytes through a peer's service segment */
+};
+
 struct sv_lease {
 	uint32_t pid;	/* 0: free */
 	uint32_t generation;
 	uint64_t start_time;
+	uint32_t svc_obj;  /* Its service segment (sv_svc_ring), once it has one */
+	uint32_t svc_gen;  /* 0: none */
+	uint32_t flags;	   /* enum sv_lease_flags, set with atomic OR: which paths it used */
+	uint32_t reserved;
 };
-SV_STATIC_ASSERT(sizeof(struct sv_lease) == 16, "lease size");
+SV_STATIC_ASSERT(sizeof(struct sv_lease) == 32, "lease size");
 
 /*
  * The registry lock is a process-shared robust mutex: a holder that dies
@@ -219,6 +229,7 @@ enum sv_obj_kind {
 	SV_OBJ_CQ = 1,
 	SV_OBJ_RQ = 2,
 	SV_OBJ_SRQ = 3,
+	SV_OBJ_SVC = 4,
 };
 
 struct sv_obj_rec {
@@ -424,6 +435,48 @@ struct sv_recv_wqe {
 	struct sv_sge sge[]; /* hdr.max_sge of them; the slot is padded to 64 */
 };
 SV_STATIC_ASSERT(sizeof(struct sv_recv_wqe) == 16, "WQE header size");
+
+/*
+ * A process's service segment: the copy path for when the kernel refuses
+ * cross-memory attach (Yama ptrace_scope 2 or 3, seccomp).  A requester
+ * that cannot write or read a peer's memory asks the peer's service thread
+ * to do it, through a bounce buffer here.  One request at a time:
+ *
+ * Requester: take `lock` (CAS 0 -> own pid; a dead holder's lock is taken
+ * over); fill req (and bounce, for a write); store state = POSTED with
+ * release; FUTEX_WAKE on state.  Wait (spin, then FUTEX_WAIT with a timeout
+ * that checks the peer's lease) for state == DONE (acquire); read status
+ * (and bounce, for a read); store state = IDLE; release `lock`.
+ * Service thread: wait for state == POSTED (acquire); check that
+ * [addr, addr + len) lies inside one of its own registered MRs with the
+ * rights the op needs; copy; store status, then state = DONE with release;
+ * FUTEX_WAKE on state.
+ */
+#define SV_SVC_BOUNCE (256 * 1024)
+
+enum sv_svc_state {
+	SV_SVC_IDLE = 0,
+	SV_SVC_POSTED = 1,
+	SV_SVC_DONE = 2,
+};
+
+enum sv_svc_op {
+	SV_SVC_WRITE = 1, /* bounce -> [addr, addr + len) of the service's process */
+	SV_SVC_READ = 2,  /* [addr, addr + len) -> bounce */
+};
+
+struct sv_svc_ring {
+	struct sv_queue_hdr hdr;
+	uint32_t lock;	 /* Requesters' lock: holder's pid, 0 when free */
+	uint32_t state;	 /* enum sv_svc_state; a futex word */
+	uint32_t op;	 /* enum sv_svc_op */
+	uint32_t status; /* 0, or an errno: EFAULT for a range outside its MRs */
+	uint64_t addr;	 /* In the service's address space */
+	uint64_t len;	 /* At most SV_SVC_BOUNCE */
+	uint8_t pad[SV_CACHELINE - 32];
+	uint8_t bounce[SV_SVC_BOUNCE];
+};
+SV_STATIC_ASSERT(offsetof(struct sv_svc_ring, bounce) == 192, "bounce buffer on a line");
 
 /* Async event datagram sent to an object's owner. */
 struct sv_async_msg {

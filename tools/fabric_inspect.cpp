@@ -140,7 +140,7 @@ void read_registry(fabric_info &f)
 		if (l.pid == 0)
 			continue;
 		bool live = process_start_time(static_cast<pid_t>(l.pid)) == l.start_time;
-		f.leases.push_back(lease_info{i, l.pid, l.generation, l.start_time, live});
+		f.leases.push_back(lease_info{i, l.pid, l.generation, l.start_time, live, l.flags});
 	}
 	munmap(p, sizeof(sv_registry));
 }

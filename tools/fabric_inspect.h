@@ -50,6 +50,7 @@ struct lease_info {
 	uint32_t generation;
 	uint64_t start_time;
 	bool live; // pid exists and started at start_time
+	uint32_t flags; // sv_lease_flags: the copy paths this process used
 };
 
 struct fabric_info {

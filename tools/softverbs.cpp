@@ -161,8 +161,18 @@ int cmd_show(int argc, char **argv)
 	}
 	printf("  leases:      %u live, %zu exited\n", f.live_leases(),
 	       f.leases.size() - f.live_leases());
-	for (auto &l : f.leases)
-		printf("    slot %-3u pid %-8u %s\n", l.slot, l.pid, l.live ? "live" : "exited");
+	for (auto &l : f.leases) {
+		// Which copy path the process used to reach its peers' memory.
+		std::string path;
+		if (l.flags & SV_LEASE_CMA_USED)
+			path += " cross-memory-attach";
+		if (l.flags & SV_LEASE_CMA_REFUSED)
+			path += " cross-memory-attach-refused";
+		if (l.flags & SV_LEASE_SERVICE_USED)
+			path += " service-copy";
+		printf("    slot %-3u pid %-8u %s%s%s\n", l.slot, l.pid, l.live ? "live" : "exited",
+		       path.empty() ? "" : "  data path:", path.c_str());
+	}
 	for (auto &d : f.devices) {
 		printf("device %s\n", d.name.c_str());
 		printf("  index:       %u\n", d.index);

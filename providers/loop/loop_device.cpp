@@ -2,6 +2,7 @@
 // Registration, discovery and the context: the loop provider's entry points.
 #include "loop.h"
 #include "objects.h"
+#include "service.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -292,6 +293,10 @@ loop_context *new_context(ibv_device *ibdev, int cmd_fd)
 	}
 	lctx->vctx.context.async_fd = lctx->async_fd;
 	lctx->lease_gen = fab->reg()->leases[lease].generation;
+	// Peers that may not attach to our memory copy through our service.
+	if (int e = service_start(*fab, static_cast<uint32_t>(lease)))
+		report_once("no service segment (" + std::string(strerror(e)) +
+			    "): peers refused cross-memory attach cannot reach this process");
 	{
 		sockaddr_un sa{};
 		socklen_t len = sizeof(sa);

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
 #include "xfer.h"
 
+#include "service.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <unistd.h>
 #include <vector>
 
 namespace loop {
@@ -47,6 +50,28 @@ size_t total(const iovec *v, int n)
 	return t;
 }
 
+// One cross-memory-attach call; where the kernel refuses it (or
+// SOFTVERBS_CMA=0 says so), the same copy through the peer's service
+// thread.  Returns 0 or an errno.
+int move(pid_t pid, const iovec *local, size_t nl, const iovec *remote, size_t nr,
+	 xfer_dir dir, size_t want)
+{
+	bool self = pid == getpid();
+	if (!service_forced() || self) {
+		ssize_t n = dir == xfer_dir::to_peer ? process_vm_writev(pid, local, nl, remote, nr, 0)
+						     : process_vm_readv(pid, local, nl, remote, nr, 0);
+		if (n >= 0) {
+			if (!self)
+				service_note(SV_LEASE_CMA_USED);
+			return static_cast<size_t>(n) == want ? 0 : EFAULT;
+		}
+		if (errno != EPERM || self)
+			return errno;
+		service_note(SV_LEASE_CMA_REFUSED);
+	}
+	return service_xfer(pid, local, static_cast<int>(nl), remote, static_cast<int>(nr), dir);
+}
+
 } // namespace
 
 int xfer(pid_t pid, bool same_process, const iovec *local, int nl, const iovec *remote, int nr,
@@ -59,12 +84,8 @@ int xfer(pid_t pid, bool same_process, const iovec *local, int nl, const iovec *
 		return 0;
 	// One call moves everything when both lists fit in IOV_MAX.
 	if (nl <= IOV_MAX && nr <= IOV_MAX) {
-		ssize_t n = dir == xfer_dir::to_peer
-				    ? process_vm_writev(pid, local, nl, remote, nr, 0)
-				    : process_vm_readv(pid, local, nl, remote, nr, 0);
-		if (n < 0)
-			return errno;
-		return static_cast<size_t>(n) == want ? 0 : EFAULT;
+		return move(pid, local, static_cast<size_t>(nl), remote, static_cast<size_t>(nr), dir,
+			    want);
 	}
 	return EINVAL;
 }
@@ -88,16 +109,11 @@ int run_pieces(pid_t pid, bool same_process, const std::vector<piece> &ps, xfer_
 	auto flush = [&]() -> int {
 		if (lv.empty())
 			return 0;
-		ssize_t n = dir == xfer_dir::to_peer
-				    ? process_vm_writev(pid, lv.data(), lv.size(), rv.data(), rv.size(), 0)
-				    : process_vm_readv(pid, lv.data(), lv.size(), rv.data(), rv.size(), 0);
+		int err = move(pid, lv.data(), lv.size(), rv.data(), rv.size(), dir, want);
 		lv.clear();
 		rv.clear();
-		size_t w = want;
 		want = 0;
-		if (n < 0)
-			return errno;
-		return static_cast<size_t>(n) == w ? 0 : EFAULT;
+		return err;
 	};
 	lv.clear();
 	rv.clear();

@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: MIT
+// The copy path for kernels that refuse cross-memory attach: each process
+// has a service segment and a thread that copies between its own registered
+// memory and the segment's bounce buffer on behalf of peers.  The protocol
+// is at sv_svc_ring in kernel-abi/softverbs-abi.h.
+#include "service.h"
+
+#include "loop.h"
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <linux/futex.h>
+#include <mutex>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace loop {
+
+namespace {
+
+constexpr int kSpinIters = 2000;
+constexpr uint64_t kPeerTimeoutNs = 2000000000ULL; // Then the peer's lease is checked
+
+long futex(uint32_t *word, int op, uint32_t val, const timespec *ts)
+{
+	return syscall(SYS_futex, word, op, val, ts, nullptr, 0);
+}
+
+std::atomic_ref<uint32_t> word(uint32_t &w)
+{
+	return std::atomic_ref<uint32_t>(w);
+}
+
+struct service {
+	fabric *fab = nullptr;
+	uint32_t lease = 0;
+	obj_ref ref;
+	sv_svc_ring *ring = nullptr;
+	std::vector<uint32_t> my_mrs; // Cache of MR slots this process owns
+};
+
+service *g_service;
+std::mutex g_service_lock;
+
+bool covered(const sv_mr_rec &m, uint32_t lease, uint64_t addr, uint64_t len, bool write)
+{
+	return std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_acquire) ==
+		       SV_MR_VALID &&
+	       m.owner_lease == lease && m.kind == SV_MR_KIND_MR &&
+	       (!write || (m.access & IBV_ACCESS_LOCAL_WRITE)) && addr >= m.addr &&
+	       len <= m.length && addr - m.addr <= m.length - len;
+}
+
+// Whether [addr, addr + len) of this process lies inside one of its MRs:
+// a peer asked for it, so the peer's word is not taken for it.
+bool registered(service &s, uint64_t addr, uint64_t len, bool write)
+{
+	sv_registry *r = s.fab->reg();
+	for (uint32_t slot : s.my_mrs)
+		if (covered(r->mrs[slot], s.lease, addr, len, write))
+			return true;
+	s.my_mrs.clear();
+	bool found = false;
+	for (uint32_t i = 1; i < SV_MAX_MRS; i++) {
+		const sv_mr_rec &m = r->mrs[i];
+		if (m.state == SV_MR_FREE || m.owner_lease != s.lease)
+			continue;
+		s.my_mrs.push_back(i);
+		found = found || covered(m, s.lease, addr, len, write);
+	}
+	return found;
+}
+
+void serve(service *s)
+{
+	sv_svc_ring *r = s->ring;
+	for (;;) {
+		uint32_t st = word(r->state).load(std::memory_order_acquire);
+		if (st != SV_SVC_POSTED) {
+			futex(&r->state, FUTEX_WAIT, st, nullptr);
+			continue;
+		}
+		uint64_t addr = r->addr, len = r->len;
+		uint32_t op = r->op;
+		int status = 0;
+		if (len > SV_SVC_BOUNCE || (op != SV_SVC_WRITE && op != SV_SVC_READ) ||
+		    !registered(*s, addr, len, op == SV_SVC_WRITE)) {
+			status = EFAULT;
+		} else {
+			// Through the kernel even here: a registered range may have been
+			// unmapped by the application (ODP), which must not crash us.
+			iovec mine{reinterpret_cast<void *>(addr), len};
+			iovec buf{r->bounce, len};
+			ssize_t n = op == SV_SVC_WRITE
+					    ? process_vm_writev(getpid(), &buf, 1, &mine, 1, 0)
+					    : process_vm_readv(getpid(), &buf, 1, &mine, 1, 0);
+			if (n < 0 && errno == EPERM) {
+				// Even our own pid refused: the data is ours to touch.
+				if (op == SV_SVC_WRITE)
+					memcpy(mine.iov_base, buf.iov_base, len);
+				else
+					memcpy(buf.iov_base, mine.iov_base, len);
+				n = static_cast<ssize_t>(len);
+			}
+			status = n == static_cast<ssize_t>(len) ? 0 : EFAULT;
+		}
+		r->status = static_cast<uint32_t>(status);
+		word(r->state).store(SV_SVC_DONE, std::memory_order_release);
+		futex(&r->state, FUTEX_WAKE, INT_MAX, nullptr);
+	}
+}
+
+bool forced()
+{
+	static const bool f = [] {
+		const char *s = getenv("SOFTVERBS_CMA");
+		return s && strcmp(s, "0") == 0;
+	}();
+	return f;
+}
+
+// Takes the requesters' lock of a peer's ring; a dead holder's is taken over.
+bool lock_ring(sv_svc_ring *r)
+{
+	auto me = static_cast<uint32_t>(getpid());
+	uint64_t start = now_ns();
+	for (uint64_t spins = 0;; spins++) {
+		uint32_t holder = 0;
+		if (word(r->lock).compare_exchange_weak(holder, me, std::memory_order_acquire))
+			return true;
+		if (holder && kill(static_cast<pid_t>(holder), 0) < 0 && errno == ESRCH &&
+		    word(r->lock).compare_exchange_strong(holder, me, std::memory_order_acquire)) {
+			word(r->state).store(SV_SVC_IDLE, std::memory_order_release);
+			return true;
+		}
+		if (now_ns() - start > kPeerTimeoutNs * 5)
+			return false;
+		sched_yield();
+	}
+}
+
+// One request, synchronous.  Returns 0, or ESRCH when the peer stopped
+// answering, or the service's status.
+int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, uint32_t op,
+	 uint64_t addr, uint64_t len)
+{
+	r->op = op;
+	r->addr = addr;
+	r->len = len;
+	r->status = 0;
+	word(r->state).store(SV_SVC_POSTED, std::memory_order_release);
+	futex(&r->state, FUTEX_WAKE, INT_MAX, nullptr);
+	uint64_t start = now_ns();
+	for (int i = 0;; i++) {
+		uint32_t st = word(r->state).load(std::memory_order_acquire);
+		if (st == SV_SVC_DONE)
+			break;
+		if (i < kSpinIters)
+			continue;
+		timespec ts{0, 1000000}; // 1 ms, then look again
+		futex(&r->state, FUTEX_WAIT, st, &ts);
+		if (now_ns() - start > kPeerTimeoutNs) {
+			if (!fab.lease_alive(peer_lease, peer_gen))
+				return ESRCH;
+			start = now_ns();
+		}
+	}
+	int status = static_cast<int>(r->status);
+	return status;
+}
+
+} // namespace
+
+int service_start(fabric &fab, uint32_t lease)
+{
+	std::lock_guard<std::mutex> g(g_service_lock);
+	if (g_service)
+		return 0;
+	auto *s = new service;
+	s->fab = &fab;
+	s->lease = lease;
+	void *map = queue_create(fab, static_cast<int>(lease), SV_OBJ_SVC, 1, 64,
+				 static_cast<uint32_t>(sizeof(sv_svc_ring)), 0, s->ref);
+	if (!map) {
+		int e = errno;
+		delete s;
+		return e;
+	}
+	s->ring = static_cast<sv_svc_ring *>(map);
+	{
+		registry_guard rg(fab);
+		sv_lease &l = fab.reg()->leases[lease];
+		l.svc_obj = s->ref.slot;
+		l.svc_gen = s->ref.gen;
+	}
+	std::thread(serve, s).detach();
+	g_service = s;
+	return 0;
+}
+
+bool service_forced()
+{
+	return forced();
+}
+
+void note_path(fabric &fab, uint32_t lease, uint32_t flag)
+{
+	if (lease >= SV_MAX_PROCS)
+		return;
+	std::atomic_ref<uint32_t> f(fab.reg()->leases[lease].flags);
+	if (!(f.load(std::memory_order_relaxed) & flag))
+		f.fetch_or(flag, std::memory_order_relaxed);
+}
+
+void service_note(uint32_t flag)
+{
+	if (g_service)
+		note_path(*g_service->fab, g_service->lease, flag);
+}
+
+int service_xfer(pid_t pid, const iovec *local, int nl, const iovec *remote, int nr,
+		 xfer_dir dir)
+{
+	fabric *fab = g_service ? g_service->fab : nullptr;
+	if (!fab)
+		return EPERM;
+	// The peer's lease, and through it its service segment.
+	sv_registry *reg = fab->reg();
+	uint32_t lease = SV_MAX_PROCS;
+	for (uint32_t i = 0; i < SV_MAX_PROCS; i++)
+		if (reg->leases[i].pid == static_cast<uint32_t>(pid)) {
+			lease = i;
+			break;
+		}
+	if (lease == SV_MAX_PROCS)
+		return ESRCH;
+	sv_lease l = reg->leases[lease];
+	if (!l.svc_gen)
+		return EPERM;
+	auto *r = static_cast<sv_svc_ring *>(queue_map(*fab, {l.svc_obj, l.svc_gen}, SV_OBJ_SVC));
+	if (!r || r->hdr.entry_size < 64 ||
+	    r->hdr.seg.seg_size < offsetof(sv_svc_ring, bounce) + SV_SVC_BOUNCE)
+		return ESRCH;
+	note_path(*fab, g_service->lease, SV_LEASE_SERVICE_USED);
+	if (!lock_ring(r))
+		return ESRCH;
+	int err = 0;
+	// Walk both lists; each request covers part of one remote iovec.
+	int li = 0;
+	size_t lo = 0;
+	for (int ri = 0; ri < nr && !err; ri++) {
+		char *rbase = static_cast<char *>(remote[ri].iov_base);
+		size_t rlen = remote[ri].iov_len;
+		for (size_t ro = 0; ro < rlen && !err;) {
+			size_t chunk = std::min<size_t>(rlen - ro, SV_SVC_BOUNCE);
+			if (dir == xfer_dir::to_peer) {
+				// Gather the chunk from the local list into the bounce buffer.
+				size_t got = 0;
+				while (got < chunk && li < nl) {
+					size_t n = std::min(chunk - got, local[li].iov_len - lo);
+					memcpy(r->bounce + got, static_cast<char *>(local[li].iov_base) + lo, n);
+					got += n;
+					lo += n;
+					if (lo == local[li].iov_len) {
+						li++;
+						lo = 0;
+					}
+				}
+				err = call(*fab, lease, l.generation, r, SV_SVC_WRITE,
+					   reinterpret_cast<uintptr_t>(rbase + ro), chunk);
+			} else {
+				err = call(*fab, lease, l.generation, r, SV_SVC_READ,
+					   reinterpret_cast<uintptr_t>(rbase + ro), chunk);
+				size_t put = 0;
+				while (!err && put < chunk && li < nl) {
+					size_t n = std::min(chunk - put, local[li].iov_len - lo);
+					memcpy(static_cast<char *>(local[li].iov_base) + lo, r->bounce + put, n);
+					put += n;
+					lo += n;
+					if (lo == local[li].iov_len) {
+						li++;
+						lo = 0;
+					}
+				}
+			}
+			ro += chunk;
+		}
+	}
+	word(r->state).store(SV_SVC_IDLE, std::memory_order_release);
+	word(r->lock).store(0, std::memory_order_release);
+	return err;
+}
+
+} // namespace loop
