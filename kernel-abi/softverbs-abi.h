@@ -30,7 +30,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 4
+#define SV_ABI_VERSION 5
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -321,6 +321,11 @@ SV_STATIC_ASSERT(sizeof(struct sv_queue_hdr) == 128, "queue header size");
  * to 0 and, if that won, send cookie to the channel address.
  * Consumer: slot c is ready when its seq (acquire) equals (uint32_t)(c + 1);
  * read it, then store cons = c + 1 with release.
+ * Sleeping: a poller that found the ring empty for a while increments
+ * waiters (seq_cst), looks at slot c once more, and FUTEX_WAITs on the low
+ * 32 bits of prod with the value it saw, for a bounded time.  A producer,
+ * after its seq_cst fence, FUTEX_WAKEs that word when waiters is non-zero.
+ * Either the producer sees the waiter, or the waiter sees the entry.
  */
 enum sv_cq_arm {
 	SV_CQ_DISARMED = 0,
@@ -342,7 +347,8 @@ struct sv_cq_ring {
 	uint8_t channel_addr[108]; /* Abstract AF_UNIX address of the channel */
 	uint8_t async_addr[108];   /* Abstract AF_UNIX address of the owner's async fd */
 	uint32_t payload_offset;   /* Where the sv_cqe_payload array starts; 0: none */
-	uint8_t pad3[SV_CACHELINE * 4 - 24 - 216 - 4];
+	uint32_t waiters;	   /* Pollers asleep on the low word of prod (futex) */
+	uint8_t pad3[SV_CACHELINE * 4 - 24 - 216 - 8];
 };
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, prod) == 128, "producer line");
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, cons) == 192, "consumer line");

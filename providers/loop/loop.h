@@ -112,7 +112,6 @@ struct loop_cq {
 	std::mutex lock;   // Polling
 	// Extended polling: the entry start_poll/next_poll made current.
 	sv_cqe cur;
-	uint32_t empty_polls; // Consecutive polls that found nothing, under lock
 	uint64_t wc_flags_ex;
 	bool locked; // start_poll took lock
 	bool single_threaded; // IBV_CREATE_CQ_ATTR_SINGLE_THREADED: polling takes no lock

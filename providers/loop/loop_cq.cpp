@@ -7,6 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <climits>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -74,6 +77,33 @@ void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
 	memcpy(reinterpret_cast<void *>(hit.addr), pl.data, len);
 }
 
+thread_local uint32_t t_empty_polls;  // Consecutive empty polls by this thread
+thread_local uint64_t t_empty_since; // and since when (0: not timed yet)
+
+uint32_t *prod_word(sv_cq_ring *r)
+{
+	// The low half of prod (little endian): it changes with every reservation.
+	return reinterpret_cast<uint32_t *>(&r->prod);
+}
+
+// Sleeps briefly until a producer reserves a slot: on a machine with more
+// pollers than cores, a spinning poller would hold the core its peer needs
+// to produce the completion (see sv_cq_ring's contract).
+void cq_sleep(loop_cq *cq, const sv_cqe &slot, uint64_t c)
+{
+	sv_cq_ring *r = cq->ring;
+	std::atomic_ref<uint32_t> waiters(r->waiters);
+	auto seen = static_cast<uint32_t>(
+		std::atomic_ref<uint64_t>(r->prod).load(std::memory_order_acquire));
+	waiters.fetch_add(1, std::memory_order_seq_cst);
+	if (std::atomic_ref<const uint32_t>(slot.seq).load(std::memory_order_seq_cst) !=
+	    static_cast<uint32_t>(c + 1)) {
+		timespec ts{0, kCqSleepNs};
+		syscall(SYS_futex, prod_word(r), FUTEX_WAIT, seen, &ts, nullptr, 0);
+	}
+	waiters.fetch_sub(1, std::memory_order_relaxed);
+}
+
 // Takes the next completion, if any.  Caller holds cq->lock.
 bool cq_take(loop_cq *cq, sv_cqe &out)
 {
@@ -82,14 +112,20 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 	sv_cqe &slot = cq->slots[c & cq->mask];
 	if (std::atomic_ref<uint32_t>(slot.seq).load(std::memory_order_acquire) !=
 	    static_cast<uint32_t>(c + 1)) {
-		// A process spinning on an empty CQ holds the core its peer needs to
-		// make the completion happen: on a busy machine (CI, more pollers
-		// than cores) give it up after a short spin.
-		if (++cq->empty_polls > kSpinBeforeYield)
-			sched_yield();
+		// Timed per thread, over all its CQs: a thread that polls several
+		// CQs and finds work on any of them never sleeps.  The clock is read
+		// every 64 empty polls only.
+		if ((++t_empty_polls & 63) == 0) {
+			uint64_t now = now_ns();
+			if (!t_empty_since)
+				t_empty_since = now;
+			else if (now - t_empty_since > kCqSpinNs)
+				cq_sleep(cq, slot, c);
+		}
 		return false;
 	}
-	cq->empty_polls = 0;
+	t_empty_polls = 0;
+	t_empty_since = 0;
 	out = slot;
 	if ((out.flags & SV_CQE_PLACE) && r->payload_offset) {
 		// Race the sender for the right to place (SV_CQE_PLACED).
@@ -255,6 +291,8 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *p
 	uint32_t a = armed.load(std::memory_order_relaxed);
 	bool fire = a == SV_CQ_ARM_ALL ||
 		    (a == SV_CQ_ARM_SOLICITED && (solicited || e.status != IBV_WC_SUCCESS));
+	if (std::atomic_ref<uint32_t>(ring->waiters).load(std::memory_order_relaxed))
+		syscall(SYS_futex, prod_word(ring), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 	if (fire && armed.compare_exchange_strong(a, SV_CQ_DISARMED, std::memory_order_acq_rel)) {
 		uint64_t cookie = ring->cookie;
 		send_dgram(ring->channel_addr, ring->channel_len, &cookie, sizeof(cookie));

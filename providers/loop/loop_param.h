@@ -36,8 +36,12 @@ inline constexpr uint16_t kDefaultPkey = 0xffff;
 inline constexpr int kGidTableLen = 16; // Ethernet ports fill one slot per IP address
 inline constexpr uint32_t kMaxMsgSize = 1U << 31;
 inline constexpr int kLocalCaAckDelay = 15;
-// Empty polls of a CQ before each further empty poll yields the CPU.
-inline constexpr uint32_t kSpinBeforeYield = 256;
+// A thread whose CQ polls have found nothing for kCqSpinNs sleeps in each
+// further empty poll (futex, woken by the next completion) for at most
+// kCqSleepNs: spinning longer would hold the core a peer needs, when
+// pollers outnumber cores.
+inline constexpr uint64_t kCqSpinNs = 100 * 1000;
+inline constexpr long kCqSleepNs = 200 * 1000;
 inline constexpr uint64_t kMaxDmSize = 256 * 1024; // Like an HCA's on-chip memory
 
 } // namespace loop
