@@ -47,7 +47,8 @@ constexpr op_info kOps[] = {
 	{IBV_QP_EX_WITH_LOCAL_INV, IBV_WR_LOCAL_INV},
 	{IBV_QP_EX_WITH_SEND_WITH_INV, IBV_WR_SEND_WITH_INV},
 	{IBV_QP_EX_WITH_BIND_MW, IBV_WR_BIND_MW},
-	// TSO and ATOMIC_WRITE: not offered (see qp_ex_check).
+	{IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_WR_ATOMIC_WRITE},
+	// TSO: not offered (see qp_ex_check).
 };
 
 loop_qp *qp_of(ibv_qp_ex *qpx)
@@ -196,9 +197,19 @@ void wr_send_tso(ibv_qp_ex *qpx, void *, uint16_t, uint16_t)
 	new_wr(qpx, IBV_QP_EX_WITH_TSO, IBV_WR_TSO);
 }
 
-void wr_atomic_write(ibv_qp_ex *qpx, uint32_t, uint64_t, const void *)
+// An 8-byte write that lands whole (IBTA 1.5 atomic write): the value travels
+// in the WR like inline data.
+void wr_atomic_write(ibv_qp_ex *qpx, uint32_t rkey, uint64_t remote_addr, const void *atomic_wr)
 {
-	new_wr(qpx, IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_WR_ATOMIC_WRITE);
+	send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_WR_ATOMIC_WRITE);
+	if (!w)
+		return;
+	w->rkey = rkey;
+	w->remote_addr = remote_addr;
+	w->is_inline = true;
+	w->inline_len = 8;
+	w->num_sge = 0;
+	memcpy(w->inline_data, atomic_wr, 8);
 }
 
 bool carries_data(ibv_wr_opcode op)

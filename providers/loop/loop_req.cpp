@@ -54,6 +54,8 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op)
 		return IBV_WC_LOCAL_INV;
 	case IBV_WR_BIND_MW:
 		return IBV_WC_BIND_MW;
+	case IBV_WR_ATOMIC_WRITE:
+		return IBV_WC_ATOMIC_WRITE;
 	default:
 		return op == kWrFastReg ? kWcFastReg : IBV_WC_SEND;
 	}
@@ -71,6 +73,7 @@ bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op)
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+	case IBV_WR_ATOMIC_WRITE:
 	case IBV_WR_SEND_WITH_INV:
 		return t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND;
 	case IBV_WR_LOCAL_INV:
@@ -616,6 +619,41 @@ step run_connected(loop_qp *qp, send_wr &w)
 			return step::done;
 		}
 		memcpy(lb.iov[0].iov_base, &old, 8);
+		complete(qp, w, IBV_WC_SUCCESS, 8);
+		return step::done;
+	}
+	case IBV_WR_ATOMIC_WRITE: {
+		// 8 bytes, aligned, needing remote write: they land whole, under
+		// the same striped lock as the other atomics of the fabric.
+		mr_hit hit{};
+		int kerr = (p.rec.access & IBV_ACCESS_REMOTE_WRITE)
+				   ? mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
+					       w.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE, p.qpn, hit)
+				   : EACCES;
+		if (!kerr && (w.remote_addr & 7))
+			kerr = EINVAL;
+		if (kerr) {
+			responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+			complete(qp, w, kerr == EINVAL ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_ACCESS_ERR,
+				 0);
+			return step::done;
+		}
+		int err = 0;
+		if (hit.kind != SV_MR_KIND_NULL) {
+			flush_deferred(qp);
+			atomic_guard g(fab, p.rec.owner_lease, hit.addr);
+			bool here = (p.self && !hit.odp) || hit.mapped;
+			uint64_t v;
+			memcpy(&v, w.inline_data, 8);
+			err = xfer_word(p.pid, here, hit.addr, &v, xfer_dir::to_peer);
+		}
+		if (err == ESRCH)
+			return step::unreachable;
+		if (err) {
+			responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+			complete(qp, w, IBV_WC_REM_ACCESS_ERR, 0);
+			return step::done;
+		}
 		complete(qp, w, IBV_WC_SUCCESS, 8);
 		return step::done;
 	}
