@@ -184,6 +184,7 @@ struct loop_qp {
 	uint32_t qpn;
 	uint32_t pdn;
 	ibv_qp_type type;
+	bool opened; // A handle from ibv_open_qp on another's XRC target QP
 	obj_ref rq_ref;
 	sv_rq_ring *rq; // Null with an SRQ or for send-only QPs
 	loop_cq *scq;

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <set>
 #include <thread>
+#include <unistd.h>
 
 namespace loop {
 
@@ -16,7 +17,7 @@ struct engine {
 	std::mutex lock;
 	std::condition_variable wake;
 	std::set<loop_qp *> qps;
-	bool started = false;
+	pid_t started_by = 0; // A forked child has the engine but not its thread
 };
 
 engine &eng()
@@ -58,9 +59,9 @@ void progress_add(loop_qp *qp)
 {
 	engine &e = eng();
 	std::lock_guard<std::mutex> g(e.lock);
-	if (!e.started) {
+	if (e.started_by != getpid()) {
 		std::thread(run).detach();
-		e.started = true;
+		e.started_by = getpid();
 	}
 	qp->in_progress_list = true;
 	e.qps.insert(qp);

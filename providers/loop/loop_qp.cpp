@@ -525,6 +525,14 @@ int loop_destroy_qp(ibv_qp *ibqp)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
 	fabric &fab = *qp->ctx->fab;
+	if (qp->opened) {
+		// Closing an opened XRC target QP drops this handle only; the QP
+		// lives on with its creator.
+		pthread_mutex_destroy(&ibqp->mutex);
+		pthread_cond_destroy(&ibqp->cond);
+		delete qp;
+		return 0;
+	}
 	progress_remove(qp);
 	{
 		registry_guard g(fab);

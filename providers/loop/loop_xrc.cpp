@@ -3,6 +3,7 @@
 #include "loop.h"
 
 #include <cerrno>
+#include <new>
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -53,14 +54,58 @@ int loop_close_xrcd(ibv_xrcd *xrcd)
 	return 0;
 }
 
+// Opens an XRC target QP that a process of the same XRC domain created: a
+// handle on the shared QP record, through which the opener can modify,
+// query and close it.  Receives reach it through its domain's SRQs.
 ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr)
 {
-	(void)ctx;
-	(void)attr;
-	// Sharing an XRC target QP across processes needs the owner's QP object
-	// in the opener; not implemented yet.
-	errno = EOPNOTSUPP;
-	return nullptr;
+	constexpr uint32_t needed =
+		IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+	if (!attr || (attr->comp_mask & needed) != needed ||
+	    (attr->comp_mask & ~(needed | IBV_QP_OPEN_ATTR_CONTEXT)) ||
+	    attr->qp_type != IBV_QPT_XRC_RECV || !attr->xrcd) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	loop_context *lctx = to_loop_context(ctx);
+	fabric &fab = *lctx->fab;
+	uint32_t slot = attr->qp_num & SV_QPN_SLOT_MASK;
+	uint32_t xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd)->handle;
+	sv_qp_rec rec;
+	{
+		registry_guard g(fab);
+		rec = fab.reg()->qps[slot];
+	}
+	if (!rec.in_use || (rec.generation & SV_QPN_SLOT_MASK) != attr->qp_num >> SV_QPN_SLOT_BITS ||
+	    rec.qp_type != IBV_QPT_XRC_RECV || rec.xrcd != xrcd) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	auto *qp = new (std::nothrow) loop_qp{};
+	if (!qp) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	qp->ctx = lctx;
+	qp->slot = slot;
+	qp->qpn = attr->qp_num;
+	qp->type = IBV_QPT_XRC_RECV;
+	qp->opened = true;
+	qp->attr.port_num = rec.port;
+	qp->attr.qp_access_flags = static_cast<int>(rec.access);
+	qp->attr.dest_qp_num = rec.dest_qpn;
+	qp->attr.path_mtu = static_cast<ibv_mtu>(rec.path_mtu);
+	qp->vqp.xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd);
+	ibv_qp &q = qp->vqp.qp;
+	q.context = ctx;
+	q.qp_context = (attr->comp_mask & IBV_QP_OPEN_ATTR_CONTEXT) ? attr->qp_context : nullptr;
+	q.handle = slot;
+	q.qp_num = attr->qp_num;
+	q.state = static_cast<ibv_qp_state>(rec.state);
+	q.qp_type = IBV_QPT_XRC_RECV;
+	pthread_mutex_init(&q.mutex, nullptr);
+	pthread_cond_init(&q.cond, nullptr);
+	return &q;
 }
 
 } // namespace loop

@@ -45,6 +45,7 @@ struct service {
 };
 
 service *g_service;
+pid_t g_service_pid; // A forked child has the pointer but not the thread
 std::mutex g_service_lock;
 
 bool covered(const sv_mr_rec &m, uint32_t lease, uint64_t addr, uint64_t len, bool write)
@@ -179,7 +180,7 @@ int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, ui
 int service_start(fabric &fab, uint32_t lease)
 {
 	std::lock_guard<std::mutex> g(g_service_lock);
-	if (g_service)
+	if (g_service && g_service_pid == getpid())
 		return 0;
 	auto *s = new service;
 	s->fab = &fab;
@@ -200,6 +201,7 @@ int service_start(fabric &fab, uint32_t lease)
 	}
 	std::thread(serve, s).detach();
 	g_service = s;
+	g_service_pid = getpid();
 	return 0;
 }
 
