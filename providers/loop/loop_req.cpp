@@ -397,6 +397,24 @@ void responder_error(fabric &fab, const peer &p, ibv_event_type ev)
 		raise_qp_event(fab, p.slot, ev);
 }
 
+// The 8 aligned bytes an atomic targets, checked for the QP's and the key's
+// `right`.  On failure the WR has completed in error (and the responder's
+// QP is in ERR): returns false.
+bool atomic_target(loop_qp *qp, const send_wr &w, const peer &p, uint32_t right, mr_hit &hit)
+{
+	fabric &fab = *qp->ctx->fab;
+	int kerr = (p.rec.access & right) ? mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
+						      w.remote_addr, 8, right, p.qpn, hit)
+					  : EACCES;
+	if (!kerr && (w.remote_addr & 7))
+		kerr = EINVAL;
+	if (!kerr)
+		return true;
+	responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+	complete(qp, w, kerr == EINVAL ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_ACCESS_ERR, 0);
+	return false;
+}
+
 step run_connected(loop_qp *qp, send_wr &w)
 {
 	loop_context *lctx = qp->ctx;
@@ -577,18 +595,8 @@ step run_connected(loop_qp *qp, send_wr &w)
 			return step::done;
 		}
 		mr_hit hit{};
-		int kerr = (p.rec.access & IBV_ACCESS_REMOTE_ATOMIC)
-				   ? mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
-					       w.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC, p.qpn, hit)
-				   : EACCES;
-		if (!kerr && (w.remote_addr & 7))
-			kerr = EINVAL;
-		if (kerr) {
-			responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
-			complete(qp, w, kerr == EINVAL ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_ACCESS_ERR,
-				 0);
+		if (!atomic_target(qp, w, p, IBV_ACCESS_REMOTE_ATOMIC, hit))
 			return step::done;
-		}
 		uint64_t old = 0;
 		int err = 0;
 		if (hit.kind != SV_MR_KIND_NULL) {
@@ -626,18 +634,8 @@ step run_connected(loop_qp *qp, send_wr &w)
 		// 8 bytes, aligned, needing remote write: they land whole, under
 		// the same striped lock as the other atomics of the fabric.
 		mr_hit hit{};
-		int kerr = (p.rec.access & IBV_ACCESS_REMOTE_WRITE)
-				   ? mr_lookup(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
-					       w.remote_addr, 8, IBV_ACCESS_REMOTE_WRITE, p.qpn, hit)
-				   : EACCES;
-		if (!kerr && (w.remote_addr & 7))
-			kerr = EINVAL;
-		if (kerr) {
-			responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
-			complete(qp, w, kerr == EINVAL ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_ACCESS_ERR,
-				 0);
+		if (!atomic_target(qp, w, p, IBV_ACCESS_REMOTE_WRITE, hit))
 			return step::done;
-		}
 		int err = 0;
 		if (hit.kind != SV_MR_KIND_NULL) {
 			flush_deferred(qp);
