@@ -3,6 +3,7 @@
 // at sv_cq_ring in kernel-abi/softverbs-abi.h), polled by its owner.
 #include "loop.h"
 #include "objects.h"
+#include "xfer.h"
 
 #include <cerrno>
 #include <cstring>
@@ -61,6 +62,17 @@ sv_cqe_payload *payloads(sv_cq_ring *r)
 	return reinterpret_cast<sv_cqe_payload *>(reinterpret_cast<char *>(r) + r->payload_offset);
 }
 
+int place_bytes(const mr_hit &hit, const uint8_t *data, uint32_t len)
+{
+	if (!hit.odp) {
+		memcpy(reinterpret_cast<void *>(hit.addr), data, len);
+		return 0;
+	}
+	iovec l{const_cast<uint8_t *>(data), len};
+	iovec r{reinterpret_cast<void *>(hit.addr), len};
+	return xfer(getpid(), false, &l, 1, &r, 1, xfer_dir::to_peer);
+}
+
 // Puts a message that travelled in the CQE's payload into the receive
 // buffer.  The payload came through shared memory: its length and key are
 // checked against this process's own key table before a byte is written.
@@ -74,7 +86,9 @@ void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
 		e.status = IBV_WC_LOC_PROT_ERR;
 		return;
 	}
-	memcpy(reinterpret_cast<void *>(hit.addr), pl.data, len);
+	// Ours, but on-demand memory may be unmapped: a checked copy then.
+	if (place_bytes(hit, pl.data, len))
+		e.status = IBV_WC_LOC_PROT_ERR;
 }
 
 thread_local uint32_t t_empty_polls;  // Consecutive empty polls by this thread
