@@ -9,6 +9,7 @@ usage: test-summary.py BUILDDIR SUITE...
 """
 import json
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -17,6 +18,7 @@ def main():
     builddir, required = sys.argv[1], sys.argv[2:]
     logs = os.path.join(builddir, "meson-logs")
     results = {}  # suite -> [result, ...]
+    suite_cases = [0, 0, 0]  # rdma-core's suite: passed, failed, skipped
     try:
         with open(os.path.join(logs, "testlog.json")) as f:
             for line in f:
@@ -24,6 +26,10 @@ def main():
                 # "project:suite / name"
                 suite = t["name"].split(" / ")[0].split(":")[-1]
                 results.setdefault(suite, []).append(t["result"])
+                m = re.search(r"^rdma-core suite: (\d+) passed, (\d+) failed, (\d+) skipped$",
+                              t.get("stdout") or "", re.M)
+                if m:
+                    suite_cases = [int(x) for x in m.groups()]
     except FileNotFoundError:
         pass
 
@@ -71,7 +77,14 @@ def main():
     inner = "; ".join(f"{k} cases: {c[0] - c[1] - c[2]} passed, {c[1]} failed, {c[2]} skipped"
                       for k, c in cases.items())
     verdict = "FAIL: " + "; ".join(problems) + " -- " if problems else "PASS: "
-    print(f"softverbs test summary: {verdict}{ok}/{total} meson tests ({per}); {inner}")
+    print(f"softverbs test summary: {verdict}{ok}/{total} meson tests ({per}); {inner}; "
+          f"rdma-core suite cases: {suite_cases[0]} passed, {suite_cases[1]} failed, "
+          f"{suite_cases[2]} skipped")
+    # One plain closing line over every case that ran.
+    passed = sum(c[0] - c[1] - c[2] for c in cases.values()) + suite_cases[0]
+    failed = sum(c[1] for c in cases.values()) + suite_cases[1]
+    skipped = sum(c[2] for c in cases.values()) + suite_cases[2]
+    print(f"tests: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if problems else 0
 
 
