@@ -30,7 +30,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 5
+#define SV_ABI_VERSION 6
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -326,6 +326,10 @@ SV_STATIC_ASSERT(sizeof(struct sv_queue_hdr) == 128, "queue header size");
  * 32 bits of prod with the value it saw, for a bounded time.  A producer,
  * after its seq_cst fence, FUTEX_WAKEs that word when waiters is non-zero.
  * Either the producer sees the waiter, or the waiter sees the entry.
+ * Moderation: with mod_count > 1, a producer whose completion qualifies for
+ * an ARM_ALL event increments mod_pending and fires only when it reaches
+ * mod_count; the producer that fires resets it.  (Count only: the device
+ * advertises no moderation period.)
  */
 enum sv_cq_arm {
 	SV_CQ_DISARMED = 0,
@@ -348,11 +352,13 @@ struct sv_cq_ring {
 	uint8_t async_addr[108];   /* Abstract AF_UNIX address of the owner's async fd */
 	uint32_t payload_offset;   /* Where the sv_cqe_payload array starts; 0: none */
 	uint32_t waiters;	   /* Pollers asleep on the low word of prod (futex) */
-	uint8_t pad3[SV_CACHELINE * 4 - 24 - 216 - 8];
+	uint32_t mod_count;	   /* Moderation (ibv_modify_cq): completions per event, 0/1: off */
+	uint32_t mod_pending;	   /* Completions since the CQ was armed, while moderated */
+	uint8_t pad3[SV_CACHELINE * 5 - 24 - 216 - 16];
 };
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, prod) == 128, "producer line");
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, cons) == 192, "consumer line");
-SV_STATIC_ASSERT(sizeof(struct sv_cq_ring) == 512, "CQ ring header size");
+SV_STATIC_ASSERT(sizeof(struct sv_cq_ring) == 576, "CQ ring header size");
 
 enum sv_cqe_flags {
 	SV_CQE_SOLICITED = 1 << 0,

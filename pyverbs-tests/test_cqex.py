@@ -193,7 +193,8 @@ out({"clock": a.hca_core_clock, "mask": a.completion_timestamp_mask,
     assert r["mask"] == 2**64 - 1
     # ODP is the memory code's to advertise; these are honestly absent.
     assert r["tso"] == 0 and r["rss"] == 0
-    assert r["tm"] == 0 and r["cq_mod"] == [0, 0] and r["pacing"] == 0
+    # CQ moderation by count (ibv_modify_cq), no period: see sv_cq_mod.c.
+    assert r["tm"] == 0 and r["cq_mod"] == [65535, 0] and r["pacing"] == 0
     assert r["ports"] >= 1 and r["max_qp"] > 0
 
 

@@ -332,6 +332,7 @@ int loop_destroy_cq(ibv_cq *cq);
 int loop_poll_cq(ibv_cq *cq, int n, ibv_wc *wc);
 int loop_req_notify_cq(ibv_cq *cq, int solicited_only);
 int loop_resize_cq(ibv_cq *cq, int cqe);
+int loop_modify_cq(ibv_cq *cq, ibv_modify_cq_attr *attr);
 // Pushes a completion into any CQ ring (ours or a peer's).  Returns 0, or
 // ENOSPC when the ring overflowed (the owner then gets IBV_EVENT_CQ_ERR).
 int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited,

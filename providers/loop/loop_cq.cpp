@@ -305,9 +305,15 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *p
 	uint32_t a = armed.load(std::memory_order_relaxed);
 	bool fire = a == SV_CQ_ARM_ALL ||
 		    (a == SV_CQ_ARM_SOLICITED && (solicited || e.status != IBV_WC_SUCCESS));
+	uint32_t mod = std::atomic_ref<uint32_t>(ring->mod_count).load(std::memory_order_relaxed);
+	if (fire && a == SV_CQ_ARM_ALL && mod > 1 &&
+	    std::atomic_ref<uint32_t>(ring->mod_pending).fetch_add(1, std::memory_order_acq_rel) + 1 <
+		    mod)
+		fire = false; // Moderated: not enough completions yet
 	if (std::atomic_ref<uint32_t>(ring->waiters).load(std::memory_order_relaxed))
 		syscall(SYS_futex, prod_word(ring), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 	if (fire && armed.compare_exchange_strong(a, SV_CQ_DISARMED, std::memory_order_acq_rel)) {
+		std::atomic_ref<uint32_t>(ring->mod_pending).store(0, std::memory_order_relaxed);
 		uint64_t cookie = ring->cookie;
 		send_dgram(ring->channel_addr, ring->channel_len, &cookie, sizeof(cookie));
 	}
@@ -413,6 +419,22 @@ int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	return 0;
 }
 
+int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
+{
+	loop_cq *cq = to_loop_cq(ibcq);
+	if (attr->attr_mask & ~static_cast<uint32_t>(IBV_CQ_ATTR_MODERATE))
+		return EINVAL;
+	if (!(attr->attr_mask & IBV_CQ_ATTR_MODERATE))
+		return 0;
+	// Count moderation only: a period would need a timer in the owner.
+	if (attr->moderate.cq_period > kMaxCqModPeriod || attr->moderate.cq_count > kMaxCqModCount)
+		return EINVAL;
+	std::lock_guard<std::mutex> g(cq->lock);
+	std::atomic_ref<uint32_t>(cq->ring->mod_count)
+		.store(attr->moderate.cq_count, std::memory_order_release);
+	return 0;
+}
+
 int loop_resize_cq(ibv_cq *ibcq, int cqe)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
@@ -441,6 +463,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	nr->channel_len = cq->ring->channel_len;
 	nr->cookie = cq->ring->cookie;
 	nr->armed = cq->ring->armed;
+	nr->mod_count = cq->ring->mod_count;
 	// Point every QP that completes into this CQ at the new ring first, so
 	// new producers go there; then close the old ring to the rest.
 	{

@@ -195,6 +195,7 @@ const verbs_context_ops loop_ctx_ops = {
 	.import_dm = loop_import_dm,
 	.import_mr = loop_import_mr,
 	.import_pd = loop_import_pd,
+	.modify_cq = loop_modify_cq,
 	.modify_qp = loop_modify_qp,
 	.modify_srq = loop_modify_srq,
 	.open_qp = loop_open_qp,

@@ -42,6 +42,9 @@ inline constexpr int kLocalCaAckDelay = 15;
 // pollers outnumber cores.
 inline constexpr uint64_t kCqSpinNs = 100 * 1000;
 inline constexpr long kCqSleepNs = 200 * 1000;
+// CQ moderation (ibv_modify_cq): by count only, no period.
+inline constexpr uint16_t kMaxCqModCount = 65535;
+inline constexpr uint16_t kMaxCqModPeriod = 0;
 inline constexpr uint64_t kMaxDmSize = 256 * 1024; // Like an HCA's on-chip memory
 
 } // namespace loop

@@ -136,6 +136,8 @@ int loop_query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *inpu
 	a.odp_caps.per_transport_caps.ud_odp_caps = kOdpUdCaps;
 	a.xrc_odp_caps = kOdpRcCaps;
 	a.max_dm_size = kMaxDmSize;
+	a.cq_mod_caps.max_cq_count = kMaxCqModCount;
+	a.cq_mod_caps.max_cq_period = kMaxCqModPeriod;
 	// Fields past what the caller's header knows about are not written.
 	memcpy(attr, &a, std::min(attr_size, sizeof(a)));
 	return 0;
