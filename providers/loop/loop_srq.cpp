@@ -16,12 +16,6 @@ uint32_t wqe_bytes(uint32_t max_sge)
 	return (static_cast<uint32_t>(sizeof(sv_recv_wqe) + max_sge * sizeof(sv_sge)) + 63) & ~63u;
 }
 
-uint32_t pending(const loop_srq *srq)
-{
-	return static_cast<uint32_t>(std::atomic_ref<uint64_t>(srq->ring->prod).load() -
-				     std::atomic_ref<uint64_t>(srq->ring->cons).load());
-}
-
 } // namespace
 
 ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
@@ -177,7 +171,6 @@ int loop_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad)
 {
 	loop_srq *srq = to_loop_srq(ibsrq);
 	std::lock_guard<std::mutex> g(srq->lock);
-	(void)pending;
 	return rq_post(srq->ring, srq->max_sge, wr, bad);
 }
 
