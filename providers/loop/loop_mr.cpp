@@ -377,8 +377,20 @@ loop_mr *new_mr()
 	return mr;
 }
 
-ibv_mr *finish_mr(loop_mr *mr, int slot, uint32_t key, ibv_mr_type type, int access)
+void release_fd(loop_mr *mr);
+
+// Publishes the key of a new MR and fills its ibv_mr; on failure frees mr
+// (and whatever fd it holds) and returns nullptr with errno set.
+ibv_mr *publish_new_mr(ibv_pd *pd, loop_mr *mr, const mr_init &in, ibv_mr_type type, int access)
 {
+	uint32_t key;
+	int slot = publish_mr(to_loop_context(pd->context), in, key);
+	if (slot < 0) {
+		release_fd(mr);
+		delete mr;
+		errno = -slot;
+		return nullptr;
+	}
 	mr->slot = static_cast<uint32_t>(slot);
 	mr->vmr.mr_type = type;
 	mr->vmr.access = access;
@@ -421,14 +433,7 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 	in.flags = odp ? SV_MR_ODP : 0;
 	if (implicit)
 		in.iova = 0;
-	uint32_t key;
-	int slot = publish_mr(to_loop_context(pd->context), in, key);
-	if (slot < 0) {
-		delete mr;
-		errno = -slot;
-		return nullptr;
-	}
-	return finish_mr(mr, slot, key, IBV_MR_TYPE_MR, access);
+	return publish_new_mr(pd, mr, in, IBV_MR_TYPE_MR, access);
 }
 
 ibv_mr *loop_alloc_null_mr(ibv_pd *pd)
@@ -441,14 +446,9 @@ ibv_mr *loop_alloc_null_mr(ibv_pd *pd)
 	in.length = UINT64_MAX;
 	in.access = IBV_ACCESS_LOCAL_WRITE;
 	in.kind = SV_MR_KIND_NULL;
-	uint32_t key;
-	int slot = publish_mr(to_loop_context(pd->context), in, key);
-	if (slot < 0) {
-		delete mr;
-		errno = -slot;
+	ibv_mr *m = publish_new_mr(pd, mr, in, IBV_MR_TYPE_NULL_MR, IBV_ACCESS_LOCAL_WRITE);
+	if (!m)
 		return nullptr;
-	}
-	ibv_mr *m = finish_mr(mr, slot, key, IBV_MR_TYPE_NULL_MR, IBV_ACCESS_LOCAL_WRITE);
 	m->context = pd->context;
 	m->pd = pd;
 	return m;
@@ -598,15 +598,7 @@ ibv_mr *loop_reg_mr_fd(ibv_pd *pd, int fd, int fd_type, uint64_t offset, size_t 
 	in.kind = SV_MR_KIND_FD;
 	in.fd = mr->fd;
 	in.fd_offset = offset;
-	uint32_t key;
-	int slot = publish_mr(to_loop_context(pd->context), in, key);
-	if (slot < 0) {
-		release_fd(mr);
-		delete mr;
-		errno = -slot;
-		return nullptr;
-	}
-	return finish_mr(mr, slot, key, IBV_MR_TYPE_DMABUF_MR, access);
+	return publish_new_mr(pd, mr, in, IBV_MR_TYPE_DMABUF_MR, access);
 }
 
 ibv_mr *loop_reg_dmabuf_mr(ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
@@ -1039,15 +1031,8 @@ ibv_mr *loop_alloc_fast_reg_mr(ibv_pd *pd, uint32_t max_pages)
 	in.kind = SV_MR_KIND_FRMR;
 	in.state = SV_MR_INVALID;
 	in.max_pages = static_cast<uint16_t>(max_pages);
-	uint32_t key;
-	int slot = publish_mr(to_loop_context(pd->context), in, key);
-	if (slot < 0) {
-		delete mr;
-		errno = -slot;
-		return nullptr;
-	}
 	// Not IBV_MR_TYPE_MR: ibv_rereg_mr refuses it, as it should.
-	return finish_mr(mr, slot, key, IBV_MR_TYPE_IMPORTED_MR, 0);
+	return publish_new_mr(pd, mr, in, IBV_MR_TYPE_IMPORTED_MR, 0);
 }
 
 int loop_post_fast_reg(ibv_qp *ibqp, const softverbs_fast_reg_wr *fr)
