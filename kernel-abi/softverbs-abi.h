@@ -30,7 +30,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 6
+#define SV_ABI_VERSION 7
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
