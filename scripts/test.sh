@@ -26,7 +26,7 @@ meson test -C "$builddir" --print-errorlogs --num-processes 2 || status=$?
 # meson's own summary is easy to miss in a long log and counts a test binary
 # as one test: summarise the cases inside, and fail if a suite did not run.
 summary_status=0
-/usr/bin/python3 scripts/test-summary.py "$builddir" unit abi pyverbs rdma-core || summary_status=$?
+/usr/bin/python3 scripts/test-summary.py "$builddir" unit abi pyverbs rdma-core selftest || summary_status=$?
 if [[ $status -ne 0 || $summary_status -ne 0 ]]; then
 	exit 1
 fi
