@@ -1,0 +1,186 @@
+# SPDX-License-Identifier: MIT
+"""What real traffic does, between processes, every byte checked
+(tests/progs/sv_stress.c): both directions at once with a shared CQ and
+reused receive buffers, a CQ resized while another process produces into
+it, an SRQ under several senders, the ordering UCX's rendezvous relies on
+(a WRITE's data is in place when a later SEND's completion is polled, a
+READ's when its own is), and the service-copy path byte for byte.
+
+Each case is one sv_stress run of a few seconds on a fabric of its own: the
+program forks its processes, exchanges QP numbers itself, bounds every wait,
+and prints a STAT line per process with the counts of messages that were
+lost, duplicated, stale (the receive buffer's poison still there when the
+completion was polled) or corrupt.  Every count but ok must be zero."""
+import re
+import subprocess
+
+import pytest
+
+import svtest
+from test_traffic_progs import Proc
+
+MS = 2000  # per scenario; the program's own watchdogs bound the rest
+BAD = ("lost", "dup", "stale", "corrupt", "badlen", "badwc")
+
+
+@pytest.fixture
+def stress(build_dir):
+    p = build_dir / "tests" / "progs" / "sv_stress"
+    if not p.exists():
+        pytest.fail(f"{p} missing: build with ninja -C {build_dir} (needs libibverbs-dev)")
+    return p
+
+
+def stats(out):
+    """The STAT lines of a run, as dicts of their counters."""
+    res = []
+    for line in out.splitlines():
+        if line.startswith("STAT "):
+            res.append({k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)})
+    return res
+
+
+def check(p, scenario, procs):
+    """Asserts a run passed: every process reported, nothing bad, data moved."""
+    text = f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    st = stats(p.stdout)
+    bad = {k: sum(s[k] for s in st) for k in BAD}
+    assert all(v == 0 for v in bad.values()), f"{scenario}: {bad}\n{text}"
+    assert p.returncode == 0 and f"OK {scenario}" in p.stdout, text
+    assert len(st) == procs, text
+    assert sum(s["ok"] for s in st) > 0, text
+    return st
+
+
+def run(stress, env, scenario, *args, procs=2, ms=MS):
+    argv = [str(stress), scenario, "-t", str(ms)] + [str(a) for a in args]
+    p = svtest.run(argv, env, timeout=ms / 1000 + 150)
+    return check(p, scenario, procs)
+
+
+@pytest.mark.parametrize("size", [8, 64, 176, 177, 256, 4096, 65536])
+def test_bidir_shared_cq(stress, env, size):
+    """Issue 9 item 1: both send 'SEND, wait for its completion' into 32
+    receives reposted after each completion, send_cq == recv_cq.  Sizes on
+    both sides of SV_CQE_INLINE_MAX (176), the payload that rides in the CQE."""
+    st = run(stress, env, "bidir", "-s", size)
+    # Both directions carried traffic, and all of it arrived
+    for s in st:
+        assert s["ok"] > 0 and s["recvd"] == s["expected"], st
+
+
+@pytest.mark.parametrize("size", [8, 177, 4096])
+def test_bidir_separate_cqs(stress, env, size):
+    run(stress, env, "bidir", "-s", size, "-x")
+
+
+@pytest.mark.parametrize("cqs", [[], ["-x"]], ids=["shared", "separate"])
+def test_bidir_mixed_sizes_window(stress, env, cqs):
+    """Sizes 8 B .. 64 KiB in turn, 8 SENDs in flight each way."""
+    run(stress, env, "bidir", "-w", 8, *cqs)
+
+
+def test_resize_under_producer(stress, env):
+    """ibv_resize_cq grows and shrinks the receive CQ (at least 20 times)
+    while the other process produces into it: no completion lost or doubled."""
+    st = run(stress, env, "resize", "-w", 8)
+    assert st[0]["resizes"] >= 20 or st[1]["resizes"] >= 20, st
+
+
+def test_srq_four_senders(stress, env):
+    """Four sender processes, each on its own RC QP, into one SRQ; order
+    and data checked per sender."""
+    st = run(stress, env, "srq", "-n", 4, "-w", 8, procs=5)
+    receiver = [s for s in st if s["proc"] == 0][0]
+    assert receiver["recvd"] == receiver["expected"] > 0, st
+
+
+@pytest.mark.parametrize("cma", ["1", "0"], ids=["default", "service-copy"])
+@pytest.mark.parametrize("notice", [16, 256])
+def test_order_write_then_send(stress, env, cma, notice):
+    """When the SEND that follows a WRITE completes at the target, every
+    byte of the WRITE is there (UCX's rendezvous relies on it).  The notice
+    SEND is 16 B (it rides in the CQE) or 256 B (it does not)."""
+    if cma == "0":
+        env["SOFTVERBS_CMA"] = "0"
+    st = run(stress, env, "order-write", "-w", 8, "-N", notice)
+    assert sum(s["writes"] for s in st) > 0, st
+
+
+@pytest.mark.parametrize("cma", ["1", "0"], ids=["default", "service-copy"])
+def test_order_read(stress, env, cma):
+    """The data of a READ is in place when its completion is polled."""
+    if cma == "0":
+        env["SOFTVERBS_CMA"] = "0"
+    st = run(stress, env, "order-read", "-w", 8)
+    assert sum(s["reads"] for s in st) > 0, st
+
+
+def service_run(stress, env, softverbs, fabric):
+    """sv_stress service with -H: while its processes still hold their
+    devices, `softverbs show` says which copy path each uses."""
+    proc = Proc([stress, "service", "-t", 3000, "-H"], env)
+    lines = []
+    try:
+        while True:
+            lines.append(proc.line(timeout=150))
+            if lines[-1] == "HOLDING":
+                break
+            if lines[-1].startswith("FAILED"):
+                rc, err = proc.finish()
+                raise AssertionError("\n".join(lines) + "\n" + err)
+        show = subprocess.run([softverbs, "show", fabric], env=env, capture_output=True,
+                              text=True, timeout=30).stdout
+        proc.send("")
+        while True:
+            try:
+                lines.append(proc.line(timeout=60))
+            except AssertionError:  # the end of its output
+                break
+        rc, err = proc.finish()
+    finally:
+        proc.kill()
+    done = subprocess.CompletedProcess(proc.p.args, rc, "\n".join(lines), err)
+    st = check(done, "service", 2)
+    slots = [l for l in show.splitlines() if l.strip().startswith("slot ")]
+    return st, slots
+
+
+def test_service_copy_byte_for_byte(stress, env, softverbs, fabric):
+    """SOFTVERBS_CMA=0: SEND, WRITE and READ of 1 B .. 1 MiB through the
+    peer's service thread, every byte compared, and both processes on the
+    service-copy path while they run."""
+    env["SOFTVERBS_CMA"] = "0"
+    st, slots = service_run(stress, env, softverbs, fabric)
+    assert sum(s["sends"] + s["writes"] + s["reads"] for s in st) >= 27, st
+    # The acting process copied; the target's 8-byte acks need no copy
+    paths = [l for l in slots if "data path" in l]
+    assert len(slots) == 2 and paths, slots
+    assert all("service-copy" in l for l in paths), slots
+
+
+def test_default_path_byte_for_byte(stress, env, softverbs, fabric):
+    """The same run on the default path (cross-memory attach)."""
+    st, slots = service_run(stress, env, softverbs, fabric)
+    assert len(slots) == 2 and any("cross-memory-attach" in l for l in slots), slots
+    assert not any("service-copy" in l for l in slots), slots
+
+
+@pytest.mark.parametrize("fault,counter", [("corrupt", "corrupt"), ("skip", "lost")])
+def test_checker_catches_injected_faults(stress, env, fault, counter):
+    """The checks are live: a sender that flips a byte in some messages, or
+    skips a sequence number, makes the run fail with that count raised."""
+    p = svtest.run([str(stress), "bidir", "-t", "1500", "-s", "256", "-F", fault], env,
+                   timeout=150)
+    st = stats(p.stdout)
+    assert p.returncode != 0 and "OK bidir" not in p.stdout, p.stdout + p.stderr
+    assert "FAILED bidir" in p.stdout, p.stdout + p.stderr
+    assert sum(s[counter] for s in st) > 0, p.stdout + p.stderr
+
+
+def test_bad_arguments(stress, env):
+    """An unknown scenario or an out-of-range size fails with a message."""
+    for args in (["nonesuch"], ["bidir", "-s", "1048576"], ["bidir", "-w", "0"]):
+        p = svtest.run([str(stress)] + args, env, timeout=30)
+        assert p.returncode != 0 and "OK" not in p.stdout, args
+        assert p.stderr.strip(), args
