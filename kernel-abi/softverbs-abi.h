@@ -111,11 +111,27 @@ struct sv_lease {
 SV_STATIC_ASSERT(sizeof(struct sv_lease) == 32, "lease size");
 
 /*
- * The registry lock is a process-shared robust mutex: a holder that dies
- * hands it to the next locker with EOWNERDEAD, which repairs and goes on.
- * Its bytes are opaque here; the size is that of glibc's pthread_mutex_t.
+ * The registry lock: our own, not a pthread mutex, so that a buggy peer's
+ * write into it can only make it look held or free, never trip a libc
+ * assertion (see fabric.cpp for the protocol).  word holds the holder
+ * thread's id (0: free) with SV_REG_LOCK_WAITERS set while someone sleeps
+ * on it (FUTEX_WAIT on word); holder_start is the holder's start time,
+ * which tells a live holder from a reused thread id.  A value that names
+ * no plausible holder (dead, reused, or an impossible bit pattern) is
+ * taken over with a compare-and-swap.  40 bytes, the size the pthread
+ * mutex had, so nothing after it moves.
  */
 #define SV_MUTEX_BYTES 40
+#define SV_REG_LOCK_WAITERS 0x80000000u
+#define SV_REG_LOCK_TID_MASK 0x3fffffffu /* Thread ids are below 2^22 (PID_MAX_LIMIT) */
+
+struct sv_reg_lock {
+	uint32_t word;	       /* Holder's tid | SV_REG_LOCK_WAITERS; 0 when free */
+	uint32_t reserved0;
+	uint64_t holder_start; /* Holder thread's start time (/proc stat field 22) */
+	uint8_t reserved[24];
+};
+SV_STATIC_ASSERT(sizeof(struct sv_reg_lock) == SV_MUTEX_BYTES, "registry lock size");
 
 /*
  * Queue pairs.  A QP number is (generation << 12) | slot, so a QPN that
@@ -270,7 +286,7 @@ SV_STATIC_ASSERT(sizeof(struct sv_mcast_rec) == 280, "multicast record size");
 
 struct sv_registry {
 	struct sv_seg_hdr hdr;
-	uint8_t lock[SV_MUTEX_BYTES] __attribute__((aligned(8)));
+	struct sv_reg_lock lock;
 	uint32_t next_lid;	/* Next LID to hand out; LIDs start at 1 */
 	uint32_t num_devices;	/* Slots in use in devices[] */
 	uint32_t lease_generation;

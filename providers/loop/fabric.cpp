@@ -3,20 +3,24 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace loop {
 
-static_assert(sizeof(pthread_mutex_t) == SV_MUTEX_BYTES, "registry lock layout");
+static_assert(sizeof(sv_reg_lock) == SV_MUTEX_BYTES, "registry lock layout");
+static_assert(offsetof(sv_reg_lock, word) == 0, "the futex word leads");
 
 namespace {
 
@@ -35,6 +39,154 @@ uint64_t fnv1a(const std::string &s, uint64_t h = 0xcbf29ce484222325ULL)
 std::atomic_ref<uint32_t> state_of(sv_registry *r)
 {
 	return std::atomic_ref<uint32_t>(r->hdr.state);
+}
+
+// ---- the registry lock ----
+//
+// Protocol (the layout is sv_reg_lock in kernel-abi/softverbs-abi.h):
+//  - Take: CAS word from 0 to our tid, then store holder_start (the start
+//    time of our thread).  A thread that had to wait takes it with
+//    SV_REG_LOCK_WAITERS set, since others may still sleep on it.
+//  - Release: clear holder_start, exchange word with 0; FUTEX_WAKE one
+//    sleeper if SV_REG_LOCK_WAITERS was set.
+//  - Wait: set SV_REG_LOCK_WAITERS on the value seen and FUTEX_WAIT on it
+//    for at most kLockSleepNs, then judge the holder again.
+// A value is taken over (CAS from the value judged, so a real release or a
+// new holder in between wins) when it names no plausible holder: bits no
+// thread id has, a thread that no longer exists, our own thread when we do
+// not hold it, or a thread whose start time is not the one the holder
+// recorded (a reused id, or a word a peer overwrote).  The start time is
+// checked only after the same value has stood for kLockCheckNs, so that a
+// new holder has long stored its holder_start; a zero holder_start only
+// after kLockZeroStartNs.  A stopped holder (a debugger, SIGSTOP) keeps the
+// lock, as a pthread mutex would.  The registry is changed only by short
+// updates that leave it consistent at every store, so a holder that died
+// needs no repair beyond the takeover.
+// The lock is recursive per thread (a depth kept in thread-local storage,
+// keyed by the registry's name so that two mappings of one registry are
+// one lock): a path that locks again while it holds the lock goes on
+// instead of waiting for itself forever.
+
+constexpr uint32_t kPidMaxLimit = 1u << 22; // PID_MAX_LIMIT on 64-bit Linux
+constexpr uint64_t kLockSleepNs = 20000000ULL;	   // 20 ms per FUTEX_WAIT
+constexpr uint64_t kLockCheckNs = 200000000ULL;	   // Same value this long: check start time
+constexpr uint64_t kLockZeroStartNs = 2000000000ULL; // holder_start still 0 this long
+constexpr int kLockSpins = 100;
+
+bool debug_on()
+{
+	static const bool on = [] {
+		const char *s = getenv("SOFTVERBS_DEBUG");
+		return s && *s && strcmp(s, "0") != 0;
+	}();
+	return on;
+}
+
+uint32_t my_tid()
+{
+	return static_cast<uint32_t>(syscall(SYS_gettid));
+}
+
+uint64_t mono_ns()
+{
+	timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Our thread's start time, read once per thread (and again in a forked
+// child, whose thread has another id).
+uint64_t my_start(uint32_t tid)
+{
+	thread_local uint32_t cached_tid = 0;
+	thread_local uint64_t cached = 0;
+	if (cached_tid != tid) {
+		cached = fabric::process_start_time(static_cast<pid_t>(tid));
+		cached_tid = tid;
+	}
+	return cached;
+}
+
+// The recursion depth of this thread on each registry it holds.
+struct held_lock {
+	uint64_t key = 0;
+	uint32_t tid = 0;
+	int depth = 0;
+};
+constexpr int kHeldMax = 8;
+thread_local held_lock t_held[kHeldMax];
+
+held_lock *held_find(uint64_t key, uint32_t tid)
+{
+	for (held_lock &h : t_held)
+		if (h.depth > 0 && h.key == key && h.tid == tid)
+			return &h;
+	return nullptr;
+}
+
+void held_add(uint64_t key, uint32_t tid)
+{
+	for (held_lock &h : t_held)
+		if (h.depth <= 0 || h.tid != tid) {
+			h = held_lock{key, tid, 1};
+			return;
+		}
+	// More registries held at once than anyone does: not counted, so a
+	// nested lock of it would judge its own tid stale and go on.
+}
+
+long futex_op(uint32_t *word, int op, uint32_t val, const timespec *ts)
+{
+	return syscall(SYS_futex, word, op, val, ts, nullptr, 0);
+}
+
+enum class holder_verdict { valid, broken };
+
+// Judges a lock value whose tid part is non-zero.  `since` is when this
+// exact value was first seen by the caller.
+holder_verdict judge(const sv_reg_lock &l, uint32_t v, uint32_t me, uint64_t since, uint64_t now,
+		     const char *&why)
+{
+	uint32_t tid = v & SV_REG_LOCK_TID_MASK;
+	if ((v & ~(SV_REG_LOCK_TID_MASK | SV_REG_LOCK_WAITERS)) || tid >= kPidMaxLimit) {
+		why = "an impossible value";
+		return holder_verdict::broken;
+	}
+	if (tid == me) {
+		why = "our own thread id, which does not hold it";
+		return holder_verdict::broken;
+	}
+	if (kill(static_cast<pid_t>(tid), 0) < 0 && errno == ESRCH) {
+		why = "a thread that no longer exists";
+		return holder_verdict::broken;
+	}
+	if (now - since < kLockCheckNs)
+		return holder_verdict::valid;
+	uint64_t recorded =
+		std::atomic_ref<const uint64_t>(l.holder_start).load(std::memory_order_relaxed);
+	if (!recorded && now - since < kLockZeroStartNs)
+		return holder_verdict::valid;
+	// Read /proc: the thread's state and start time.
+	std::ifstream in("/proc/" + std::to_string(tid) + "/stat");
+	std::string line;
+	if (!std::getline(in, line)) {
+		why = "a thread that no longer exists";
+		return holder_verdict::broken;
+	}
+	size_t p = line.rfind(')');
+	char state = p != std::string::npos && p + 2 < line.size() ? line[p + 2] : '?';
+	if (state == 'Z' || state == 'X') {
+		why = "a thread that has exited"; // A zombie not yet reaped
+		return holder_verdict::broken;
+	}
+	if (state == 'T' || state == 't')
+		return holder_verdict::valid; // Stopped in a debugger: it still holds
+	uint64_t actual = fabric::process_start_time(static_cast<pid_t>(tid));
+	if (actual && actual == recorded)
+		return holder_verdict::valid;
+	why = recorded ? "a thread id reused by another thread"
+		       : "a thread that never recorded itself as holder";
+	return holder_verdict::broken;
 }
 
 } // namespace
@@ -68,6 +220,7 @@ int fabric::open(const config &cfg, fabric *&out, std::string &error)
 	auto *f = new fabric;
 	f->cfg_ = cfg;
 	f->path_ = registry_name(cfg.fabric);
+	f->lock_key_ = fnv1a(f->path_);
 	int fd = shm_open(f->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	int ret;
 	if (fd >= 0) {
@@ -117,12 +270,7 @@ int fabric::init_new(int fd, std::string &error)
 	reg_->hdr.seg_size = kRegistrySize;
 	reg_->hdr.creator_pid = static_cast<uint32_t>(getpid());
 	reg_->next_lid = 1;
-	pthread_mutexattr_t a;
-	pthread_mutexattr_init(&a);
-	pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-	pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-	pthread_mutex_init(reinterpret_cast<pthread_mutex_t *>(reg_->lock), &a);
-	pthread_mutexattr_destroy(&a);
+	// The lock is all zeros (free) as ftruncate left it.
 	state_of(reg_).store(SV_SEG_READY, std::memory_order_release);
 	return 0;
 }
@@ -196,19 +344,118 @@ int fabric::attach(int fd, std::string &error)
 
 void fabric::lock()
 {
-	auto *m = reinterpret_cast<pthread_mutex_t *>(reg_->lock);
-	int r = pthread_mutex_lock(m);
-	if (r == EOWNERDEAD) {
-		// The registry is only ever changed by short, self-contained
-		// updates that leave it consistent at every store, so no repair
-		// is needed beyond marking the mutex usable again.
-		pthread_mutex_consistent(m);
+	sv_reg_lock &l = reg_->lock;
+	std::atomic_ref<uint32_t> w(l.word);
+	uint32_t me = my_tid();
+	if (held_lock *h = held_find(lock_key_, me)) {
+		if ((w.load(std::memory_order_relaxed) & SV_REG_LOCK_TID_MASK) == me) {
+			h->depth++;
+			return;
+		}
+		// Our hold was taken from us (a peer overwrote the word, and a
+		// waiter took it over): forget it and take the lock afresh.
+		h->depth = 0;
+	}
+	uint32_t v = 0;
+	if (!w.compare_exchange_strong(v, me, std::memory_order_acquire))
+		lock_slow(me);
+	std::atomic_ref<uint64_t>(l.holder_start).store(my_start(me), std::memory_order_relaxed);
+	held_add(lock_key_, me);
+}
+
+void fabric::lock_slow(uint32_t me)
+{
+	sv_reg_lock &l = reg_->lock;
+	std::atomic_ref<uint32_t> w(l.word);
+	uint32_t seen = 0;
+	uint64_t since = 0;
+	for (int round = 0;; round++) {
+		uint32_t v = w.load(std::memory_order_relaxed);
+		if (!(v & SV_REG_LOCK_TID_MASK)) {
+			// Free (perhaps with sleepers still flagged): take it, keeping
+			// the flag, since we cannot tell whether they all woke.
+			if (w.compare_exchange_strong(v, me | (v & SV_REG_LOCK_WAITERS) |
+							     (round ? SV_REG_LOCK_WAITERS : 0),
+						      std::memory_order_acquire))
+				return;
+			continue;
+		}
+		uint64_t now = mono_ns();
+		if (v != seen || !since) {
+			seen = v;
+			since = now;
+		}
+		const char *why = nullptr;
+		if (judge(l, v, me, since, now, why) == holder_verdict::broken) {
+			if (w.compare_exchange_strong(v, me | SV_REG_LOCK_WAITERS,
+						      std::memory_order_acquire)) {
+				if (debug_on())
+					fprintf(stderr,
+						"softverbs: registry lock of %s held as 0x%08x, %s: "
+						"taken over\n",
+						path_.c_str(), v, why);
+				return;
+			}
+			continue;
+		}
+		if (round < kLockSpins) {
+			if (round > 8)
+				sched_yield();
+			continue;
+		}
+		// Sleep on the value with the waiters flag set, for a while.
+		uint32_t flagged = v | SV_REG_LOCK_WAITERS;
+		if (v != flagged &&
+		    !w.compare_exchange_strong(v, flagged, std::memory_order_relaxed))
+			continue;
+		if (seen == v)
+			seen = flagged; // Our own flag does not make it a new holder
+		timespec ts{0, static_cast<long>(kLockSleepNs)};
+		futex_op(&l.word, FUTEX_WAIT, flagged, &ts);
 	}
 }
 
 void fabric::unlock()
 {
-	pthread_mutex_unlock(reinterpret_cast<pthread_mutex_t *>(reg_->lock));
+	sv_reg_lock &l = reg_->lock;
+	std::atomic_ref<uint32_t> w(l.word);
+	uint32_t me = my_tid();
+	held_lock *h = held_find(lock_key_, me);
+	if (h && --h->depth > 0)
+		return;
+	if (!h) {
+		// Not ours (taken over after a peer overwrote it): leave it.
+		if (debug_on())
+			fprintf(stderr, "softverbs: registry lock of %s released by a thread "
+					"that no longer held it\n",
+				path_.c_str());
+		return;
+	}
+	uint32_t cur = w.load(std::memory_order_relaxed);
+	if ((cur & SV_REG_LOCK_TID_MASK) != me) {
+		// Someone wrote over the word while we held it: a waiter may have
+		// taken it over already; only a value naming us is ours to clear.
+		if (debug_on())
+			fprintf(stderr,
+				"softverbs: registry lock of %s overwritten while held "
+				"(0x%08x, holder %u)\n",
+				path_.c_str(), cur, me);
+		futex_op(&l.word, FUTEX_WAKE, INT_MAX, nullptr);
+		return;
+	}
+	std::atomic_ref<uint64_t>(l.holder_start).store(0, std::memory_order_relaxed);
+	uint32_t old = w.exchange(0, std::memory_order_release);
+	if ((old & SV_REG_LOCK_TID_MASK) != me) {
+		if (debug_on())
+			fprintf(stderr,
+				"softverbs: registry lock of %s overwritten while held "
+				"(0x%08x, holder %u)\n",
+				path_.c_str(), old, me);
+		futex_op(&l.word, FUTEX_WAKE, INT_MAX, nullptr);
+		return;
+	}
+	if (old & SV_REG_LOCK_WAITERS)
+		futex_op(&l.word, FUTEX_WAKE, 1, nullptr);
 }
 
 sv_device_rec *fabric::device(const std::string &name) const
@@ -266,6 +513,10 @@ bool fabric::slot_dead_locked(int slot)
 	const sv_lease &l = reg_->leases[slot];
 	if (!l.pid)
 		return false;
+	// A peer may have written anything here: a value no pid can have is a
+	// dead lease (and must not reach kill() as a process group).
+	if (l.pid >= kPidMaxLimit)
+		return true;
 	if (kill(static_cast<pid_t>(l.pid), 0) < 0 && errno == ESRCH)
 		return true;
 	return process_start_time(static_cast<pid_t>(l.pid)) != l.start_time;
@@ -296,14 +547,17 @@ void fabric::reap_locked(int slot)
 		shm_unlink(name.c_str());
 		o.in_use = 0;
 	}
-	for (auto &m : reg_->mcast)
-		for (uint32_t i = 0; i < m.num_qps && i < SV_MAX_MCAST_QPS;) {
+	for (auto &m : reg_->mcast) {
+		if (m.num_qps > SV_MAX_MCAST_QPS)
+			m.num_qps = SV_MAX_MCAST_QPS; // Damaged: the slots we have
+		for (uint32_t i = 0; i < m.num_qps;) {
 			uint32_t qslot = m.qpns[i] & SV_QPN_SLOT_MASK;
 			if (!reg_->qps[qslot].in_use)
 				m.qpns[i] = m.qpns[--m.num_qps];
 			else
 				i++;
 		}
+	}
 	l.pid = 0;
 	l.start_time = 0;
 }

@@ -33,7 +33,9 @@ public:
 	// Device record for a configured device, or nullptr.
 	sv_device_rec *device(const std::string &name) const;
 
-	// The registry lock: a robust process-shared mutex.
+	// The registry lock (sv_reg_lock): process-shared, recursive per
+	// thread; a dead holder's, or a value a peer scribbled over it, is
+	// taken over.  Never aborts; waits only for a live holder.
 	void lock();
 	void unlock();
 
@@ -56,11 +58,13 @@ private:
 	void ensure_devices();
 	bool slot_dead_locked(int slot);
 	void reap_locked(int slot);
+	void lock_slow(uint32_t me);
 
 	config cfg_;
 	std::string path_;
 	sv_registry *reg_ = nullptr;
 	int lease_slot_ = -1;
+	uint64_t lock_key_ = 0; // Names the registry for the lock's recursion count
 };
 
 // A locked scope on the registry.

@@ -5,14 +5,21 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <functional>
 #include <glob.h>
 #include <iterator>
 #include <set>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 
 using loop::config;
@@ -345,4 +352,284 @@ TEST_F(Fabric, LeaseSlotOfDeadProcessIsReused)
 	EXPECT_GT(now.generation, held.generation);
 	EXPECT_EQ(second.finish(), 0);
 	EXPECT_EQ(f->lease(), mine) << "our own lease is untouched";
+}
+
+// ---- the registry lock (sv_reg_lock) ----
+
+namespace
+{
+
+uint32_t tid()
+{
+	return static_cast<uint32_t>(syscall(SYS_gettid));
+}
+
+std::atomic_ref<uint32_t> lock_word(fabric *f)
+{
+	return std::atomic_ref<uint32_t>(f->reg()->lock.word);
+}
+
+// A pid that surely names no process: a child that has exited and been reaped.
+pid_t dead_pid()
+{
+	pid_t p = fork();
+	if (p == 0)
+		_exit(0);
+	waitpid(p, nullptr, 0);
+	return p;
+}
+
+// Runs fn in a forked child; returns its exit status, or -1 if it did not
+// exit within limit_s seconds (then it is killed).
+int in_child(const std::function<int()> &fn, int limit_s = 30)
+{
+	pid_t p = fork();
+	if (p == 0) {
+		alarm(static_cast<unsigned>(limit_s));
+		_exit(fn());
+	}
+	int st = 0;
+	if (waitpid(p, &st, 0) != p)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+} // namespace
+
+TEST_F(Fabric, RegistryLockIsRecursiveAndReleases)
+{
+	fabric *f;
+	std::string err;
+	ASSERT_EQ(open(make_config({dev("loop0")}), f, err), 0) << err;
+	f->lock();
+	EXPECT_EQ(lock_word(f).load() & SV_REG_LOCK_TID_MASK, tid());
+	EXPECT_EQ(f->reg()->lock.holder_start, fabric::process_start_time(tid()));
+	f->lock(); // A path that locks again while it holds it goes on
+	f->unlock();
+	EXPECT_EQ(lock_word(f).load() & SV_REG_LOCK_TID_MASK, tid()) << "still held once";
+	f->unlock();
+	EXPECT_EQ(lock_word(f).load(), 0u);
+	EXPECT_EQ(f->reg()->lock.holder_start, 0u);
+
+	// A second mapping of the same registry is the same lock.
+	fabric *g;
+	ASSERT_EQ(open(make_config({dev("loop0")}), g, err), 0) << err;
+	f->lock();
+	g->lock();
+	g->unlock();
+	EXPECT_EQ(lock_word(f).load() & SV_REG_LOCK_TID_MASK, tid());
+	f->unlock();
+	EXPECT_EQ(lock_word(g).load(), 0u);
+}
+
+TEST_F(Fabric, RegistryLockTakesOverValuesThatNameNoHolder)
+{
+	fabric *f;
+	std::string err;
+	ASSERT_EQ(open(make_config({dev("loop0")}), f, err), 0) << err;
+	struct garbage {
+		const char *what;
+		uint32_t word;
+		uint64_t start;
+	};
+	const uint32_t dead = static_cast<uint32_t>(dead_pid());
+	const uint32_t live = static_cast<uint32_t>(getppid()); // Alive, not a holder
+	const garbage cases[] = {
+		{"all ones", 0xffffffffu, 0},
+		{"bit 30 set", 0x40000000u | 5, 0},
+		{"tid above PID_MAX_LIMIT", (1u << 22) + 5, 0},
+		{"waiters flag with tid bits beyond pid_max", SV_REG_LOCK_WAITERS | 0x3ffffffu, 7},
+		{"a dead thread", dead, fabric::process_start_time(getpid())},
+		{"a dead thread, waiters flagged", dead | SV_REG_LOCK_WAITERS, 0},
+		{"our own tid, not holding", tid(), 0},
+		{"a live thread with another start time", live, 12345},
+		{"a live thread that never recorded itself", live, 0},
+		{"free but waiters flagged", SV_REG_LOCK_WAITERS, 0},
+	};
+	for (const garbage &g : cases) {
+		SCOPED_TRACE(g.what);
+		lock_word(f).store(g.word);
+		f->reg()->lock.holder_start = g.start;
+		// Taken over in a child too (another process, as a peer would).
+		EXPECT_EQ(in_child([&] {
+				  f->lock();
+				  bool mine = (lock_word(f).load() & SV_REG_LOCK_TID_MASK) == tid();
+				  f->unlock();
+				  return mine && lock_word(f).load() == 0 ? 0 : 1;
+			  }),
+			  0);
+		EXPECT_EQ(lock_word(f).load(), 0u);
+		// And here.
+		lock_word(f).store(g.word);
+		f->reg()->lock.holder_start = g.start;
+		f->lock();
+		EXPECT_EQ(lock_word(f).load() & SV_REG_LOCK_TID_MASK, tid());
+		EXPECT_EQ(f->reg()->lock.holder_start, fabric::process_start_time(tid()));
+		f->unlock();
+		EXPECT_EQ(lock_word(f).load(), 0u);
+	}
+}
+
+TEST_F(Fabric, RegistryLockWaitsForALiveHolderAndTakesOverADeadOne)
+{
+	fabric *f;
+	std::string err;
+	ASSERT_EQ(open(make_config({dev("loop0")}), f, err), 0) << err;
+	// A child takes the lock and holds it until told (a byte on a pipe),
+	// then either releases it or dies holding it.
+	for (bool dies : {false, true}) {
+		SCOPED_TRACE(dies ? "holder dies" : "holder releases");
+		int up[2], go[2];
+		ASSERT_EQ(pipe(up), 0);
+		ASSERT_EQ(pipe(go), 0);
+		pid_t holder = fork();
+		ASSERT_GE(holder, 0);
+		if (holder == 0) {
+			alarm(30);
+			f->lock();
+			char b = 1;
+			(void)!write(up[1], &b, 1);
+			(void)!read(go[0], &b, 1);
+			if (b == 'k')
+				_exit(0); // Dies holding it
+			f->unlock();
+			_exit(0);
+		}
+		char b;
+		ASSERT_EQ(read(up[0], &b, 1), 1);
+		EXPECT_EQ(lock_word(f).load() & SV_REG_LOCK_TID_MASK, static_cast<uint32_t>(holder));
+		std::atomic<bool> got{false};
+		std::thread waiter([&] {
+			f->lock();
+			got = true;
+			f->unlock();
+		});
+		// Longer than the checks of the holder's start time (0.2 s, and 2 s
+		// for an unrecorded start): a live holder keeps the lock through them.
+		for (int i = 0; i < 25 && !got; i++)
+			usleep(100000);
+		EXPECT_FALSE(got) << "the lock was taken from a live holder";
+		b = dies ? 'k' : 'r';
+		ASSERT_EQ(write(go[1], &b, 1), 1);
+		waiter.join();
+		EXPECT_TRUE(got);
+		int st = 0;
+		ASSERT_EQ(waitpid(holder, &st, 0), holder);
+		EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		EXPECT_EQ(lock_word(f).load() & SV_REG_LOCK_TID_MASK, 0u);
+		for (int fd : {up[0], up[1], go[0], go[1]})
+			close(fd);
+	}
+	// A holder killed with SIGKILL inside its critical section.
+	pid_t holder = fork();
+	ASSERT_GE(holder, 0);
+	if (holder == 0) {
+		f->lock();
+		pause();
+		_exit(0);
+	}
+	while ((lock_word(f).load() & SV_REG_LOCK_TID_MASK) != static_cast<uint32_t>(holder))
+		usleep(1000);
+	kill(holder, SIGKILL);
+	waitpid(holder, nullptr, 0);
+	f->lock();
+	EXPECT_EQ(lock_word(f).load() & SV_REG_LOCK_TID_MASK, tid());
+	f->unlock();
+}
+
+TEST_F(Fabric, RegistryLockExcludesThreadsAndProcesses)
+{
+	fabric *f;
+	std::string err;
+	ASSERT_EQ(open(make_config({dev("loop0")}), f, err), 0) << err;
+	// A counter in memory shared with forked children, changed only under
+	// the lock with a plain read-modify-write, and a flag that shows two
+	// holders at once.
+	struct shared {
+		uint64_t count;
+		uint32_t inside;
+		uint32_t overlaps;
+	};
+	auto *sh = static_cast<shared *>(
+		mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+	ASSERT_NE(sh, MAP_FAILED);
+	memset(sh, 0, sizeof(*sh));
+	constexpr int kIters = 3000, kThreads = 3, kProcs = 3;
+	auto work = [&] {
+		for (int i = 0; i < kIters; i++) {
+			f->lock();
+			if (sh->inside++)
+				sh->overlaps++;
+			uint64_t c = sh->count;
+			if ((i & 63) == 0)
+				sched_yield(); // Let the others pile up on the lock
+			sh->count = c + 1;
+			sh->inside--;
+			f->unlock();
+		}
+	};
+	std::vector<pid_t> kids;
+	for (int p = 0; p < kProcs; p++) {
+		pid_t k = fork();
+		ASSERT_GE(k, 0);
+		if (k == 0) {
+			alarm(50);
+			std::vector<std::thread> ts;
+			for (int t = 0; t < 2; t++)
+				ts.emplace_back(work);
+			for (auto &t : ts)
+				t.join();
+			_exit(0);
+		}
+		kids.push_back(k);
+	}
+	std::vector<std::thread> ts;
+	for (int t = 0; t < kThreads; t++)
+		ts.emplace_back(work);
+	for (auto &t : ts)
+		t.join();
+	for (pid_t k : kids) {
+		int st = 0;
+		ASSERT_EQ(waitpid(k, &st, 0), k);
+		EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child " << k << " status " << st;
+	}
+	EXPECT_EQ(sh->overlaps, 0u) << "two holders at once";
+	EXPECT_EQ(sh->count, uint64_t(kIters) * (kThreads + kProcs * 2));
+	EXPECT_EQ(lock_word(f).load(), 0u);
+	munmap(sh, 4096);
+}
+
+TEST_F(Fabric, RegistryLockSurvivesAWordOverwrittenWhileHeld)
+{
+	fabric *f;
+	std::string err;
+	ASSERT_EQ(open(make_config({dev("loop0")}), f, err), 0) << err;
+	f->lock();
+	lock_word(f).store(0xdeadbeef); // A peer's stray write
+	f->unlock();			// Must neither crash nor free someone else's hold
+	f->lock();			// The garbage is taken over
+	EXPECT_EQ(lock_word(f).load() & SV_REG_LOCK_TID_MASK, tid());
+	f->unlock();
+	EXPECT_EQ(lock_word(f).load(), 0u);
+}
+
+TEST_F(Fabric, DamagedLeasesAndMulticastRecordsAreReaped)
+{
+	fabric *f;
+	std::string err;
+	ASSERT_EQ(open(make_config({dev("loop0")}), f, err), 0) << err;
+	int mine = f->lease();
+	ASSERT_GE(mine, 0);
+	sv_registry *r = f->reg();
+	int bad = mine == 5 ? 6 : 5;
+	r->leases[bad].pid = 0xfffffff0u; // No process has it (and it is no process group)
+	r->leases[bad].generation = 77;
+	r->mcast[3].num_qps = 60000; // Beyond the array
+	for (uint32_t i = 0; i < SV_MAX_MCAST_QPS; i++)
+		r->mcast[3].qpns[i] = 0xffffffffu;
+	EXPECT_FALSE(f->lease_alive(static_cast<uint32_t>(bad), 77));
+	EXPECT_GE(f->reap_dead(), 1);
+	EXPECT_EQ(r->leases[bad].pid, 0u);
+	EXPECT_LE(r->mcast[3].num_qps, static_cast<uint16_t>(SV_MAX_MCAST_QPS));
+	EXPECT_TRUE(f->lease_alive(static_cast<uint32_t>(mine), r->leases[mine].generation));
 }
