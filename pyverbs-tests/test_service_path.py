@@ -2,13 +2,23 @@
 """The copy path for kernels that refuse cross-memory attach (Yama
 ptrace_scope 2/3, seccomp): with SOFTVERBS_CMA=0 every byte between two
 processes goes through the peer's service thread and bounce buffer
-(sv_svc_ring).  The same unmodified tools must work, with data checked, and
-`softverbs show` must say which path each process used."""
+(sv_svc_ring).  `softverbs show` must say which path each process used.
+
+Data is checked byte for byte by our own programs: tests/progs/sv_pingpong
+(SEND with immediate, a seeded pattern, sequence numbers, reused receive
+buffers) and tests/progs/sv_peer (SEND 1 B..1 MiB, a 2 MiB READ, a 64 KiB
+WRITE and atomics, each verified).  Debian's unmodified ibv_rc_pingpong and
+perftest also run through the service path, as smoke tests of the tools:
+they check completions and byte counts, not data (perftest has no data
+check at all; rc_pingpong's -c looks at one byte per page)."""
 import subprocess
 
-from test_traffic_pingpong import free_port, listening, pingpong
+from test_traffic_pingpong import checked_pingpong, free_port, listening, pingpong
+from test_traffic_progs import Proc
 
 import time
+
+import pytest
 
 
 def lease_paths(softverbs, env, fabric):
@@ -17,18 +27,73 @@ def lease_paths(softverbs, env, fabric):
     return [l for l in out.splitlines() if l.strip().startswith("slot ")]
 
 
-def test_rc_pingpong_data_checked_through_service(env, softverbs, fabric):
-    env = dict(env, SOFTVERBS_CMA="0")
-    # 100000 bytes: more than one bounce buffer's worth would need -s > 256 KiB,
-    # so also run a 1 MiB message that takes four service requests.
-    pingpong(env, "ibv_rc_pingpong", ["-c", "-s", "100000", "-n", "50"])
-    pingpong(env, "ibv_rc_pingpong", ["-c", "-s", "1048576", "-n", "5"])
+def assert_all_service(softverbs, env, fabric, used="all"):
+    """No process of the fabric used cross-memory attach; "all" of them
+    copied through the service path, or "any" (only one side copies: the
+    requester of sv_peer's one-sided operations), or "none" (messages small
+    enough to travel in the ring itself)."""
     slots = lease_paths(softverbs, env, fabric)
-    assert slots and all("service-copy" in l for l in slots), slots
+    assert slots, slots
+    service = [l for l in slots if "service-copy" in l]
+    if used == "all":
+        assert len(service) == len(slots), slots
+    elif used == "any":
+        assert service, slots
     assert not any("cross-memory-attach " in l + " " for l in slots), slots
 
 
-def test_default_path_is_cross_memory_attach(env, softverbs, fabric):
+# 100000 bytes fit one bounce buffer (256 KiB); 1 MiB takes four service
+# requests; 1 and 7 bytes travel in the ring (no copy path at all).
+SERVICE_SIZES = [(1, 200, "none"), (7, 200, "none"), (4096, 200, "all"), (100000, 50, "all"),
+                 (1 << 20, 5, "all")]
+
+
+@pytest.mark.parametrize("size,n,service", SERVICE_SIZES)
+def test_send_data_checked_through_service(env, softverbs, fabric, build_dir, size, n, service):
+    env = dict(env, SOFTVERBS_CMA="0")
+    checked_pingpong(build_dir, env, ["-s", size, "-n", n])
+    assert_all_service(softverbs, env, fabric, used=service)
+
+
+def test_one_sided_data_checked_through_service(env, softverbs, fabric, build_dir):
+    """sv_peer through the service path: SEND 1 B..1 MiB (every byte
+    compared, in order), READ 2 MiB and WRITE 64 KiB verified, CAS and
+    FAA results checked."""
+    env = dict(env, SOFTVERBS_CMA="0")
+    progs = build_dir / "tests" / "progs"
+    srv = Proc([progs / "sv_peer", "server", "loop0"], env)
+    cli = None
+    try:
+        cli = Proc([progs / "sv_peer", "client", "loop0"], env)
+        cli.send(srv.line())
+        srv.send(cli.line())
+        assert srv.line() == "READY"
+        cli.send("READY")
+        assert cli.line(120) == "DONE"
+        assert srv.line(120) == "DONE 22"
+        rc, err = cli.finish()
+        assert rc == 0, err
+        # The server checks the client's WRITE and atomics once stdin closes.
+        rc, err = srv.finish()
+        assert rc == 0, err
+    finally:
+        for p in (srv, cli):
+            if p:
+                p.kill()
+    assert_all_service(softverbs, env, fabric, used="any")
+
+
+def test_rc_pingpong_tool_through_service(env, softverbs, fabric):
+    """Debian's ibv_rc_pingpong through the service path (smoke test of the
+    unmodified tool; the data checks are the tests above)."""
+    env = dict(env, SOFTVERBS_CMA="0")
+    pingpong(env, "ibv_rc_pingpong", ["-c", "-s", "100000", "-n", "50"])
+    pingpong(env, "ibv_rc_pingpong", ["-c", "-s", "1048576", "-n", "5"])
+    assert_all_service(softverbs, env, fabric)
+
+
+def test_default_path_is_cross_memory_attach(env, softverbs, fabric, build_dir):
+    checked_pingpong(build_dir, env, ["-s", 100000, "-n", 20])
     pingpong(env, "ibv_rc_pingpong", ["-c", "-s", "100000", "-n", "20"])
     slots = lease_paths(softverbs, env, fabric)
     assert slots and all("cross-memory-attach" in l for l in slots), slots
@@ -60,7 +125,9 @@ def perftest_pair(env, tool, args, timeout=120):
     return cout
 
 
-def test_read_write_atomic_through_service(env, softverbs, fabric):
+def test_perftest_read_write_atomic_through_service(env, softverbs, fabric):
+    """perftest's READ, WRITE and atomic tools complete through the service
+    path: a smoke test (perftest checks no data; sv_peer above does)."""
     env = dict(env, SOFTVERBS_CMA="0")
     for tool in ("ib_read_bw", "ib_write_bw", "ib_atomic_bw"):
         out = perftest_pair(env, tool, ["-n", "200"])
