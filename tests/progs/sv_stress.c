@@ -76,9 +76,9 @@ static void check_wc(struct svmp_stats *st, const struct ibv_wc *wc, const char 
 
 struct stream_rx {
 	struct svmp_stats st;
-	uint32_t next;	 /* sequence number expected next */
-	uint64_t recvd;	 /* receive completions */
-	uint64_t wr_next; /* receive wr_id expected next (buffers in post order) */
+	uint32_t next;		 /* sequence number expected next */
+	uint64_t recvd;		 /* receive completions */
+	struct svmp_fifo posted; /* receive buffers, in post order (no SRQ) */
 };
 
 struct sendq {
@@ -87,13 +87,13 @@ struct sendq {
 	struct ibv_qp *qp[SVMP_MAXP]; /* by peer */
 	struct ibv_srq *srq;
 	struct ibv_mr *rmr, *smr;
-	uint32_t bufsz;		       /* each receive and send buffer */
-	int nrecv;		       /* receive buffers */
-	int window;		       /* sends in flight at most */
-	uint64_t sent, scomp;	       /* sends posted, send completions */
-	uint32_t skipped;	       /* sequence numbers skipped (-F skip) */
+	uint32_t bufsz;			/* each receive and send buffer */
+	int nrecv;			/* receive buffers */
+	int window;			/* sends in flight at most */
+	uint64_t sent, scomp;		/* sends posted, send completions */
+	uint32_t skipped;		/* sequence numbers skipped (-F skip) */
 	struct stream_rx rx[SVMP_MAXP]; /* by sending peer */
-	uint32_t qpn_peer[SVMP_MAXP];  /* local qp_num by peer, for SRQ completions */
+	uint32_t qpn_peer[SVMP_MAXP];	/* local qp_num by peer, for SRQ completions */
 	int npeers;
 	uint64_t resizes, resize_every, recvd_all;
 	int resize_k;
@@ -123,9 +123,13 @@ static int peer_of_qpn(struct sendq *q, uint32_t qpn)
 	FAIL("proc %d: completion for unknown qp_num %u", svmp_me, qpn);
 }
 
+/* In a receive's wr_id, with the buffer's index; a send's is its number */
+#define RXTAG (1ULL << 63)
+
 static void sendq_handle(struct sendq *q, const struct ibv_wc *wc)
 {
-	if (wc->opcode == IBV_WC_SEND || !(wc->opcode & IBV_WC_RECV)) {
+	/* By wr_id: an error completion's opcode is undefined */
+	if (!(wc->wr_id & RXTAG)) {
 		check_wc(&q->rx[0].st, wc, "send");
 		if (wc->opcode != IBV_WC_SEND)
 			FAIL("proc %d: send completion with opcode %d", svmp_me, wc->opcode);
@@ -141,17 +145,21 @@ static void sendq_handle(struct sendq *q, const struct ibv_wc *wc)
 	check_wc(&rx->st, wc, "receive");
 	if (wc->opcode != IBV_WC_RECV)
 		FAIL("proc %d: receive completion opcode %d", svmp_me, wc->opcode);
-	uint64_t buf = wc->wr_id;
+	uint64_t buf = wc->wr_id & ~RXTAG;
 	if (buf >= (uint64_t)q->nrecv)
 		FAIL("proc %d: receive wr_id %llu out of range", svmp_me, (unsigned long long)buf);
-	if (!q->srq && buf != rx->wr_next % q->nrecv) {
-		rx->st.badwc++;
-		if (rx->st.reported++ < 8)
-			fprintf(stderr, "proc %d: receive completion for buffer %llu, expected %llu\n",
-				svmp_me, (unsigned long long)buf,
-				(unsigned long long)(rx->wr_next % q->nrecv));
+	if (!q->srq) {
+		int skipped = svmp_fifo_take(&rx->posted, (uint32_t)buf);
+		if (skipped) {
+			rx->st.badwc += skipped > 0 ? (uint64_t)skipped : 1;
+			if (rx->st.reported++ < 8)
+				fprintf(stderr,
+					"proc %d: receive completion for buffer %llu: %d receives "
+					"posted before it never completed\n",
+					svmp_me, (unsigned long long)buf, skipped);
+		}
+		svmp_fifo_push(&rx->posted, (uint32_t)buf);
 	}
-	rx->wr_next++;
 	rx->recvd++;
 	size_t off = (size_t)buf * q->bufsz;
 	uint8_t *p = (uint8_t *)q->rmr->addr + off;
@@ -169,8 +177,8 @@ static void sendq_handle(struct sendq *q, const struct ibv_wc *wc)
 				svmp_me, seq, peer, len, msg_size((uint32_t)peer, seq));
 	}
 	svmp_guard(&rx->st, "SEND", p, len, GUARD);
-	CHECK(svmp_post_recv_buf(q->qp[peer], q->srq, buf, q->rmr, off, q->bufsz, len + GUARD) ==
-	      0);
+	CHECK(svmp_post_recv_buf(q->qp[peer], q->srq, RXTAG | buf, q->rmr, off, q->bufsz,
+				 len + GUARD) == 0);
 	q->recvd_all++;
 	/* Resize while completions may sit in the CQ and the peer produces */
 	if (q->resize_every && q->recvd_all % q->resize_every == 0)
@@ -228,8 +236,8 @@ static void sendq_init(struct sendq *q, const int *peers, int npeers, int nrecv,
 	memset(q->rmr->addr, SVMP_POISON, q->rmr->length);
 	for (int k = 0; k < npeers; k++) {
 		int j = peers[k];
-		struct svt_qpopt o = {IBV_QPT_RC, q->scq, q->rcq, q->srq, 0, 256,
-				      (uint32_t)nrecv, 1, 0};
+		struct svt_qpopt o = {IBV_QPT_RC, q->scq,	   q->rcq, q->srq, 0,
+				      256,	  (uint32_t)nrecv, 1,	   0};
 		q->qp[j] = svt_qp(&q->d, &o);
 		q->qpn_peer[j] = q->qp[j]->qp_num;
 		svmp_publish(j, q->qp[j], q->d.lid, NULL);
@@ -240,13 +248,16 @@ static void sendq_init(struct sendq *q, const int *peers, int npeers, int nrecv,
 		int j = peers[k];
 		svmp_connect(q->qp[j], &svmp_b->ep[j][svmp_me]);
 		if (!use_srq)
-			for (int b = 0; b < nrecv; b++)
-				CHECK(svmp_post_recv_buf(q->qp[j], NULL, (uint64_t)b, q->rmr,
-							 (size_t)b * q->bufsz, q->bufsz, 0) == 0);
+			for (int b = 0; b < nrecv; b++) {
+				CHECK(svmp_post_recv_buf(q->qp[j], NULL, RXTAG | (uint64_t)b,
+							 q->rmr, (size_t)b * q->bufsz, q->bufsz,
+							 0) == 0);
+				svmp_fifo_push(&q->rx[j].posted, (uint32_t)b);
+			}
 	}
 	if (use_srq)
 		for (int b = 0; b < nrecv; b++)
-			CHECK(svmp_post_recv_buf(NULL, q->srq, (uint64_t)b, q->rmr,
+			CHECK(svmp_post_recv_buf(NULL, q->srq, RXTAG | (uint64_t)b, q->rmr,
 						 (size_t)b * q->bufsz, q->bufsz, 0) == 0);
 	/* Every side is connected with its receives posted before anyone sends */
 	svmp_barrier(30000, NULL, NULL);
@@ -320,8 +331,9 @@ static uint64_t sendq_finish(struct sendq *q, const char *name, const int *peers
 		while (rx->recvd < want && svt_now_ms() < until)
 			sendq_poll(q);
 		if (rx->next < want) {
-			fprintf(stderr, "proc %d: from %d: %llu messages sent, %llu completions, "
-					"next expected seq %u\n",
+			fprintf(stderr,
+				"proc %d: from %d: %llu messages sent, %llu completions, "
+				"next expected seq %u\n",
 				svmp_me, j, (unsigned long long)want, (unsigned long long)rx->recvd,
 				rx->next);
 			rx->st.lost += want - rx->next;
@@ -408,9 +420,9 @@ static void child_srq(int me)
 
 #define MAXW (1u << 20)
 #define NSLOT 8
-#define SLOTSZ (MAXW + 4096) /* a message and its guard */
+#define SLOTSZ (MAXW + 4096)	       /* a message and its guard */
 #define REG_W ((size_t)NSLOT * SLOTSZ) /* WRITE targets, at the target */
-#define REG_R ((size_t)2 << 20)	      /* READ source, after them */
+#define REG_R ((size_t)2 << 20)	       /* READ source, after them */
 #define PRECV 8
 #define NSMALL 64
 #define OFF_SRC 0
@@ -423,7 +435,7 @@ static void child_srq(int me)
 enum { K_RECV = 1, K_NOTICE, K_ACK, K_WRITE, K_READ, K_SEND };
 #define WRID(k, i) ((uint64_t)(k) << 56 | (uint64_t)(i))
 #define WRKIND(w) ((int)((w) >> 56))
-#define WRIDX(w) ((w) & 0xffffffffffffffULL)
+#define WRIDX(w) ((w)&0xffffffffffffffULL)
 
 enum { ST_WRITE = 2, ST_NOTICE = 3, ST_ACK = 4, ST_READ = 5, ST_SEND = 6 };
 enum { PH_WRITE, PH_READ, PH_SEND };
@@ -467,8 +479,8 @@ static void pair_small_send(struct pair *p, int kind, uint32_t stream, uint32_t 
 	size_t off = OFF_SMALL + (size_t)(p->small_sent++ % NSMALL) * SMALLSZ;
 	svmp_gen(loc_at(p, off), len, stream, seq);
 	struct ibv_sge s = svt_sge(p->loc, off, len);
-	int rc = svt_post_send1(p->qp, WRID(kind, seq), IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED, 0,
-				0);
+	int rc =
+	    svt_post_send1(p->qp, WRID(kind, seq), IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED, 0, 0);
 	if (rc)
 		FAIL("proc %d: post_send (small) returned %d", svmp_me, rc);
 }
@@ -523,8 +535,9 @@ static void pair_read_done(struct pair *p, uint32_t slot)
 			size_t d = 0;
 			while (d < len && dst[d] == want[d])
 				d++;
-			fprintf(stderr, "proc %d: READ of %u bytes at %u: %s when its completion "
-					"was polled, first bad byte %zu\n",
+			fprintf(stderr,
+				"proc %d: READ of %u bytes at %u: %s when its completion "
+				"was polled, first bad byte %zu\n",
 				svmp_me, len, off, stale ? "not in place" : "wrong bytes", d);
 		}
 	}
@@ -626,8 +639,8 @@ static void pair_post(struct pair *p)
 	} else if (p->phase == PH_SEND) {
 		svmp_gen(loc_at(p, soff), len, ST_SEND, (uint32_t)seq);
 		struct ibv_sge s = svt_sge(p->loc, soff, len);
-		rc = svt_post_send1(p->qp, WRID(K_SEND, seq), IBV_WR_SEND, &s, 1,
-				    IBV_SEND_SIGNALED, 0, 0);
+		rc = svt_post_send1(p->qp, WRID(K_SEND, seq), IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED,
+				    0, 0);
 		if (rc)
 			FAIL("proc %d: post SEND returned %d", svmp_me, rc);
 		p->sends++;
@@ -743,9 +756,12 @@ static const struct {
 	void (*child)(int);
 	int procs; /* 0: 1 + senders */
 } scenarios[] = {
-	{"bidir", child_bidir, 2},	     {"resize", child_resize, 2},
-	{"srq", child_srq, 0},		     {"order-write", child_order_write, 2},
-	{"order-read", child_order_read, 2}, {"service", child_service, 2},
+    {"bidir", child_bidir, 2},
+    {"resize", child_resize, 2},
+    {"srq", child_srq, 0},
+    {"order-write", child_order_write, 2},
+    {"order-read", child_order_read, 2},
+    {"service", child_service, 2},
 };
 
 static void usage(void)
@@ -815,8 +831,8 @@ int main(int argc, char **argv)
 			usage();
 		}
 	}
-	if (opt.size > 65536 && (!strcmp(name, "bidir") || !strcmp(name, "resize") ||
-				 !strcmp(name, "srq")))
+	if (opt.size > 65536 &&
+	    (!strcmp(name, "bidir") || !strcmp(name, "resize") || !strcmp(name, "srq")))
 		FAIL("SEND streams take sizes up to 65536");
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++) {

@@ -179,6 +179,36 @@ static inline long svmp_first_diff(const void *buf, size_t len, uint32_t stream,
 	return -1;
 }
 
+/* The receive buffers of an RQ in the order they were posted: RC completes
+ * receives in that order, so a completion for another buffer than the
+ * first means the completions of those before it were skipped. */
+#define SVMP_FIFO 512
+struct svmp_fifo {
+	uint32_t id[SVMP_FIFO];
+	uint32_t head, tail;
+};
+
+static inline void svmp_fifo_push(struct svmp_fifo *f, uint32_t id)
+{
+	if (f->tail - f->head >= SVMP_FIFO)
+		FAIL("proc %d: more than %d receives in flight", svmp_me, SVMP_FIFO);
+	f->id[f->tail++ % SVMP_FIFO] = id;
+}
+
+/* Removes id; returns how many buffers posted before it were passed over
+ * (removed too), or -1 if id was not posted at all. */
+static inline int svmp_fifo_take(struct svmp_fifo *f, uint32_t id)
+{
+	for (uint32_t k = f->head; k != f->tail; k++) {
+		if (f->id[k % SVMP_FIFO] != id)
+			continue;
+		int skipped = (int)(k - f->head);
+		f->head = k + 1;
+		return skipped;
+	}
+	return -1;
+}
+
 /* Counts of what a receiver saw, per stream or in all. */
 struct svmp_stats {
 	uint64_t ok, lost, dup, ahead, stale, corrupt, badlen, badwc, reported;
@@ -229,7 +259,8 @@ static inline enum svmp_verdict svmp_account(struct svmp_stats *st, const char *
 		fprintf(stderr,
 			"proc %d: %s stream %u: %s message, expected seq %u, found seq %u, len %zu"
 			", first bad byte %ld, bytes %02x %02x %02x %02x\n",
-			svmp_me, what, stream, svmp_verdict_name[v], want, seq, len, d, len > 0 ? p[0] : 0, len > 1 ? p[1] : 0, len > 2 ? p[2] : 0,
+			svmp_me, what, stream, svmp_verdict_name[v], want, seq, len, d,
+			len > 0 ? p[0] : 0, len > 1 ? p[1] : 0, len > 2 ? p[2] : 0,
 			len > 3 ? p[3] : 0);
 	}
 	return v;
@@ -237,8 +268,8 @@ static inline enum svmp_verdict svmp_account(struct svmp_stats *st, const char *
 
 /* Bytes [len, len + n) of a buffer must still hold poison: nothing was
  * written past the message.  Counts a failure as corrupt. */
-static inline void svmp_guard(struct svmp_stats *st, const char *what, const void *buf,
-			      size_t len, size_t n)
+static inline void svmp_guard(struct svmp_stats *st, const char *what, const void *buf, size_t len,
+			      size_t n)
 {
 	const uint8_t *p = (const uint8_t *)buf + len;
 	if (svmp_all(p, n, SVMP_POISON))
@@ -249,8 +280,7 @@ static inline void svmp_guard(struct svmp_stats *st, const char *what, const voi
 			what, len);
 }
 
-static inline void svmp_print_stats(const char *name, const struct svmp_stats *s,
-				    const char *extra)
+static inline void svmp_print_stats(const char *name, const struct svmp_stats *s, const char *extra)
 {
 	printf("STAT %s proc=%d ok=%llu lost=%llu dup=%llu stale=%llu corrupt=%llu badlen=%llu "
 	       "badwc=%llu%s%s\n",
@@ -281,8 +311,8 @@ static inline int svmp_run(int n, int ms, void (*child)(int), int hold)
 {
 	if (n < 1 || n > SVMP_MAXP)
 		FAIL("process count %d out of 1..%d", n, SVMP_MAXP);
-	svmp_b = mmap(NULL, sizeof(*svmp_b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-		      -1, 0);
+	svmp_b =
+	    mmap(NULL, sizeof(*svmp_b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	CHECK(svmp_b != MAP_FAILED);
 	memset(svmp_b, 0, sizeof(*svmp_b));
 	svmp_b->nprocs = n;
