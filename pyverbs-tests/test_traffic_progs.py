@@ -27,7 +27,7 @@ def progs(build_dir):
     return d
 
 
-def run_prog(argv, env, timeout=90):
+def run_prog(argv, env, timeout=150):
     p = svtest.run([str(a) for a in argv], env, timeout=timeout)
     assert p.returncode == 0, (f"{argv} exited {p.returncode}\nstdout:\n{p.stdout}\n"
                                f"stderr:\n{p.stderr}")
@@ -145,7 +145,8 @@ def test_two_processes(progs, env, procs, devs):
 def test_killed_peer(progs, env, procs, fabric):
     """SIGKILL the target mid-transfer: the survivor's outstanding WRs end in
     RETRY_EXC_ERR then WR_FLUSH_ERR within the QP's timeout (4.096 us *
-    2^14 * (retry_cnt 3 + 1), about 0.3 s, plus slack), its other QPs keep
+    2^14 * (retry_cnt 3 + 1), about 0.3 s, plus slack), one flush for each
+    WR posted behind the failed one and nothing more; its other QPs keep
     working, and a new process uses the fabric at once."""
     vic = Proc([progs / "sv_peer", "victim", "loop0"], env)
     procs.append(vic)
@@ -165,7 +166,14 @@ def test_killed_peer(progs, env, procs, fabric):
     assert first == "FIRSTERR transport retry counter exceeded", first
     assert elapsed < 5, f"error completion took {elapsed:.1f} s"
     err_line = sur.line(20)
-    assert err_line.startswith("ERR transport retry counter exceeded"), err_line
+    assert err_line.startswith("ERR transport retry counter exceeded "), err_line
+    # Exactly the WRs posted behind the failed one are flushed: the
+    # survivor keeps 16 in flight and posts nothing after the error.
+    counts = dict(kv.split("=") for kv in err_line.split()[5:])
+    flushed, posted, first = (int(counts[k]) for k in ("flushed", "posted", "first_err_wr"))
+    assert int(counts["ok_after"]) == 0, err_line
+    assert flushed == posted - first - 1, err_line
+    assert 0 <= flushed <= 15 and posted > first >= 200, err_line
     assert sur.line(20) == "OK"
     rc, err = sur.finish()
     assert rc == 0, err

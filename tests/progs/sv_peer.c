@@ -11,7 +11,9 @@
  *   sv_peer victim DEV    like server, but sits still (to be SIGKILLed).
  *   sv_peer survivor DEV  streams RDMA WRITEs and SENDs at the victim,
  *                         prints "STREAMING" once traffic flows, and after
- *                         the victim dies reports "ERR <status> <n_flushed>";
+ *                         the victim dies reports "ERR <status> flushed=N
+ *                         ok_after=0 posted=N first_err_wr=N" (flushed must
+ *                         be exactly the WRs posted behind the failed one);
  *                         then checks that its other QPs still work: "OK".
  */
 #include "svt.h"
@@ -263,11 +265,20 @@ static void run_survivor(const char *dev)
 		if (!n)
 			usleep(streaming ? 200 : 20);
 	}
-	(void)first_err_wr;
-	printf("ERR %s %llu %llu\n", ibv_wc_status_str(first_err), (unsigned long long)flushed,
-	       (unsigned long long)ok_after);
+	/* Every WR posted behind the one that failed is flushed, each exactly
+	 * once: nothing after the error succeeds or vanishes. */
+	printf("ERR %s flushed=%llu ok_after=%llu posted=%llu first_err_wr=%llu\n",
+	       ibv_wc_status_str(first_err), (unsigned long long)flushed,
+	       (unsigned long long)ok_after, (unsigned long long)posted,
+	       (unsigned long long)first_err_wr);
 	if (ok_after)
 		FAIL("%llu successes after the first error", (unsigned long long)ok_after);
+	if (flushed != posted - first_err_wr - 1)
+		FAIL("%llu WR_FLUSH_ERR completions, expected %llu (posted %llu, first error on %llu)",
+		     (unsigned long long)flushed, (unsigned long long)(posted - first_err_wr - 1),
+		     (unsigned long long)posted, (unsigned long long)first_err_wr);
+	/* ...and nothing more completes afterwards. */
+	svt_expect_empty(s.cq, 1000, "after the flush");
 	CHECK_EQ(svt_state(s.qp), IBV_QPS_ERR);
 	/* The other QPs work */
 	struct ibv_mr *m2 = svt_mr(&s.d, 8192, SVT_ALL_ACCESS);
