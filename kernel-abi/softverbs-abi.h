@@ -378,15 +378,40 @@ SV_STATIC_ASSERT(sizeof(struct sv_cq_ring) == 576, "CQ ring header size");
 
 enum sv_cqe_flags {
 	SV_CQE_SOLICITED = 1 << 0,
-	/* The message is in this entry's payload: the owner places it into its
-	 * receive buffer (after checking the key itself) before the completion
-	 * becomes visible.  Small SENDs travel this way, with no system call. */
+	/* The message is in this entry's payload and must be placed into the
+	 * receive buffer before the completion is returned: see `place`. */
 	SV_CQE_PLACE = 1 << 1,
-	/* The sender placed the payload itself (it had to: a later operation
-	 * of the same QP must not overtake it).  Whoever clears SV_CQE_PLACE
-	 * with a compare-and-swap on flags places the data; the other does not. */
-	SV_CQE_PLACED = 1 << 2,
+	/* A send-queue completion: src_qp holds the low 32 bits of the WR's
+	 * index in its send queue (the owner frees the WR's slot, and those of
+	 * the unsignaled WRs before it, when it polls this entry). */
+	SV_CQE_SQ_INDEX = 1 << 2,
 };
+
+/*
+ * Placing a small SEND (SV_CQE_PLACE).  The entry's `place` word is
+ * SV_PLACE_TAG(index, state): the low 30 bits of the entry's reservation
+ * index, so that a word left from an earlier lap of the slot never matches,
+ * and a state:
+ *  - the producer stores TAG(p, PENDING) with the rest of the entry;
+ *  - the sender, before it moves any later byte of the same QP, CASes
+ *    TAG(i, PENDING) -> TAG(i, CLAIMED), copies the payload to the receive
+ *    buffer, then stores TAG(i, DONE) with release (or TAG(i, PENDING)
+ *    again if its copy failed, leaving the work to the owner);
+ *  - the owner, polling entry c, CASes TAG(c, PENDING) -> TAG(c, DONE) and
+ *    places the payload itself after checking the key.  While it sees
+ *    TAG(c, CLAIMED) the entry is not ready: the poll returns without it
+ *    (and without anything behind it) until the sender stores DONE, or the
+ *    sender's lease is found dead, when the owner takes the entry over.
+ * So a completion is never returned before its bytes are in place, and a
+ * sender never writes into a buffer whose completion was returned.
+ */
+enum sv_place_state {
+	SV_PLACE_NONE = 0,
+	SV_PLACE_PENDING = 1,
+	SV_PLACE_CLAIMED = 2,
+	SV_PLACE_DONE = 3,
+};
+#define SV_PLACE_TAG(index, state) ((uint32_t)(((index) & 0x3fffffffu) << 2) | (uint32_t)(state))
 
 #define SV_CQE_INLINE_MAX 176
 
@@ -407,7 +432,7 @@ struct sv_cqe {
 	uint32_t byte_len;
 	uint32_t imm_data; /* Immediate data (network order) or the invalidated rkey */
 	uint32_t qp_num;
-	uint32_t src_qp;
+	uint32_t src_qp; /* Receives: the sender's QP; with SV_CQE_SQ_INDEX: a WR index */
 	uint32_t wc_flags; /* IBV_WC_* flags */
 	uint16_t pkey_index;
 	uint16_t slid;
@@ -415,7 +440,7 @@ struct sv_cqe {
 	uint8_t dlid_path_bits;
 	uint8_t flags; /* enum sv_cqe_flags */
 	uint8_t reserved0;
-	uint32_t reserved1;
+	uint32_t place; /* SV_PLACE_TAG(index, enum sv_place_state), with SV_CQE_PLACE */
 	uint64_t timestamp; /* Completion time, CLOCK_MONOTONIC ns */
 };
 SV_STATIC_ASSERT(sizeof(struct sv_cqe) == 64, "one CQE per cache line");

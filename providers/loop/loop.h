@@ -115,6 +115,10 @@ struct loop_cq {
 	uint64_t wc_flags_ex;
 	bool locked; // start_poll took lock
 	bool single_threaded; // IBV_CREATE_CQ_ATTR_SINGLE_THREADED: polling takes no lock
+	// Placement of the head entry (under the poll lock): since when a
+	// sender's claim was seen, and whether the owner places it itself.
+	uint64_t claim_since;
+	bool placing_self;
 };
 
 struct loop_srq {
@@ -171,6 +175,7 @@ struct send_wr {
 	uint32_t remote_qkey;
 	// XRC
 	uint32_t xrc_srqn;
+	uint64_t sq_index; // Position in the send queue (loop_qp::sq_posted when posted)
 	// Retry state
 	int rnr_left;
 	int retry_left;
@@ -193,6 +198,11 @@ struct loop_qp {
 	ibv_qp_cap cap;
 	bool sq_sig_all;
 	std::mutex sq_lock; // Posting sends and running the requester
+	// Send-queue slots: a WR holds one from its post until its completion,
+	// or a later one's, is polled.  posted moves under sq_lock, retired
+	// when the send CQ's poller takes a completion (cq_take).
+	std::atomic<uint64_t> sq_posted;
+	std::atomic<uint64_t> sq_retired;
 	std::mutex rq_lock; // Posting receives
 	ibv_qp_attr attr;   // What modify_qp set, for query_qp
 	std::deque<send_wr> backlog; // WRs waiting behind an RNR or a retry
@@ -342,6 +352,10 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited,
 int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid);
 // Whether a (possibly peer's) CQ ring has a valid payload array.
 bool cq_has_payload(const sv_cq_ring *ring);
+// Makes a QP's send completions free its send-queue slots when polled
+// (at create), and stops it (at destroy, before the QP is freed).
+void cq_attach_sq(loop_qp *qp);
+void cq_detach_sq(loop_qp *qp);
 // Drops the unpolled completions of one QP (on RESET and destroy, as HCAs do).
 void cq_clean(loop_cq *cq, uint32_t qpn);
 uint64_t now_ns();
@@ -402,6 +416,9 @@ ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr);
 int loop_dealloc_td(ibv_td *td);
 ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *attr);
 int loop_dealloc_parent_domain(loop_pd *pd);
+// Completes every WR of the backlog flushed (the QP went to ERR).  Caller
+// holds sq_lock.
+void qp_flush_backlog(loop_qp *qp);
 // Runs the backlog of a QP (called by the progress thread); returns the time
 // of the next retry or 0 when the backlog is empty.
 uint64_t qp_run_backlog(loop_qp *qp);

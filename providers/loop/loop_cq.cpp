@@ -118,6 +118,116 @@ void cq_sleep(loop_cq *cq, const sv_cqe &slot, uint64_t c)
 	waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
+// This process's QPs by slot, for the poller to find the QP a send-queue
+// completion frees slots of.  Set at create, cleared at destroy.
+std::atomic<loop_qp *> g_sq_owner[SV_MAX_QPS];
+
+loop_qp *sq_owner(uint32_t qpn)
+{
+	loop_qp *qp = g_sq_owner[qpn & SV_QPN_SLOT_MASK].load(std::memory_order_acquire);
+	return qp && qp->qpn == qpn ? qp : nullptr;
+}
+
+// Whether the sender that claimed entry c's placement is gone for good:
+// its QP's owner lease is dead or the QP no longer exists.  Checked at most
+// every kClaimCheckNs, since it takes the registry lock.
+bool claimer_dead(loop_cq *cq, const sv_cqe &slot)
+{
+	uint64_t now = now_ns();
+	if (!cq->claim_since) {
+		cq->claim_since = now;
+		return false;
+	}
+	if (now - cq->claim_since < kClaimCheckNs)
+		return false;
+	cq->claim_since = now;
+	fabric &fab = *cq->ctx->fab;
+	uint32_t qslot = slot.src_qp & SV_QPN_SLOT_MASK;
+	const sv_qp_rec &q = fab.reg()->qps[qslot];
+	uint32_t lease = std::atomic_ref<const uint32_t>(q.owner_lease).load(std::memory_order_relaxed);
+	uint32_t gen = std::atomic_ref<const uint32_t>(q.owner_gen).load(std::memory_order_relaxed);
+	return !std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_acquire) ||
+	       !fab.lease_alive(lease, gen);
+}
+
+// Decides who places entry c's payload (see SV_PLACE_TAG in the ABI).
+// Returns false while the sender holds the claim; otherwise sets
+// cq->placing_self when the owner must place the bytes itself.
+bool take_placement(loop_cq *cq, sv_cqe &slot, uint64_t c)
+{
+	std::atomic_ref<uint32_t> w(slot.place);
+	const uint32_t claimed = SV_PLACE_TAG(c, SV_PLACE_CLAIMED);
+	const uint32_t done = SV_PLACE_TAG(c, SV_PLACE_DONE);
+	uint32_t v = w.load(std::memory_order_acquire);
+	for (;;) {
+		if (v == done) {
+			cq->placing_self = false; // The sender placed it
+			cq->claim_since = 0;
+			return true;
+		}
+		if (v == claimed) {
+			if (!claimer_dead(cq, slot))
+				return false;
+			// Its copy either finished or never will: take over.
+			if (!w.compare_exchange_strong(v, done, std::memory_order_acq_rel))
+				continue;
+			break;
+		}
+		// PENDING, or a word a buggy peer overwrote: the owner places it,
+		// after checking the key against its own table.
+		if (w.compare_exchange_weak(v, done, std::memory_order_acq_rel))
+			break;
+	}
+	cq->placing_self = true;
+	cq->claim_since = 0;
+	return true;
+}
+
+// A send-queue completion frees its WR's slot and those of the unsignaled
+// WRs posted before it (as on mlx5).
+void retire_sq(loop_cq *cq, const sv_cqe &e)
+{
+	loop_qp *qp = sq_owner(e.qp_num);
+	if (!qp || qp->scq != cq)
+		return; // Destroyed meanwhile, or a forged entry
+	uint64_t r = qp->sq_retired.load(std::memory_order_acquire);
+	uint64_t posted = qp->sq_posted.load(std::memory_order_acquire);
+	uint32_t delta = static_cast<uint32_t>(e.src_qp + 1) - static_cast<uint32_t>(r);
+	// A stale index (the QP was reset since) or a forged one frees nothing.
+	while (delta && delta <= posted - r &&
+	       !qp->sq_retired.compare_exchange_weak(r, r + delta, std::memory_order_acq_rel))
+		delta = static_cast<uint32_t>(e.src_qp + 1) - static_cast<uint32_t>(r);
+}
+
+// Resolves the placement of entry `index` before the entry is moved to
+// another index (cq_clean, resize): waits out a sender's claim (bounded by
+// its liveness, and by kSettleNs against a frozen one), places the payload
+// if the owner must, and leaves an entry with no SV_CQE_PLACE.  Caller holds
+// cq->lock.
+void settle_placement(loop_cq *cq, sv_cq_ring *r, sv_cqe &slot, uint64_t index)
+{
+	if (!(slot.flags & SV_CQE_PLACE))
+		return;
+	if (r->payload_offset) {
+		uint64_t deadline = now_ns() + kSettleNs;
+		while (!take_placement(cq, slot, index)) {
+			if (now_ns() > deadline) {
+				std::atomic_ref<uint32_t>(slot.place)
+					.store(SV_PLACE_TAG(index, SV_PLACE_DONE), std::memory_order_release);
+				cq->placing_self = true;
+				break;
+			}
+			sched_yield();
+		}
+		if (cq->placing_self) {
+			place(cq, slot, payloads(r)[index & (r->hdr.entries - 1)]);
+		}
+	} else {
+		slot.status = IBV_WC_LOC_QP_OP_ERR;
+	}
+	slot.flags = static_cast<uint8_t>(slot.flags & ~SV_CQE_PLACE);
+}
+
 // Takes the next completion, if any.  Caller holds cq->lock.
 bool cq_take(loop_cq *cq, sv_cqe &out)
 {
@@ -138,18 +248,20 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 		}
 		return false;
 	}
+	if ((slot.flags & SV_CQE_PLACE) && r->payload_offset && !take_placement(cq, slot, c))
+		return false; // Its sender is placing the bytes: not ready yet
 	t_empty_polls = 0;
 	t_empty_since = 0;
 	out = slot;
-	if ((out.flags & SV_CQE_PLACE) && r->payload_offset) {
-		// Race the sender for the right to place (SV_CQE_PLACED).
-		std::atomic_ref<uint8_t> f(slot.flags);
-		uint8_t v = f.load(std::memory_order_acquire);
-		while ((v & SV_CQE_PLACE) &&
-		       !f.compare_exchange_weak(v, v & ~SV_CQE_PLACE, std::memory_order_acq_rel))
-			;
-		if (v & SV_CQE_PLACE)
+	if (out.flags & SV_CQE_PLACE) {
+		if (!r->payload_offset)
+			out.status = IBV_WC_LOC_QP_OP_ERR; // A ring that lost its payload array
+		else if (cq->placing_self)
 			place(cq, out, payloads(r)[c & cq->mask]);
+	}
+	if (out.flags & SV_CQE_SQ_INDEX) {
+		retire_sq(cq, out);
+		out.src_qp = 0; // Not the application's to see
 	}
 	std::atomic_ref<uint64_t>(r->cons).store(c + 1, std::memory_order_release);
 	return true;
@@ -218,6 +330,18 @@ bool cq_has_payload(const sv_cq_ring *ring)
 	       end <= ring->hdr.seg.seg_size;
 }
 
+void cq_attach_sq(loop_qp *qp)
+{
+	g_sq_owner[qp->slot & SV_QPN_SLOT_MASK].store(qp, std::memory_order_release);
+}
+
+void cq_detach_sq(loop_qp *qp)
+{
+	loop_qp *expect = qp;
+	g_sq_owner[qp->slot & SV_QPN_SLOT_MASK].compare_exchange_strong(expect, nullptr,
+									 std::memory_order_acq_rel);
+}
+
 uint64_t now_ns()
 {
 	timespec ts;
@@ -236,23 +360,23 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 	auto *slots = reinterpret_cast<sv_cqe *>(reinterpret_cast<char *>(ring) +
 						 ring->hdr.slots_offset);
 	sv_cqe &slot = slots[index & mask];
-	// Consumed already, or the slot holds a later lap's entry: nothing to do.
-	if (std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire) > index ||
-	    std::atomic_ref<uint32_t>(slot.seq).load(std::memory_order_acquire) !=
-		    static_cast<uint32_t>(index + 1))
+	// The claim names this entry's reservation index: it fails if the owner
+	// took the entry, and on any later lap of the slot.
+	std::atomic_ref<uint32_t> w(slot.place);
+	uint32_t v = SV_PLACE_TAG(index, SV_PLACE_PENDING);
+	if (!w.compare_exchange_strong(v, SV_PLACE_TAG(index, SV_PLACE_CLAIMED),
+				       std::memory_order_acq_rel))
 		return 0;
-	sv_cqe_payload pl = payloads(ring)[index & mask];
-	std::atomic_ref<uint8_t> f(slot.flags);
-	uint8_t v = f.load(std::memory_order_acquire);
-	while ((v & SV_CQE_PLACE) &&
-	       !f.compare_exchange_weak(v, (v & ~SV_CQE_PLACE) | SV_CQE_PLACED,
-					std::memory_order_acq_rel))
-		;
-	if (!(v & SV_CQE_PLACE))
-		return 0; // The owner took it
-	iovec l{pl.data, std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX)};
+	// Claimed: the owner waits for DONE before it moves cons, so the slot
+	// and its payload stay as they are until then.
+	const sv_cqe_payload &pl = payloads(ring)[index & mask];
+	iovec l{const_cast<uint8_t *>(pl.data), std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX)};
 	iovec r{dst, l.iov_len};
-	return xfer(pid, false, &l, 1, &r, 1, xfer_dir::to_peer);
+	int err = xfer(pid, false, &l, 1, &r, 1, xfer_dir::to_peer);
+	// On failure the owner places it (and checks its key) instead.
+	w.store(SV_PLACE_TAG(index, err ? SV_PLACE_PENDING : SV_PLACE_DONE),
+		std::memory_order_release);
+	return err;
 }
 
 int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *payload,
@@ -268,6 +392,13 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *p
 		if (p & kRingClosed)
 			return ESTALE;
 		uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
+		if (static_cast<int64_t>(p - c) < 0) {
+			// p is stale: since it was read, other producers reserved
+			// and the owner consumed past it.  Without this, p - c wraps
+			// and a ring with room looks full: a completion was dropped.
+			p = prod.load(std::memory_order_acquire);
+			continue;
+		}
 		if (p - c >= entries) {
 			if (!std::atomic_ref<uint32_t>(ring->overflow)
 				     .exchange(1, std::memory_order_acq_rel)) {
@@ -283,7 +414,8 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *p
 	sv_cqe &slot = slots[p & mask];
 	e.seq = 0;
 	e.timestamp = now_ns();
-	e.flags = solicited ? SV_CQE_SOLICITED : 0;
+	e.flags = static_cast<uint8_t>((e.flags & SV_CQE_SQ_INDEX) | (solicited ? SV_CQE_SOLICITED : 0));
+	e.place = SV_PLACE_NONE;
 	if (payload) {
 		// The caller checked the ring has a payload array (cq_has_payload).
 		sv_cqe_payload &dst = payloads(ring)[p & mask];
@@ -292,6 +424,7 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *p
 		dst.len = payload->len;
 		memcpy(dst.data, payload->data, std::min<uint32_t>(payload->len, SV_CQE_INLINE_MAX));
 		e.flags |= SV_CQE_PLACE;
+		e.place = SV_PLACE_TAG(p, SV_PLACE_PENDING);
 	}
 	if (index)
 		*index = p;
@@ -338,10 +471,14 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 	uint64_t dst = end;
 	for (uint64_t i = end; i-- > c;) {
 		sv_cqe &s = cq->slots[i & cq->mask];
-		if (s.qp_num == qpn)
+		if (s.qp_num == qpn) {
+			// A sender may hold its claim: wait it out before the slot is reused.
+			settle_placement(cq, r, s, i);
 			continue;
+		}
 		dst--;
 		if (dst != i) {
+			settle_placement(cq, r, s, i);
 			cq->slots[dst & cq->mask] = s;
 			cq->slots[dst & cq->mask].seq = static_cast<uint32_t>(dst + 1);
 			if (r->payload_offset)
@@ -480,15 +617,30 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	// move everything up to `end` across in order.
 	auto *ns = reinterpret_cast<sv_cqe *>(static_cast<char *>(map) + sizeof(sv_cq_ring));
 	uint64_t moved = 0;
-	uint64_t deadline = now_ns() + 1000000000ULL;
+	uint64_t deadline = now_ns() + kResizeWaitNs;
 	for (uint64_t c = cq->ring->cons; c < end; c++) {
 		sv_cqe &s = cq->slots[c & cq->mask];
+		bool ready = true;
 		while (std::atomic_ref<uint32_t>(s.seq).load(std::memory_order_acquire) !=
 		       static_cast<uint32_t>(c + 1)) {
-			if (now_ns() > deadline)
-				break; // A producer died mid-entry: its entry is lost.
+			if (now_ns() > deadline) {
+				ready = false;
+				break;
+			}
 			sched_yield();
 		}
+		if (!ready) {
+			// A producer reserved this entry and never wrote it (it died or
+			// froze mid-entry): the completion is lost, and the owner hears
+			// of it as of an overflow, never silently.
+			if (!nr->overflow) {
+				nr->overflow = 1;
+				sv_async_msg m{IBV_EVENT_CQ_ERR, SV_OBJ_CQ, nref.slot, nref.gen};
+				send_async(nr->async_addr, nr->async_len, m);
+			}
+			continue;
+		}
+		settle_placement(cq, cq->ring, s, c);
 		ns[moved] = s;
 		ns[moved].seq = static_cast<uint32_t>(moved + 1);
 		payloads(nr)[moved] = payloads(cq->ring)[c & cq->mask];

@@ -42,6 +42,14 @@ inline constexpr int kLocalCaAckDelay = 15;
 // pollers outnumber cores.
 inline constexpr uint64_t kCqSpinNs = 100 * 1000;
 inline constexpr long kCqSleepNs = 200 * 1000;
+// A poller that finds a small SEND's placement claimed by its sender (see
+// SV_PLACE_TAG) checks the sender's lease every kClaimCheckNs; cq_clean and
+// resize, which must settle it, wait at most kSettleNs for a frozen sender.
+inline constexpr uint64_t kClaimCheckNs = 10 * 1000 * 1000;
+inline constexpr uint64_t kSettleNs = 5ULL * 1000 * 1000 * 1000;
+// ibv_resize_cq waits this long for a producer that reserved an entry of
+// the old ring to write it; past that the entry is reported lost (CQ_ERR).
+inline constexpr uint64_t kResizeWaitNs = 10ULL * 1000 * 1000 * 1000;
 // CQ moderation (ibv_modify_cq): by count only, no period.
 inline constexpr uint16_t kMaxCqModCount = 65535;
 inline constexpr uint16_t kMaxCqModPeriod = 0;

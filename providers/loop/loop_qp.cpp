@@ -351,6 +351,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		qp->qpn = ((gen & SV_QPN_SLOT_MASK) << SV_QPN_SLOT_BITS) | slot;
 	}
 	objects_add(kObjQp, qp->slot, &qp->vqp.qp);
+	cq_attach_sq(qp);
 	ibv_qp &q = qp->vqp.qp;
 	q.context = ctx;
 	q.qp_context = attr->qp_context;
@@ -483,19 +484,12 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 		cq_clean(qp->rcq, qp->qpn);
 		if (qp->scq != qp->rcq)
 			cq_clean(qp->scq, qp->qpn);
+		// Nothing of the send queue is left to complete: every slot is free.
+		qp->sq_retired.store(qp->sq_posted.load(std::memory_order_relaxed),
+				     std::memory_order_release);
 	}
-	if (next == IBV_QPS_ERR) {
-		// The send side flushes under sq_lock, which we hold.
-		for (send_wr &w : qp->backlog) {
-			sv_cqe e{};
-			e.wr_id = w.wr_id;
-			e.status = IBV_WC_WR_FLUSH_ERR;
-			e.qp_num = qp->qpn;
-			if (qp->scq)
-				cq_push(qp->scq->ring, e, false);
-		}
-		qp->backlog.clear();
-	}
+	if (next == IBV_QPS_ERR)
+		qp_flush_backlog(qp); // Under sq_lock, which we hold
 	return 0;
 }
 
@@ -541,6 +535,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		rec.in_use = 0;
 	}
 	objects_remove(kObjQp, qp->slot);
+	cq_detach_sq(qp);
 	cq_clean(qp->rcq, qp->qpn);
 	if (qp->scq != qp->rcq)
 		cq_clean(qp->scq, qp->qpn);

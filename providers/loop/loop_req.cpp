@@ -220,17 +220,41 @@ ibv_wc_status scatter_remote(loop_context *lctx, const peer &p, const sv_recv_wq
 	return IBV_WC_SUCCESS;
 }
 
-void push_own(loop_cq *cq, sv_cqe &e)
+// Pushes a completion into our own CQ.  Returns 0 or ENOSPC (the CQ
+// overflowed: its owner, us, got IBV_EVENT_CQ_ERR).
+int push_own(loop_cq *cq, sv_cqe &e)
 {
 	if (!cq)
-		return;
+		return 0;
 	// A concurrent resize closes the old ring; ESTALE means look again.
 	for (int i = 0; i < 1000; i++) {
 		sv_cq_ring *ring = std::atomic_ref<sv_cq_ring *>(cq->ring).load(std::memory_order_acquire);
-		if (cq_push(ring, e, false) != ESTALE)
-			return;
+		int err = cq_push(ring, e, false);
+		if (err != ESTALE)
+			return err;
 		sched_yield();
 	}
+	return ENOSPC;
+}
+
+void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type);
+
+// A completion of the send queue: it names the WR's slot, which the poller
+// frees.  A send CQ that overflowed takes the QP to ERR with
+// IBV_EVENT_QP_FATAL: the completion is lost, but never silently.
+void push_sq(loop_qp *qp, const send_wr &w, ibv_wc_status st, ibv_wc_opcode op,
+	     uint32_t byte_len)
+{
+	sv_cqe e{};
+	e.wr_id = w.wr_id;
+	e.status = st;
+	e.opcode = op;
+	e.qp_num = qp->qpn;
+	e.byte_len = byte_len;
+	e.src_qp = static_cast<uint32_t>(w.sq_index);
+	e.flags = SV_CQE_SQ_INDEX;
+	if (push_own(qp->scq, e) == ENOSPC && qp_set_error(*qp->ctx->fab, qp->slot))
+		raise_qp_event(*qp->ctx->fab, qp->slot, IBV_EVENT_QP_FATAL);
 }
 
 // Completes into the peer's receive CQ: the QP's, or an XRC SRQ's.  The
@@ -266,9 +290,11 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 	v.push_back({cq, index, dst, pid});
 }
 
-void push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
-	       const sv_cqe_payload *payload = nullptr, loop_qp *deferring = nullptr,
-	       void *dst = nullptr)
+// Returns 0, or ENOSPC when the responder's CQ overflowed (its QP is then
+// in ERR with IBV_EVENT_QP_FATAL, its owner told of the CQ by CQ_ERR).
+int push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
+	      const sv_cqe_payload *payload = nullptr, loop_qp *deferring = nullptr,
+	      void *dst = nullptr)
 {
 	sv_registry *r = fab.reg();
 	for (int i = 0; i < 1000; i++) {
@@ -277,7 +303,7 @@ void push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
 					     : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
 		auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, ref, SV_OBJ_CQ));
 		if (!ring)
-			return;
+			return 0;
 		if (payload && !cq_has_payload(ring)) {
 			// Every ring of this ABI has the array; a damaged one loses
 			// the message, visibly.
@@ -285,13 +311,20 @@ void push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
 			payload = nullptr;
 		}
 		uint64_t index = 0;
-		if (cq_push(ring, e, solicited, payload, &index) != ESTALE) {
+		int err = cq_push(ring, e, solicited, payload, &index);
+		if (err == ENOSPC) {
+			if (qp_set_error(fab, p.slot))
+				raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
+			return err;
+		}
+		if (err != ESTALE) {
 			if (payload && deferring)
 				note_deferred(deferring, ref, index, dst, p.pid);
-			return;
+			return 0;
 		}
 		sched_yield();
 	}
+	return 0;
 }
 
 // Small SENDs to another process travel in the CQE's payload and the
@@ -343,13 +376,7 @@ void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len
 	bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED) || st != IBV_WC_SUCCESS;
 	if (!signaled)
 		return;
-	sv_cqe e{};
-	e.wr_id = w.wr_id;
-	e.status = st;
-	e.opcode = wc_opcode(w.opcode);
-	e.qp_num = qp->qpn;
-	e.byte_len = byte_len;
-	push_own(qp->scq, e);
+	push_sq(qp, w, st, wc_opcode(w.opcode), byte_len);
 	// An error completion takes a connected QP to ERR (IB C10-61, C10-96):
 	// its receive queue and the WRs behind this one then complete flushed.
 	if (st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR && qp->type != IBV_QPT_UD)
@@ -509,10 +536,14 @@ step run_connected(loop_qp *qp, send_wr &w)
 			rcv.wc_flags = IBV_WC_WITH_IMM;
 		}
 		rcv.status = rs;
-		if (packed && rs == IBV_WC_SUCCESS)
-			push_peer(fab, p, rcv, solicited, &pl, qp, riov[0].base);
-		else
-			push_peer(fab, p, rcv, solicited);
+		int perr = packed && rs == IBV_WC_SUCCESS
+				   ? push_peer(fab, p, rcv, solicited, &pl, qp, riov[0].base)
+				   : push_peer(fab, p, rcv, solicited);
+		if (perr == ENOSPC) {
+			// The responder could not complete the message: its CQ overflowed.
+			complete(qp, w, IBV_WC_REM_OP_ERR, 0);
+			return step::done;
+		}
 		if (rs != IBV_WC_SUCCESS) {
 			if (qp->type != IBV_QPT_UC)
 				responder_error(fab, p, IBV_EVENT_QP_REQ_ERR);
@@ -583,7 +614,10 @@ step run_connected(loop_qp *qp, send_wr &w)
 			rcv.byte_len = static_cast<uint32_t>(lb.len);
 			rcv.imm_data = w.imm_data;
 			rcv.wc_flags = IBV_WC_WITH_IMM;
-			push_peer(fab, p, rcv, solicited);
+			if (push_peer(fab, p, rcv, solicited) == ENOSPC) {
+				complete(qp, w, IBV_WC_REM_OP_ERR, 0);
+				return step::done;
+			}
 		}
 		complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
 		return step::done;
@@ -804,14 +838,8 @@ uint64_t timeout_ns(uint8_t timeout)
 
 void flush_backlog(loop_qp *qp)
 {
-	for (send_wr &w : qp->backlog) {
-		sv_cqe e{};
-		e.wr_id = w.wr_id;
-		e.status = IBV_WC_WR_FLUSH_ERR;
-		e.opcode = wc_opcode(w.opcode);
-		e.qp_num = qp->qpn;
-		push_own(qp->scq, e);
-	}
+	for (send_wr &w : qp->backlog)
+		push_sq(qp, w, IBV_WC_WR_FLUSH_ERR, wc_opcode(w.opcode), 0);
 	qp->backlog.clear();
 }
 
@@ -957,18 +985,18 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress)
 {
 	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
+	// The WR takes a send-queue slot until its completion (or a later
+	// one's) is polled: past cap.max_send_wr the queue is full.
+	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+	if (posted - qp->sq_retired.load(std::memory_order_acquire) >= qp->cap.max_send_wr)
+		return ENOMEM;
+	w.sq_index = posted;
+	qp->sq_posted.store(posted + 1, std::memory_order_release);
 	if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
-		sv_cqe e{};
-		e.wr_id = w.wr_id;
-		e.status = IBV_WC_WR_FLUSH_ERR;
-		e.opcode = wc_opcode(w.opcode);
-		e.qp_num = qp->qpn;
-		push_own(qp->scq, e);
+		push_sq(qp, w, IBV_WC_WR_FLUSH_ERR, wc_opcode(w.opcode), 0);
 		return 0;
 	}
 	if (!qp->backlog.empty()) {
-		if (qp->backlog.size() >= qp->cap.max_send_wr)
-			return ENOMEM;
 		qp->backlog.push_back(w);
 		return 0;
 	}
@@ -1042,6 +1070,11 @@ int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
 	return ret;
 }
 
+void qp_flush_backlog(loop_qp *qp)
+{
+	flush_backlog(qp);
+}
+
 uint64_t qp_run_backlog(loop_qp *qp)
 {
 	std::lock_guard<std::mutex> g(qp->sq_lock);
@@ -1065,8 +1098,9 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
 		    qp->type == IBV_QPT_XRC_RECV)
 			return EINVAL;
-		if (n > qp->cap.max_send_wr ||
-		    (!qp->backlog.empty() && qp->backlog.size() + n > qp->cap.max_send_wr))
+		uint64_t used = qp->sq_posted.load(std::memory_order_relaxed) -
+				qp->sq_retired.load(std::memory_order_acquire);
+		if (used + n > qp->cap.max_send_wr)
 			return ENOMEM;
 		// The room check above makes submit() succeed for every WR: the
 		// batch posts whole.
