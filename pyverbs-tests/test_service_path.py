@@ -55,6 +55,14 @@ def test_send_data_checked_through_service(env, softverbs, fabric, build_dir, si
     assert_all_service(softverbs, env, fabric, used=service)
 
 
+@pytest.mark.parametrize("transport,size", [("uc", 4096), ("ud", 2048), ("srq", 65536)])
+def test_other_transports_data_checked_through_service(env, softverbs, fabric, build_dir,
+                                                       transport, size):
+    env = dict(env, SOFTVERBS_CMA="0")
+    checked_pingpong(build_dir, env, ["-t", transport, "-s", size, "-n", 100])
+    assert_all_service(softverbs, env, fabric)
+
+
 def test_one_sided_data_checked_through_service(env, softverbs, fabric, build_dir):
     """sv_peer through the service path: SEND 1 B..1 MiB (every byte
     compared, in order), READ 2 MiB and WRITE 64 KiB verified, CAS and

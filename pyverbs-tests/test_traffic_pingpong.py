@@ -12,7 +12,8 @@ byte per page with 0 and only prints "invalid data" on a mismatch; we fail
 on that line, but it proves little.)  Each RC run therefore has a twin
 with our tests/progs/sv_pingpong, the same traffic (two processes, one CQ
 for sends and receives, receive buffers reposted) with every byte of every
-message compared against a seeded pattern, and sequence numbers checked."""
+message compared against a seeded pattern, and sequence numbers checked;
+UC, UD and SRQ runs have theirs too."""
 import os
 import shutil
 import socket
@@ -122,7 +123,8 @@ def checked_pingpong(build_dir, env, args, timeout=280):
     assert p.returncode == 0, f"{argv} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
     n = args[args.index("-n") + 1] if "-n" in args else 1000
     size = args[args.index("-s") + 1] if "-s" in args else 4096
-    assert f"OK sv_pingpong iters={n} size={size} " in p.stdout, p.stdout
+    transport = args[args.index("-t") + 1] if "-t" in args else "rc"
+    assert f"OK sv_pingpong {transport} iters={n} size={size} " in p.stdout, p.stdout
     assert f"server checked {n} messages" in p.stdout, p.stdout
     assert f"client checked {n} messages" in p.stdout, p.stdout
     return p.stdout
@@ -137,6 +139,23 @@ def test_rc_long_run_data_checked(env, build_dir):
 def test_rc_sizes_data_checked(env, build_dir, size):
     n = 20 if size >= 65536 else 200
     checked_pingpong(build_dir, env, ["-s", size, "-n", n])
+
+
+# The tools' default sizes: 4096, and 2048 for ibv_ud_pingpong.
+CHECKED = [("rc", 4096), ("uc", 4096), ("ud", 2048), ("srq", 4096)]
+
+
+@pytest.mark.parametrize("transport,size", CHECKED)
+def test_data_checked(env, build_dir, transport, size):
+    """test_default's traffic, every byte checked."""
+    checked_pingpong(build_dir, env, ["-t", transport, "-s", size, "-n", 1000])
+
+
+@pytest.mark.parametrize("transport,size", CHECKED)
+def test_across_devices_data_checked(env, build_dir, transport, size):
+    env["SOFTVERBS_DEVICES"] = "loop0,loop1"
+    checked_pingpong(build_dir, env, ["-t", transport, "-s", size, "-n", 200,
+                                      "-d", "loop1", "-D", "loop0"])
 
 
 def test_checked_pingpong_detects_a_flipped_byte(env, build_dir):

@@ -1,10 +1,15 @@
 /* SPDX-License-Identifier: MIT */
-/* ibv_rc_pingpong's traffic with every byte checked: two processes, one RC
- * QP each, one CQ for sends and receives on each side (as rc_pingpong), a
+/* The ibv_*_pingpong tools' traffic with every byte checked: two processes,
+ * one QP each, one CQ for sends and receives on each side (as the tools), a
  * ring of receive buffers reposted after each completion.  The client
  * sends message 2i, the server checks it and answers with 2i+1, N times.
  *
- *   sv_pingpong [-n ITERS] [-s SIZE] [-r RX_DEPTH] [-S SEED] [-d DEV] [-D DEV] [-F SEQ]
+ *   sv_pingpong [-t rc|uc|ud|srq] [-n ITERS] [-s SIZE] [-r RX_DEPTH] [-S SEED]
+ *               [-d DEV] [-D DEV] [-F SEQ]
+ *
+ * -t: the transport (default rc); srq is RC with the receives on a shared
+ * receive queue, as ibv_srq_pingpong; ud messages are at most the port's
+ * MTU and land after the 40-byte GRH space of each receive buffer.
  *
  * Each message is SEND_WITH_IMM: imm_data = its sequence number, byte_len =
  * SIZE, and its payload is a pattern seeded by (SEED, sequence number) with
@@ -30,7 +35,11 @@ static struct {
 	uint64_t seed;
 	const char *cdev, *sdev;
 	long long flip; /* -F: the checker's self-test */
-} opt = {1000, 4096, 16, 1, "loop0", "loop0", -1};
+	const char *transport;
+} opt = {1000, 4096, 16, 1, "loop0", "loop0", -1, "rc"};
+
+#define GRH 40 /* UD receive buffers start with room for a GRH */
+#define QKEY 0x11111111
 
 #define POISON 0xA5
 
@@ -78,6 +87,20 @@ static void check(const uint8_t *p, uint32_t len, uint64_t seq, uint8_t *scratch
 	     (unsigned long long)got_seq);
 }
 
+/* Poisons receive slot s and posts it, to the SRQ if there is one. */
+static void post_slot(struct ibv_qp *qp, struct ibv_srq *srq, struct ibv_mr *mr, size_t slot,
+		      uint32_t s, uint32_t len)
+{
+	memset((uint8_t *)mr->addr + slot * s, POISON, len);
+	struct ibv_sge rs = svt_sge(mr, slot * s, len);
+	struct ibv_recv_wr wr, *bad = NULL;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = s;
+	wr.sg_list = &rs;
+	wr.num_sge = 1;
+	CHECK((srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(qp, &wr, &bad)) == 0);
+}
+
 struct addr {
 	uint32_t qpn;
 	uint16_t lid;
@@ -99,12 +122,27 @@ static void run(int fd, int server)
 {
 	struct svt_dev d;
 	svt_open(&d, server ? opt.sdev : opt.cdev);
+	int ud = !strcmp(opt.transport, "ud"), use_srq = !strcmp(opt.transport, "srq");
+	enum ibv_qp_type type = ud ? IBV_QPT_UD
+				   : !strcmp(opt.transport, "uc") ? IBV_QPT_UC : IBV_QPT_RC;
+	if (ud && opt.size > (128u << d.mtu))
+		FAIL("-s %u is more than the port's MTU %u", opt.size, 128u << d.mtu);
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, (int)opt.rx + 8, NULL, NULL, 0);
 	CHECK(cq);
-	struct svt_qpopt o = {IBV_QPT_RC, cq, cq, NULL, 0, 4, opt.rx, 1, 0};
+	struct ibv_srq *srq = NULL;
+	if (use_srq) {
+		struct ibv_srq_init_attr sa;
+		memset(&sa, 0, sizeof(sa));
+		sa.attr.max_wr = opt.rx;
+		sa.attr.max_sge = 1;
+		srq = ibv_create_srq(d.pd, &sa);
+		CHECK(srq);
+	}
+	struct svt_qpopt o = {type, cq, cq, srq, 0, 4, opt.rx, 1, 0};
 	struct ibv_qp *qp = svt_qp(&d, &o);
-	/* rx receive slots, then one send buffer */
-	size_t slot = ((size_t)opt.size + 63) & ~(size_t)63;
+	/* rx receive slots, then one send buffer; a UD message lands at GRH */
+	uint32_t off = ud ? GRH : 0, rlen = opt.size + off;
+	size_t slot = ((size_t)rlen + 63) & ~(size_t)63;
 	struct ibv_mr *mr = svt_mr(&d, slot * (opt.rx + 1), IBV_ACCESS_LOCAL_WRITE);
 	uint8_t *buf = mr->addr, *sbuf = buf + slot * opt.rx;
 	uint8_t *scratch = malloc(slot);
@@ -112,13 +150,21 @@ static void run(int fd, int server)
 
 	struct addr me = {qp->qp_num, d.lid}, peer;
 	xfer(fd, &me, &peer, sizeof(me));
-	struct svt_conn c = {IBV_ACCESS_LOCAL_WRITE, 1, 14, 7, 7};
-	svt_connect(qp, peer.qpn, peer.lid, &c);
-	for (uint32_t s = 0; s < opt.rx; s++) {
-		memset(buf + slot * s, POISON, opt.size);
-		struct ibv_sge rs = svt_sge(mr, slot * s, opt.size);
-		svt_post_recv1(qp, s, &rs, 1);
+	struct ibv_ah *ah = NULL;
+	if (ud) {
+		svt_ud_up(qp, QKEY);
+		struct ibv_ah_attr aa;
+		memset(&aa, 0, sizeof(aa));
+		aa.dlid = peer.lid;
+		aa.port_num = 1;
+		ah = ibv_create_ah(d.pd, &aa);
+		CHECK(ah);
+	} else {
+		struct svt_conn c = {IBV_ACCESS_LOCAL_WRITE, 1, 14, 7, 7};
+		svt_connect(qp, peer.qpn, peer.lid, &c);
 	}
+	for (uint32_t s = 0; s < opt.rx; s++)
+		post_slot(qp, srq, mr, slot, s, rlen);
 	/* Both sides' receives are posted before the first send. */
 	char go = 'g', got;
 	xfer(fd, &go, &got, 1);
@@ -144,6 +190,11 @@ static void run(int fd, int server)
 			wr.sg_list = &ss;
 			wr.num_sge = 1;
 			wr.send_flags = IBV_SEND_SIGNALED;
+			if (ud) {
+				wr.wr.ud.ah = ah;
+				wr.wr.ud.remote_qpn = peer.qpn;
+				wr.wr.ud.remote_qkey = QKEY;
+			}
 			CHECK(ibv_post_send(qp, &wr, &bad) == 0);
 			send_busy = 1;
 			may_send = 0;
@@ -175,13 +226,11 @@ static void run(int fd, int server)
 		if (ntohl(wc.imm_data) != (uint32_t)next_in)
 			FAIL("%s: immediate says message %u, expected %llu (lost or reordered)", who,
 			     ntohl(wc.imm_data), (unsigned long long)next_in);
-		CHECK_EQ(wc.byte_len, opt.size);
+		CHECK_EQ(wc.byte_len, rlen);
 		CHECK_EQ(wc.qp_num, qp->qp_num);
 		CHECK_EQ(wc.src_qp, peer.qpn);
-		check(buf + slot * s, opt.size, next_in, scratch, who);
-		memset(buf + slot * s, POISON, opt.size);
-		struct ibv_sge rs = svt_sge(mr, slot * s, opt.size);
-		svt_post_recv1(qp, s, &rs, 1);
+		check(buf + slot * s + off, opt.size, next_in, scratch, who);
+		post_slot(qp, srq, mr, slot, s, rlen);
 		received++;
 		next_in += 2;
 		todo_recv--;
@@ -193,6 +242,10 @@ static void run(int fd, int server)
 	       opt.size);
 	fflush(stdout);
 	CHECK(ibv_destroy_qp(qp) == 0);
+	if (srq)
+		CHECK(ibv_destroy_srq(srq) == 0);
+	if (ah)
+		CHECK(ibv_destroy_ah(ah) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
 	CHECK(ibv_dealloc_pd(d.pd) == 0);
@@ -205,7 +258,7 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	int ch;
-	while ((ch = getopt(argc, argv, "n:s:r:S:d:D:F:")) != -1) {
+	while ((ch = getopt(argc, argv, "t:n:s:r:S:d:D:F:")) != -1) {
 		switch (ch) {
 		case 'n': opt.iters = atol(optarg); break;
 		case 's': opt.size = (uint32_t)strtoul(optarg, NULL, 0); break;
@@ -214,13 +267,16 @@ int main(int argc, char **argv)
 		case 'd': opt.cdev = optarg; break;
 		case 'D': opt.sdev = optarg; break;
 		case 'F': opt.flip = atoll(optarg); break;
+		case 't': opt.transport = optarg; break;
 		default:
-			fprintf(stderr, "usage: %s [-n iters] [-s size] [-r rx_depth] [-S seed] "
+			fprintf(stderr, "usage: %s [-t rc|uc|ud|srq] [-n iters] [-s size] [-r rx_depth] [-S seed] "
 					"[-d client_dev] [-D server_dev] [-F seq]\n", argv[0]);
 			return 2;
 		}
 	}
-	if (opt.iters < 1 || opt.size < 1 || opt.rx < 1 || opt.rx > 4096)
+	if (opt.iters < 1 || opt.size < 1 || opt.rx < 1 || opt.rx > 4096 ||
+	    (strcmp(opt.transport, "rc") && strcmp(opt.transport, "uc") &&
+	     strcmp(opt.transport, "ud") && strcmp(opt.transport, "srq")))
 		FAIL("bad arguments");
 	int sv[2];
 	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
@@ -247,7 +303,7 @@ int main(int argc, char **argv)
 	CHECK(waitpid(pid, &st, 0) == pid);
 	if (!WIFEXITED(st) || WEXITSTATUS(st))
 		FAIL("server ended with status 0x%x", st);
-	printf("OK sv_pingpong iters=%ld size=%u bytes=%llu\n", opt.iters, opt.size,
-	       (unsigned long long)opt.iters * 2 * opt.size);
+	printf("OK sv_pingpong %s iters=%ld size=%u bytes=%llu\n", opt.transport, opt.iters,
+	       opt.size, (unsigned long long)opt.iters * 2 * opt.size);
 	return 0;
 }
