@@ -601,18 +601,19 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	nr->cookie = cq->ring->cookie;
 	nr->armed = cq->ring->armed;
 	nr->mod_count = cq->ring->mod_count;
-	// Point every QP that completes into this CQ at the new ring first, so
-	// new producers go there; then close the old ring to the rest.
-	{
-		registry_guard rg(fab);
-		for (auto &q : fab.reg()->qps)
-			if (q.in_use && q.rcq_obj == cq->ref.slot && q.rcq_gen == cq->ref.gen) {
-				q.rcq_obj = nref.slot;
-				q.rcq_gen = nref.gen;
-			}
-	}
+	// Close the old ring first: producers that find it closed (ESTALE) look
+	// the CQ up again, and keep doing so until the QPs name the new ring,
+	// which happens only once every entry of the old ring is across.  (The
+	// other order let new producers write into the new ring's first slots
+	// before the old entries were moved over them.)
 	std::atomic_ref<uint64_t> prod(cq->ring->prod);
 	uint64_t end = prod.fetch_or(kRingClosed, std::memory_order_acq_rel);
+	if (end - cq->ring->cons > entries) {
+		// More arrived since the check above than the new size holds.
+		prod.fetch_and(~kRingClosed, std::memory_order_acq_rel);
+		queue_destroy(fab, nref, map);
+		return EINVAL;
+	}
 	// Producers that reserved before the close finish their entry quickly;
 	// move everything up to `end` across in order.
 	auto *ns = reinterpret_cast<sv_cqe *>(static_cast<char *>(map) + sizeof(sv_cq_ring));
@@ -646,8 +647,25 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 		payloads(nr)[moved] = payloads(cq->ring)[c & cq->mask];
 		moved++;
 	}
-	nr->prod = moved;
 	nr->cons = 0;
+	std::atomic_ref<uint64_t>(nr->prod).store(moved, std::memory_order_release);
+	// Now producers may find the new ring: every QP and XRC SRQ that
+	// completes into this CQ names it.
+	{
+		registry_guard rg(fab);
+		sv_registry *reg = fab.reg();
+		for (auto &q : reg->qps)
+			if (q.in_use && q.rcq_obj == cq->ref.slot && q.rcq_gen == cq->ref.gen) {
+				q.rcq_obj = nref.slot;
+				q.rcq_gen = nref.gen;
+			}
+		for (auto &o : reg->objs)
+			if (o.in_use && o.kind == SV_OBJ_SRQ && o.cq_obj == cq->ref.slot &&
+			    o.cq_gen == cq->ref.gen) {
+				o.cq_obj = nref.slot;
+				o.cq_gen = nref.gen;
+			}
+	}
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
 	objects_add(SV_OBJ_CQ, nref.slot, ibcq);
 	queue_destroy(fab, cq->ref, cq->ring);

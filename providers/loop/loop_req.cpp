@@ -226,15 +226,21 @@ int push_own(loop_cq *cq, sv_cqe &e)
 {
 	if (!cq)
 		return 0;
-	// A concurrent resize closes the old ring; ESTALE means look again.
-	for (int i = 0; i < 1000; i++) {
+	// A concurrent resize closes the old ring; ESTALE means look again,
+	// for as long as a resize may take.
+	uint64_t deadline = 0;
+	for (;;) {
 		sv_cq_ring *ring = std::atomic_ref<sv_cq_ring *>(cq->ring).load(std::memory_order_acquire);
 		int err = cq_push(ring, e, false);
 		if (err != ESTALE)
 			return err;
+		uint64_t now = now_ns();
+		if (!deadline)
+			deadline = now + kResizeWaitNs + kSettleNs;
+		else if (now > deadline)
+			return ENOSPC;
 		sched_yield();
 	}
-	return ENOSPC;
 }
 
 void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type);
@@ -297,7 +303,10 @@ int push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
 	      void *dst = nullptr)
 {
 	sv_registry *r = fab.reg();
-	for (int i = 0; i < 1000; i++) {
+	// A resize closes the old ring (ESTALE) and then points the QPs at the
+	// new one: look again for as long as a resize may take.
+	uint64_t deadline = 0;
+	for (;;) {
 		obj_ref ref = p.xrc_srq >= 0 ? obj_ref{r->objs[p.xrc_srq].cq_obj,
 						       r->objs[p.xrc_srq].cq_gen}
 					     : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
@@ -322,9 +331,13 @@ int push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
 				note_deferred(deferring, ref, index, dst, p.pid);
 			return 0;
 		}
+		uint64_t now = now_ns();
+		if (!deadline)
+			deadline = now + kResizeWaitNs + kSettleNs;
+		else if (now > deadline)
+			return ENOSPC;
 		sched_yield();
 	}
-	return 0;
 }
 
 // Small SENDs to another process travel in the CQE's payload and the
