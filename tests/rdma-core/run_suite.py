@@ -253,6 +253,13 @@ def judge(log, pass_name, rc, expected, vendor, suite_ids=None):
         problems.append("no closing 'OK' line")
     elif not final.startswith('OK'):
         problems.append('unittest closed with %r' % final)
+    else:
+        # "OK (skipped=N)": unittest's own count of skips must be ours.
+        m = re.search(r'skipped=(\d+)', final)
+        skips = sum(1 for r in results if r[3] == 'skipped')
+        counted = int(m.group(1)) if m else 0
+        if counted != skips:
+            problems.append('unittest counted %d skips, the log holds %d' % (counted, skips))
     if rc != 0:
         problems.append('the run exited with status %s' % rc)
     return judged, problems

@@ -171,6 +171,15 @@ def test_nonzero_exit_alone_fails(tmp_path):
     assert_fails(judge(tmp_path, render(good_lines("ib")), rc=1), "exited with status 1")
 
 
+def test_skip_count_mismatch_fails(tmp_path):
+    """unittest's own closing count disagrees with the verdicts read: a
+    verdict line the parser missed."""
+    rows = good_lines("ib")
+    skipped = sum(v.startswith("skipped") for *_, v in rows)
+    text = render(rows, final=f"OK (skipped={skipped + 1})")
+    assert_fails(judge(tmp_path, text), f"unittest counted {skipped + 1} skips")
+
+
 def test_empty_log_fails(tmp_path):
     assert_fails(judge(tmp_path, "Traceback (most recent call last):\nImportError: x\n", rc=1),
                  "no test verdict")
