@@ -4,6 +4,11 @@
 // process of the fabric can raise an event on it without sharing fds.  A
 // datagram carries the 64-bit cookie of one CQ; cookies are random, so a
 // stale or forged datagram names no CQ and is dropped.
+//
+// Lifetimes: a channel is looked up in g_channels before it is used, so a
+// destroyed one is an errno; its memory is kept a while (quarantine) so a
+// stale pointer is not a new channel at the same address.  Events handed
+// out per CQ are counted, so that destroying a CQ waits for their acks.
 #include "core.h"
 
 #include <fcntl.h>
@@ -16,15 +21,26 @@
 
 namespace {
 
+struct cq_entry {
+	ibv_cq *cq;
+	uint32_t reported; // Events ibv_get_cq_event returned for it
+};
+
 struct channel_state {
 	std::mutex lock;
-	std::unordered_map<uint64_t, ibv_cq *> cqs; // cookie -> CQ, for CQs on this channel
+	std::unordered_map<uint64_t, cq_entry> cqs; // cookie -> CQ, for CQs on this channel
 };
 
 // ibv_comp_channel has no spare field; keep the state beside it, keyed by fd.
 std::mutex g_lock;
 std::unordered_map<const ibv_comp_channel *, channel_state *> g_channels;
 std::unordered_map<const ibv_cq *, uint64_t> g_cookies;
+std::unordered_map<const ibv_cq *, uint32_t> g_async_reported; // CQ_ERR events handed out
+
+// Destroyed channels, freed oldest first beyond a bound.
+constexpr size_t kChannelQuarantine = 64;
+ibv_comp_channel *g_dead[kChannelQuarantine];
+size_t g_dead_next;
 
 channel_state *state_of(const ibv_comp_channel *ch)
 {
@@ -80,21 +96,52 @@ EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 {
 	if (!channel)
 		return EINVAL;
-	pthread_mutex_lock(&channel->context->mutex);
-	bool busy = channel->refcnt != 0;
-	pthread_mutex_unlock(&channel->context->mutex);
-	if (busy)
-		return EBUSY;
 	channel_state *st;
+	ibv_comp_channel *old;
 	{
 		std::lock_guard<std::mutex> g(g_lock);
 		auto it = g_channels.find(channel);
-		st = it == g_channels.end() ? nullptr : it->second;
-		g_channels.erase(channel);
+		if (it == g_channels.end()) {
+			core_log("ibv_destroy_comp_channel(%p): not a live channel (destroyed already?)",
+				 static_cast<void *>(channel));
+			return ENOENT;
+		}
+		// refcnt counts the CQs on it (verbs_init_cq, ibv_destroy_cq).
+		pthread_mutex_lock(&channel->context->mutex);
+		unsigned busy = static_cast<unsigned>(channel->refcnt);
+		pthread_mutex_unlock(&channel->context->mutex);
+		if (busy) {
+			core_log("ibv_destroy_comp_channel(%p): %u CQ%s still use%s it",
+				 static_cast<void *>(channel), busy, busy == 1 ? "" : "s",
+				 busy == 1 ? "s" : "");
+			return EBUSY;
+		}
+		st = it->second;
+		g_channels.erase(it);
+		old = g_dead[g_dead_next];
+		g_dead[g_dead_next] = channel;
+		g_dead_next = (g_dead_next + 1) % kChannelQuarantine;
 	}
 	delete st;
 	close(channel->fd);
-	delete channel;
+	channel->fd = -1;
+	delete old;
+	return 0;
+}
+
+EXPORT int verbs_comp_channel_check(struct ibv_comp_channel *channel, struct ibv_context *context)
+{
+	std::lock_guard<std::mutex> g(g_lock);
+	if (!g_channels.count(channel)) {
+		core_log("completion channel %p is not a live channel (destroyed?)",
+			 static_cast<void *>(channel));
+		return EINVAL;
+	}
+	if (channel->context != context) {
+		core_log("completion channel %p belongs to another context",
+			 static_cast<void *>(channel));
+		return EINVAL;
+	}
 	return 0;
 }
 
@@ -128,33 +175,75 @@ EXPORT uint64_t verbs_comp_channel_cookie(struct ibv_cq *cq)
 			return it->second;
 	}
 	uint64_t c = new_cookie();
-	{
-		std::lock_guard<std::mutex> g(st->lock);
-		st->cqs[c] = cq;
+	try {
+		{
+			std::lock_guard<std::mutex> g(st->lock);
+			st->cqs[c] = cq_entry{cq, 0};
+		}
+		std::lock_guard<std::mutex> g(g_lock);
+		g_cookies[cq] = c;
+	} catch (...) {
+		return 0; // No memory: the CQ gets no events
 	}
-	std::lock_guard<std::mutex> g(g_lock);
-	g_cookies[cq] = c;
 	return c;
 }
 
-void core_channel_forget_cq(struct ibv_cq *cq)
+void core_cq_async_reported(struct ibv_cq *cq)
 {
-	uint64_t c;
+	std::lock_guard<std::mutex> g(g_lock);
+	try {
+		g_async_reported[cq]++;
+	} catch (...) {
+	}
+}
+
+EXPORT void verbs_cq_wait_events(struct ibv_cq *cq)
+{
+	uint32_t comp = 0, async = 0;
+	bool had_cookie = false;
+	uint64_t c = 0;
 	{
 		std::lock_guard<std::mutex> g(g_lock);
 		auto it = g_cookies.find(cq);
-		if (it == g_cookies.end())
-			return;
-		c = it->second;
-		g_cookies.erase(it);
+		if (it != g_cookies.end()) {
+			c = it->second;
+			had_cookie = true;
+			g_cookies.erase(it);
+		}
+		auto a = g_async_reported.find(cq);
+		if (a != g_async_reported.end()) {
+			async = a->second;
+			g_async_reported.erase(a);
+		}
 	}
-	if (!cq->channel)
-		return;
-	channel_state *st = state_of(cq->channel);
-	if (!st)
-		return;
-	std::lock_guard<std::mutex> g(st->lock);
-	st->cqs.erase(c);
+	// From here ibv_get_cq_event drops the CQ's datagrams: what it handed
+	// out before is all there is to acknowledge.
+	channel_state *st = had_cookie && cq->channel ? state_of(cq->channel) : nullptr;
+	if (st) {
+		std::lock_guard<std::mutex> g(st->lock);
+		auto it = st->cqs.find(c);
+		if (it != st->cqs.end()) {
+			comp = it->second.reported;
+			st->cqs.erase(it);
+		}
+	}
+	pthread_mutex_lock(&cq->mutex);
+	auto unacked = [&] {
+		// Serial-number differences: an application that acks more than
+		// it got does not make us wait forever.
+		return static_cast<int32_t>(comp - cq->comp_events_completed) > 0 ||
+		       static_cast<int32_t>(async - cq->async_events_completed) > 0;
+	};
+	if (unacked())
+		core_log("ibv_destroy_cq(%p): %u completion event%s and %u async event%s not "
+			 "acknowledged; waiting for ibv_ack_cq_events / ibv_ack_async_event",
+			 static_cast<void *>(cq), comp - cq->comp_events_completed,
+			 comp - cq->comp_events_completed == 1 ? "" : "s",
+			 async - cq->async_events_completed,
+			 async - cq->async_events_completed == 1 ? "" : "s");
+	while (unacked())
+		pthread_cond_wait(&cq->cond, &cq->mutex);
+	pthread_mutex_unlock(&cq->mutex);
 }
 
 EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
@@ -178,10 +267,14 @@ EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq
 			continue;
 		ibv_cq *found = nullptr;
 		{
+			// Counted under the lock verbs_cq_wait_events takes to
+			// forget the CQ: an event is either counted or dropped.
 			std::lock_guard<std::mutex> g(st->lock);
 			auto it = st->cqs.find(cookie);
-			if (it != st->cqs.end())
-				found = it->second;
+			if (it != st->cqs.end()) {
+				found = it->second.cq;
+				it->second.reported++;
+			}
 		}
 		if (!found)
 			continue; // The CQ is gone, or the datagram was not ours.

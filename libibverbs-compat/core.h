@@ -36,7 +36,8 @@ template <typename T> static inline T *fail_ptr(int err)
 /* Core-owned wrappers installed in the public verbs_context slots. */
 int core_query_port_ex(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr,
 		       size_t attr_len);
-void core_channel_forget_cq(struct ibv_cq *cq);
+/* Counts an async event (IBV_EVENT_CQ_ERR) handed to the application for cq. */
+void core_cq_async_reported(struct ibv_cq *cq);
 void core_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define EXPORT extern "C" __attribute__((visibility("default")))

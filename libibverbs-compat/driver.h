@@ -315,6 +315,16 @@ SV_EXPORT void verbs_init_cq(struct ibv_cq *cq, struct ibv_context *context,
 SV_EXPORT int verbs_comp_channel_address(struct ibv_comp_channel *channel, char *addr,
 					 size_t *addr_len);
 SV_EXPORT uint64_t verbs_comp_channel_cookie(struct ibv_cq *cq);
+/* 0 if channel is a live completion channel of context, else EINVAL. */
+SV_EXPORT int verbs_comp_channel_check(struct ibv_comp_channel *channel,
+				       struct ibv_context *context);
+/*
+ * For a provider's destroy_cq, once it knows the CQ will go: no event is
+ * delivered for cq any more, and the call blocks until the application has
+ * acknowledged every completion and async event it got for it (as
+ * rdma-core's ibv_cmd_destroy_cq), warning under SOFTVERBS_DEBUG.
+ */
+SV_EXPORT void verbs_cq_wait_events(struct ibv_cq *cq);
 
 static inline struct verbs_device *verbs_get_device(const struct ibv_device *dev)
 {

@@ -345,7 +345,7 @@ EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *
 	if (!context)
 		return fail_ptr<ibv_cq>(EINVAL);
 	OPS_OR(context, create_cq, fail_ptr<ibv_cq>(EOPNOTSUPP));
-	if (channel && channel->context != context)
+	if (channel && verbs_comp_channel_check(channel, context))
 		return fail_ptr<ibv_cq>(EINVAL);
 	ibv_cq *cq = ops_->create_cq(context, cqe, channel, comp_vector);
 	if (cq)
@@ -368,8 +368,8 @@ EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 	OPS_OR(cq->context, destroy_cq, EOPNOTSUPP);
 	ibv_comp_channel *channel = cq->channel;
 	ibv_context *ctx = cq->context;
-	if (channel)
-		core_channel_forget_cq(cq);
+	// The provider refuses a CQ in use (EBUSY) and, before it frees the
+	// CQ, stops its events and waits for their acks (verbs_cq_wait_events).
 	int ret = ops_->destroy_cq(cq);
 	if (!ret && channel) {
 		pthread_mutex_lock(&ctx->mutex);
@@ -667,6 +667,8 @@ EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_eve
 	}
 	if (ops->async_event)
 		ops->async_event(context, event);
+	if (event->event_type == IBV_EVENT_CQ_ERR)
+		core_cq_async_reported(event->element.cq); // ibv_destroy_cq waits for its ack
 	return 0;
 }
 

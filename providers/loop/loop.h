@@ -7,6 +7,7 @@
 #include "../../libibverbs-compat/driver.h"
 #include "fabric.h"
 #include "loop_param.h"
+#include "objects.h"
 #include "queue_seg.h"
 #include "softverbs_dv.h"
 #include "xfer.h"
@@ -52,6 +53,7 @@ struct loop_pd {
 	uint32_t pdn;
 	bool parent_domain; // A loop_parent_domain (loop_td.cpp): pdn is its PD's
 	bool imported;
+	obj_life life{kLifePd}; // Users: MRs, MWs, QPs, SRQs, AHs, CQs, parent domains
 };
 
 struct loop_mr {
@@ -65,11 +67,15 @@ struct loop_mr {
 	// peers read it from here) and the list a posted fast-reg WR staged.
 	std::vector<uint64_t> pages;
 	std::vector<uint64_t> staged;
+	obj_life life{kLifeMr};
+	parent_refs parents; // Its PD (and DM)
 };
 
 struct loop_mw {
 	ibv_mw base; // Must be first
 	uint32_t slot;
+	obj_life life{kLifeMw};
+	parent_refs parents; // Its PD
 };
 
 struct loop_dm {
@@ -78,6 +84,7 @@ struct loop_dm {
 	uint64_t length;
 	loop_device *ldev;
 	loop_dm *imported_from; // Set on an imported copy
+	obj_life life{kLifeDm}; // Users: MRs on it
 };
 
 inline loop_dm *to_loop_dm(ibv_dm *d)
@@ -115,6 +122,8 @@ struct loop_cq {
 	uint64_t wc_flags_ex;
 	bool locked; // start_poll took lock
 	bool single_threaded; // IBV_CREATE_CQ_ATTR_SINGLE_THREADED: polling takes no lock
+	obj_life life{kLifeCq}; // Users: QPs, XRC SRQs
+	parent_refs parents;	 // Its parent domain (create_cq_ex)
 	// Placement of the head entry (under the poll lock): since when a
 	// sender's claim was seen, and whether the owner places it itself.
 	uint64_t claim_since;
@@ -130,11 +139,15 @@ struct loop_srq {
 	uint32_t max_sge;
 	uint32_t limit;
 	std::mutex lock; // Posting
+	obj_life life{kLifeSrq}; // Users: QPs
+	parent_refs parents; // Its PD, and an XRC SRQ's domain and CQ
 };
 
 struct loop_ah {
 	ibv_ah base; // Must be first
 	ibv_ah_attr attr;
+	obj_life life{kLifeAh};
+	parent_refs parents; // Its PD
 };
 
 // A send WR as the requester keeps it: copied at post time, so a WR that
@@ -218,6 +231,8 @@ struct loop_qp {
 	};
 	std::vector<deferred_send> deferred;
 	struct wr_builder *builder; // ibv_wr_* state (loop_qp_ex.cpp); null without send_ops_flags
+	obj_life life{kLifeQp};
+	parent_refs parents; // Its PD, CQs, SRQ, XRC domain
 };
 
 template <typename T, typename M> inline T *container_of_first(M *m)
@@ -438,6 +453,7 @@ private:
 // loop_xrc.cpp
 struct loop_xrcd {
 	verbs_xrcd vxrcd; // Must be first
+	obj_life life{kLifeXrcd}; // Users: XRC SRQs, XRC target QPs (created or opened)
 };
 ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr);
 int loop_close_xrcd(ibv_xrcd *xrcd);

@@ -8,6 +8,11 @@ namespace loop {
 
 ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 {
+	parent_guard parents;
+	if (!parents.add(to_loop_pd(pd)->life, kLifePd)) {
+		errno = life_bad("ibv_create_ah", pd, to_loop_pd(pd)->life, kLifePd);
+		return nullptr;
+	}
 	loop_context *lctx = to_loop_context(pd->context);
 	if (attr->port_num < 1 || attr->port_num > lctx->dev->num_ports) {
 		errno = EINVAL;
@@ -28,12 +33,18 @@ ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 		return nullptr;
 	}
 	ah->attr = *attr;
+	ah->parents = parents.keep();
 	return &ah->base;
 }
 
-int loop_destroy_ah(ibv_ah *ah)
+int loop_destroy_ah(ibv_ah *ibah)
 {
-	delete to_loop_ah(ah);
+	loop_ah *ah = to_loop_ah(ibah);
+	if (int e = ah->life.begin_destroy(kLifeAh, "ibv_destroy_ah", ah))
+		return e;
+	ah->parents.release();
+	ah->life.end_destroy(kLifeAh);
+	quarantine(ah);
 	return 0;
 }
 

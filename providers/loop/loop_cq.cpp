@@ -523,15 +523,26 @@ bool cq_pop(loop_cq *cq, sv_cqe &out)
 int loop_destroy_cq(ibv_cq *ibcq)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
+	// EBUSY while QPs or XRC SRQs complete into it.
+	if (int e = cq->life.begin_destroy(kLifeCq, "ibv_destroy_cq", cq))
+		return e;
+	// No more events for it; block until those handed out are acked.
+	verbs_cq_wait_events(ibcq);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
 	queue_destroy(*cq->ctx->fab, cq->ref, cq->ring);
-	delete cq;
+	cq->ring = nullptr;
+	cq->parents.release();
+	cq->life.end_destroy(kLifeCq);
+	// Kept a while: a stale pointer reads the dead state, not reused memory.
+	quarantine(cq);
 	return 0;
 }
 
 int loop_poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
+	if (!cq->life.is(kLifeCq)) [[unlikely]]
+		return -life_bad("ibv_poll_cq", cq, cq->life, kLifeCq);
 	if (n < 0)
 		return -EINVAL;
 	std::lock_guard<std::mutex> g(cq->lock);
@@ -547,6 +558,8 @@ int loop_poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc)
 int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
+	if (!cq->life.is(kLifeCq))
+		return life_bad("ibv_req_notify_cq", cq, cq->life, kLifeCq);
 	if (!ibcq->channel)
 		return EINVAL;
 	std::atomic_ref<uint32_t>(cq->ring->armed)

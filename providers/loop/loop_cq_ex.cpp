@@ -49,6 +49,8 @@ int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr)
 	if (attr && attr->comp_mask)
 		return EINVAL;
 	loop_cq *cq = cq_of(c);
+	if (!cq->life.is(kLifeCq)) [[unlikely]]
+		return life_bad("ibv_start_poll", cq, cq->life, kLifeCq);
 	bool lock = !single_threaded(cq);
 	if (lock)
 		cq->lock.lock();
@@ -174,9 +176,23 @@ ibv_cq_ex *loop_create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr)
 		return nullptr;
 	}
 	// A parent domain given here is accepted; its allocators are not used
-	// (see loop_td.cpp), and a CQ is not tied to a PD otherwise.
-	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
-	    (!attr->parent_domain || !to_loop_pd(attr->parent_domain)->parent_domain)) {
+	// (see loop_td.cpp), and a CQ is not tied to a PD otherwise.  It is
+	// held while the CQ lives (mlx5 counts it too).
+	parent_guard parents;
+	if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+		loop_pd *pd = attr->parent_domain ? to_loop_pd(attr->parent_domain) : nullptr;
+		if (pd && !parents.add(pd->life, kLifePd)) {
+			errno = life_bad("ibv_create_cq_ex", pd, pd->life, kLifePd);
+			return nullptr;
+		}
+		if (!pd || !pd->parent_domain || attr->parent_domain->context != ctx) {
+			errno = EINVAL;
+			return nullptr;
+		}
+	}
+	// ibv_create_cq checks its channel in the core; this verb comes here
+	// straight from the application's inline ibv_create_cq_ex.
+	if (attr->channel && verbs_comp_channel_check(attr->channel, ctx)) {
 		errno = EINVAL;
 		return nullptr;
 	}
@@ -210,6 +226,7 @@ ibv_cq_ex *loop_create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr)
 		x.read_completion_ts = read_completion_ts;
 	if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
 		x.read_completion_wallclock_ns = read_completion_wallclock_ns;
+	cq->parents = parents.keep();
 	return &x;
 }
 

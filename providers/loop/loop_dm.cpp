@@ -17,6 +17,8 @@ constexpr uint32_t kDmAlign = 4; // Copies to and from DM move whole 32-bit word
 
 int dm_copy_check(loop_dm *dm, uint64_t offset, size_t length)
 {
+	if (!dm->life.is(kLifeDm))
+		return life_bad("ibv_memcpy_to/from_dm", dm, dm->life, kLifeDm);
 	if ((offset % kDmAlign) || (length % kDmAlign) || offset > dm->length ||
 	    length > dm->length - offset)
 		return EINVAL;
@@ -89,15 +91,19 @@ ibv_dm *loop_alloc_dm(ibv_context *ctx, ibv_alloc_dm_attr *attr)
 int loop_free_dm(ibv_dm *ibdm)
 {
 	loop_dm *dm = to_loop_dm(ibdm);
-	if (dm->imported_from)
+	if (dm->imported_from && dm->life.is(kLifeDm))
 		return EINVAL; // An imported DM is unimported, not freed
+	// EBUSY while MRs are registered on it, as the kernel answers.
+	if (int e = dm->life.begin_destroy(kLifeDm, "ibv_free_dm", dm))
+		return e;
 	objects_remove(kObjDm, dm->base.handle);
 	munmap(dm->addr, dm->length);
 	{
 		std::lock_guard<std::mutex> g(g_dm_lock);
 		dm->ldev->dm_used -= dm->length;
 	}
-	delete dm;
+	dm->life.end_destroy(kLifeDm);
+	quarantine(dm);
 	return 0;
 }
 
@@ -129,6 +135,14 @@ ibv_mr *loop_reg_dm_mr(ibv_pd *pd, ibv_dm *ibdm, uint64_t offset, size_t length,
 		       unsigned int access)
 {
 	loop_dm *dm = to_loop_dm(ibdm);
+	if (!dm->life.is(kLifeDm)) {
+		errno = life_bad("ibv_reg_dm_mr", dm, dm->life, kLifeDm);
+		return nullptr;
+	}
+	if (ibdm->context != pd->context) {
+		errno = EINVAL;
+		return nullptr;
+	}
 	// DM MRs are zero-based (rdma-core requires the flag).
 	if (!(access & IBV_ACCESS_ZERO_BASED) || offset > dm->length ||
 	    length > dm->length - offset) {
@@ -141,6 +155,12 @@ ibv_mr *loop_reg_dm_mr(ibv_pd *pd, ibv_dm *ibdm, uint64_t offset, size_t length,
 				 0, static_cast<int>(access & ~IBV_ACCESS_ZERO_BASED));
 	if (!mr)
 		return nullptr;
+	// The MR holds the DM (ibv_free_dm is EBUSY until it is deregistered).
+	if (!to_loop_mr(mr)->parents.add(dm->life, kLifeDm)) {
+		loop_dereg_mr(reinterpret_cast<verbs_mr *>(mr));
+		errno = EINVAL;
+		return nullptr;
+	}
 	if (!length) {
 		fabric &fab = *to_loop_context(pd->context)->fab;
 		registry_guard g(fab);

@@ -383,9 +383,18 @@ void release_fd(loop_mr *mr);
 // (and whatever fd it holds) and returns nullptr with errno set.
 ibv_mr *publish_new_mr(ibv_pd *pd, loop_mr *mr, const mr_init &in, ibv_mr_type type, int access)
 {
+	// The MR holds its PD until it is deregistered (EBUSY for dealloc_pd).
+	loop_pd *lpd = to_loop_pd(pd);
+	if (!mr->parents.add(lpd->life, kLifePd)) {
+		release_fd(mr);
+		delete mr;
+		errno = life_bad("ibv_reg_mr", lpd, lpd->life, kLifePd);
+		return nullptr;
+	}
 	uint32_t key;
 	int slot = publish_mr(to_loop_context(pd->context), in, key);
 	if (slot < 0) {
+		mr->parents.release();
 		release_fd(mr);
 		delete mr;
 		errno = -slot;
@@ -472,24 +481,38 @@ void release_fd(loop_mr *mr)
 int loop_dereg_mr(verbs_mr *vmr)
 {
 	loop_mr *mr = to_loop_mr(&vmr->ibv_mr);
+	if (int e = mr->life.begin_destroy(kLifeMr, "ibv_dereg_mr", mr))
+		return e;
 	loop_context *lctx = to_loop_context(vmr->ibv_mr.context);
 	fabric &fab = *lctx->fab;
 	{
 		registry_guard g(fab);
 		sv_mr_rec &m = fab.reg()->mrs[mr->slot];
 		// Windows bound to it keep it alive (IB spec o10-32).
-		if (m.bound_mws)
+		if (m.bound_mws) {
+			mr->life.abort_destroy(kLifeMr);
+			debug_log("ibv_dereg_mr(%p): %u memory windows are bound to it",
+				  static_cast<void *>(mr), m.bound_mws);
 			return EBUSY;
+		}
 		mr_state(m).store(SV_MR_FREE, std::memory_order_release);
 	}
 	release_fd(mr);
-	delete mr;
+	mr->pages = {};
+	mr->staged = {};
+	mr->parents.release();
+	mr->life.end_destroy(kLifeMr);
+	quarantine(mr);
 	return 0;
 }
 
 int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t length, int access)
 {
 	loop_mr *mr = to_loop_mr(&vmr->ibv_mr);
+	if (!mr->life.is(kLifeMr))
+		return life_bad("ibv_rereg_mr", mr, mr->life, kLifeMr);
+	if ((flags & IBV_REREG_MR_CHANGE_PD) && pd->context != vmr->ibv_mr.context)
+		return EINVAL;
 	loop_context *lctx = to_loop_context(vmr->ibv_mr.context);
 	fabric &fab = *lctx->fab;
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
@@ -511,6 +534,10 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 	sv_mr_rec &m = fab.reg()->mrs[mr->slot];
 	if (m.bound_mws && (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD)))
 		return EBUSY;
+	// The MR moves its hold from the old PD to the new one.
+	if ((flags & IBV_REREG_MR_CHANGE_PD) &&
+	    !mr->parents.swap(to_loop_pd(vmr->ibv_mr.pd)->life, to_loop_pd(pd)->life, kLifePd))
+		return life_bad("ibv_rereg_mr", pd, to_loop_pd(pd)->life, kLifePd);
 	// Take the key out of service while the record changes.
 	mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
 	if (flags & IBV_REREG_MR_CHANGE_PD)
@@ -612,6 +639,10 @@ int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, u
 		     size_t length, uint64_t iova, unsigned int uaccess)
 {
 	loop_mr *mr = to_loop_mr(ibmr);
+	if (!mr->life.is(kLifeMr))
+		return life_bad("softverbs_rereg_mr_fd", mr, mr->life, kLifeMr);
+	if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != ibmr->context))
+		return EINVAL;
 	loop_context *lctx = to_loop_context(ibmr->context);
 	fabric &fab = *lctx->fab;
 	if (mr->vmr.mr_type != IBV_MR_TYPE_DMABUF_MR)
@@ -644,6 +675,11 @@ int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, u
 		    (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD))) {
 			release_fd(&fresh);
 			return EBUSY;
+		}
+		if ((flags & IBV_REREG_MR_CHANGE_PD) &&
+		    !mr->parents.swap(to_loop_pd(ibmr->pd)->life, to_loop_pd(pd)->life, kLifePd)) {
+			release_fd(&fresh);
+			return life_bad("softverbs_rereg_mr_fd", pd, to_loop_pd(pd)->life, kLifePd);
 		}
 		mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
 		if (flags & IBV_REREG_MR_CHANGE_PD)
@@ -722,6 +758,11 @@ ibv_mw *loop_alloc_mw(ibv_pd *pd, ibv_mw_type type)
 		errno = ENOMEM;
 		return nullptr;
 	}
+	if (!mw->parents.add(to_loop_pd(pd)->life, kLifePd)) {
+		delete mw;
+		errno = life_bad("ibv_alloc_mw", pd, to_loop_pd(pd)->life, kLifePd);
+		return nullptr;
+	}
 	mr_init in;
 	in.pdn = to_loop_pd(pd)->pdn;
 	in.kind = type == IBV_MW_TYPE_1 ? SV_MR_KIND_MW1 : SV_MR_KIND_MW2;
@@ -729,6 +770,7 @@ ibv_mw *loop_alloc_mw(ibv_pd *pd, ibv_mw_type type)
 	uint32_t key;
 	int slot = publish_mr(to_loop_context(pd->context), in, key);
 	if (slot < 0) {
+		mw->parents.release();
 		delete mw;
 		errno = -slot;
 		return nullptr;
@@ -760,6 +802,8 @@ void unbind_locked(sv_registry *r, sv_mr_rec &w)
 int loop_dealloc_mw(ibv_mw *ibmw)
 {
 	auto *mw = reinterpret_cast<loop_mw *>(ibmw);
+	if (int e = mw->life.begin_destroy(kLifeMw, "ibv_dealloc_mw", mw))
+		return e;
 	fabric &fab = *to_loop_context(ibmw->context)->fab;
 	{
 		registry_guard g(fab);
@@ -768,7 +812,9 @@ int loop_dealloc_mw(ibv_mw *ibmw)
 		unbind_locked(fab.reg(), w);
 		mr_state(w).store(SV_MR_FREE, std::memory_order_release);
 	}
-	delete mw;
+	mw->parents.release();
+	mw->life.end_destroy(kLifeMw);
+	quarantine(mw);
 	return 0;
 }
 
@@ -779,8 +825,14 @@ thread_local const softverbs_fast_reg_wr *g_fast_reg = nullptr;
 
 int loop_bind_mw(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *bind)
 {
-	if (!mw || !bind || mw->type != IBV_MW_TYPE_1 || mw->pd != qp->pd)
+	if (!mw || !bind || mw->type != IBV_MW_TYPE_1 || mw->pd != qp->pd ||
+	    mw->context != qp->context)
 		return EINVAL;
+	if (!to_loop_qp(qp)->life.is(kLifeQp))
+		return life_bad("ibv_bind_mw", qp, to_loop_qp(qp)->life, kLifeQp);
+	auto *lmw = reinterpret_cast<loop_mw *>(mw);
+	if (!lmw->life.is(kLifeMw))
+		return life_bad("ibv_bind_mw", mw, lmw->life, kLifeMw);
 	const ibv_mw_bind_info &bi = bind->bind_info;
 	if (!bi.mr && (bi.addr || bi.length))
 		return EINVAL;
@@ -810,6 +862,11 @@ int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 			return EINVAL;
 		if (mw->type == IBV_MW_TYPE_1 && !g_bind_type1)
 			return EINVAL; // Type 1 windows are bound with ibv_bind_mw
+		auto *lmw = reinterpret_cast<loop_mw *>(mw);
+		if (!lmw->life.is(kLifeMw))
+			return life_bad("ibv_post_send(BIND_MW)", mw, lmw->life, kLifeMw);
+		if (mw->context != qp->vqp.qp.context)
+			return EINVAL;
 		const ibv_mw_bind_info &bi = in->bind_mw.bind_info;
 		w.mw_slot = reinterpret_cast<loop_mw *>(mw)->slot;
 		w.mw_type = mw->type;

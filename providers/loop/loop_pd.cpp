@@ -27,12 +27,16 @@ ibv_pd *loop_alloc_pd(ibv_context *ctx)
 int loop_dealloc_pd(ibv_pd *ibpd)
 {
 	loop_pd *pd = to_loop_pd(ibpd);
+	if (pd->imported && pd->life.is(kLifePd))
+		return EINVAL; // Imported PDs are unimported
+	// EBUSY while MRs, MWs, QPs, SRQs, AHs or parent domains use it.
+	if (int e = pd->life.begin_destroy(kLifePd, "ibv_dealloc_pd", pd))
+		return e;
 	if (pd->parent_domain)
 		return loop_dealloc_parent_domain(pd);
-	if (pd->imported)
-		return EINVAL; // Imported PDs are unimported
 	objects_remove(kObjPd, pd->pdn);
-	delete pd;
+	pd->life.end_destroy(kLifePd);
+	quarantine(pd);
 	return 0;
 }
 

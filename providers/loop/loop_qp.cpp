@@ -255,6 +255,37 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		errno = EINVAL;
 		return nullptr;
 	}
+	// The objects it uses: live, of this context, and held until it goes
+	// (the kernel's usecnt: their destroy is EBUSY meanwhile).
+	parent_guard parents;
+	{
+		const char *verb = "ibv_create_qp";
+		loop_pd *lpd = pd ? to_loop_pd(pd) : nullptr;
+		loop_cq *scq = attr->send_cq ? to_loop_cq(attr->send_cq) : nullptr;
+		loop_cq *rcq = attr->recv_cq ? to_loop_cq(attr->recv_cq) : nullptr;
+		loop_srq *lsrq = attr->srq ? to_loop_srq(attr->srq) : nullptr;
+		auto *lx = xrc_recv ? reinterpret_cast<loop_xrcd *>(attr->xrcd) : nullptr;
+		int bad = 0;
+		if (lpd && !parents.add(lpd->life, kLifePd))
+			bad = life_bad(verb, lpd, lpd->life, kLifePd);
+		else if (scq && !parents.add(scq->life, kLifeCq))
+			bad = life_bad(verb, scq, scq->life, kLifeCq);
+		else if (rcq && !parents.add(rcq->life, kLifeCq))
+			bad = life_bad(verb, rcq, rcq->life, kLifeCq);
+		else if (lsrq && !parents.add(lsrq->life, kLifeSrq))
+			bad = life_bad(verb, lsrq, lsrq->life, kLifeSrq);
+		else if (lx && !parents.add(lx->life, kLifeXrcd))
+			bad = life_bad(verb, lx, lx->life, kLifeXrcd);
+		else if ((pd && pd->context != ctx) || (scq && attr->send_cq->context != ctx) ||
+			 (rcq && attr->recv_cq->context != ctx) ||
+			 (lsrq && attr->srq->context != ctx) ||
+			 (lx && attr->xrcd->context != ctx))
+			bad = EINVAL; // An object of another context
+		if (bad) {
+			errno = bad;
+			return nullptr;
+		}
+	}
 	int err = check_caps(*attr, has_rq);
 	if (err) {
 		errno = err;
@@ -371,6 +402,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
 		qp_ex_init(qp, attr->send_ops_flags);
 	attr->cap = qp->cap;
+	qp->parents = parents.keep();
 	return &q;
 }
 
@@ -393,6 +425,8 @@ ibv_qp *loop_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr)
 int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("ibv_modify_qp", qp, qp->life, kLifeQp);
 	fabric &fab = *qp->ctx->fab;
 	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
 	std::lock_guard<std::mutex> sg(qp->sq_lock);
@@ -497,6 +531,8 @@ int loop_query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *i
 {
 	(void)mask;
 	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("ibv_query_qp", qp, qp->life, kLifeQp);
 	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
 	*attr = qp->attr;
 	attr->qp_state =
@@ -518,13 +554,15 @@ int loop_query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *i
 int loop_destroy_qp(ibv_qp *ibqp)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
+	if (int e = qp->life.begin_destroy(kLifeQp, "ibv_destroy_qp", qp))
+		return e;
 	fabric &fab = *qp->ctx->fab;
 	if (qp->opened) {
 		// Closing an opened XRC target QP drops this handle only; the QP
 		// lives on with its creator.
-		pthread_mutex_destroy(&ibqp->mutex);
-		pthread_cond_destroy(&ibqp->cond);
-		delete qp;
+		qp->parents.release();
+		qp->life.end_destroy(kLifeQp);
+		quarantine(qp);
 		return 0;
 	}
 	progress_remove(qp);
@@ -541,16 +579,22 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		cq_clean(qp->scq, qp->qpn);
 	if (qp->rq)
 		queue_destroy(fab, qp->rq_ref, qp->rq);
-	pthread_mutex_destroy(&ibqp->mutex);
-	pthread_cond_destroy(&ibqp->cond);
 	qp_ex_destroy(qp);
-	delete qp;
+	// Its CQs, SRQ, PD and domain may go now; its memory is kept a while
+	// so that a stale pointer reads the dead state.
+	qp->parents.release();
+	qp->life.end_destroy(kLifeQp);
+	quarantine(qp);
 	return 0;
 }
 
 int loop_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp)) [[unlikely]] {
+		*bad = wr;
+		return life_bad("ibv_post_recv", qp, qp->life, kLifeQp);
+	}
 	if (!qp->rq) {
 		*bad = wr;
 		return EINVAL; // SRQ attached, or a send-only QP

@@ -978,7 +978,9 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 		break;
 	}
 	if (qp->type == IBV_QPT_UD) {
-		if (!in->wr.ud.ah)
+		// A destroyed AH, or one of another context: EINVAL (objects.h).
+		if (!in->wr.ud.ah || !to_loop_ah(in->wr.ud.ah)->life.is(kLifeAh) ||
+		    in->wr.ud.ah->context != qp->vqp.qp.context)
 			return EINVAL;
 		w.ah = to_loop_ah(in->wr.ud.ah)->attr;
 		w.remote_qpn = in->wr.ud.remote_qpn;
@@ -1055,6 +1057,10 @@ atomic_guard::~atomic_guard()
 int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp)) [[unlikely]] { // A destroyed QP (objects.h)
+		*bad = wr;
+		return life_bad("ibv_post_send", qp, qp->life, kLifeQp);
+	}
 	fabric &fab = *qp->ctx->fab;
 	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
 	int ret = 0;

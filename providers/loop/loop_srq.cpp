@@ -43,6 +43,33 @@ ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
 		errno = EINVAL;
 		return nullptr;
 	}
+	// The objects it uses: live, of this context, and held until it goes.
+	parent_guard parents;
+	loop_pd *lpd = to_loop_pd(attr->pd);
+	if (!parents.add(lpd->life, kLifePd)) {
+		errno = life_bad("ibv_create_srq", lpd, lpd->life, kLifePd);
+		return nullptr;
+	}
+	if (xrc) {
+		auto *lx = reinterpret_cast<loop_xrcd *>(attr->xrcd);
+		loop_cq *lcq = to_loop_cq(attr->cq);
+		if (!parents.add(lx->life, kLifeXrcd)) {
+			errno = life_bad("ibv_create_srq_ex", lx, lx->life, kLifeXrcd);
+			return nullptr;
+		}
+		if (!parents.add(lcq->life, kLifeCq)) {
+			errno = life_bad("ibv_create_srq_ex", lcq, lcq->life, kLifeCq);
+			return nullptr;
+		}
+		if (attr->xrcd->context != ctx || attr->cq->context != ctx) {
+			errno = EINVAL;
+			return nullptr;
+		}
+	}
+	if (attr->pd->context != ctx) {
+		errno = EINVAL;
+		return nullptr;
+	}
 	ibv_srq_attr &a = attr->attr;
 	if (a.max_wr < 1 || a.max_wr > kMaxSrqWr || a.max_sge > kMaxSrqSge ||
 	    a.srq_limit > a.max_wr) {
@@ -104,6 +131,7 @@ ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
 	pthread_cond_init(&s.cond, nullptr);
 	a.max_wr = entries;
 	a.max_sge = sge;
+	srq->parents = parents.keep();
 	return &s;
 }
 
@@ -123,6 +151,8 @@ ibv_srq *loop_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr)
 int loop_modify_srq(ibv_srq *ibsrq, ibv_srq_attr *attr, int mask)
 {
 	loop_srq *srq = to_loop_srq(ibsrq);
+	if (!srq->life.is(kLifeSrq))
+		return life_bad("ibv_modify_srq", srq, srq->life, kLifeSrq);
 	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))
 		return EINVAL;
 	if (mask & IBV_SRQ_MAX_WR) {
@@ -142,6 +172,8 @@ int loop_modify_srq(ibv_srq *ibsrq, ibv_srq_attr *attr, int mask)
 int loop_query_srq(ibv_srq *ibsrq, ibv_srq_attr *attr)
 {
 	loop_srq *srq = to_loop_srq(ibsrq);
+	if (!srq->life.is(kLifeSrq))
+		return life_bad("ibv_query_srq", srq, srq->life, kLifeSrq);
 	attr->max_wr = srq->max_wr;
 	attr->max_sge = srq->max_sge;
 	attr->srq_limit = std::atomic_ref<uint32_t>(srq->ring->limit).load();
@@ -151,32 +183,36 @@ int loop_query_srq(ibv_srq *ibsrq, ibv_srq_attr *attr)
 int loop_destroy_srq(ibv_srq *ibsrq)
 {
 	loop_srq *srq = to_loop_srq(ibsrq);
+	// EBUSY while QPs use it (each holds a reference from its creation).
+	if (int e = srq->life.begin_destroy(kLifeSrq, "ibv_destroy_srq", srq))
+		return e;
 	fabric &fab = *srq->ctx->fab;
-	{
-		registry_guard g(fab);
-		for (const sv_qp_rec &q : fab.reg()->qps)
-			if (q.in_use && q.has_srq && q.rq_obj == srq->ref.slot &&
-			    q.rq_gen == srq->ref.gen)
-				return EBUSY;
-	}
 	objects_remove(SV_OBJ_SRQ, srq->ref.slot);
 	queue_destroy(fab, srq->ref, srq->ring);
-	pthread_mutex_destroy(&ibsrq->mutex);
-	pthread_cond_destroy(&ibsrq->cond);
-	delete srq;
+	srq->ring = nullptr;
+	srq->parents.release();
+	srq->life.end_destroy(kLifeSrq);
+	quarantine(srq);
 	return 0;
 }
 
 int loop_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad)
 {
 	loop_srq *srq = to_loop_srq(ibsrq);
+	if (!srq->life.is(kLifeSrq)) [[unlikely]] {
+		*bad = wr;
+		return life_bad("ibv_post_srq_recv", srq, srq->life, kLifeSrq);
+	}
 	std::lock_guard<std::mutex> g(srq->lock);
 	return rq_post(srq->ring, srq->max_sge, wr, bad);
 }
 
 int loop_get_srq_num(ibv_srq *ibsrq, uint32_t *srq_num)
 {
-	*srq_num = to_loop_srq(ibsrq)->vsrq.srq_num;
+	loop_srq *srq = to_loop_srq(ibsrq);
+	if (!srq->life.is(kLifeSrq))
+		return life_bad("ibv_get_srq_num", srq, srq->life, kLifeSrq);
+	*srq_num = srq->vsrq.srq_num;
 	return 0;
 }
 

@@ -25,6 +25,7 @@ namespace {
 
 struct loop_td {
 	ibv_td base; // Must be first
+	obj_life life{kLifeTd}; // Users: parent domains
 };
 
 struct loop_parent_domain {
@@ -35,7 +36,13 @@ struct loop_parent_domain {
 	void *(*alloc)(ibv_pd *pd, void *pd_context, size_t size, size_t alignment,
 		       uint64_t resource_type);
 	void (*free)(ibv_pd *pd, void *pd_context, void *ptr, uint64_t resource_type);
+	parent_refs parents; // Its protection domain and thread domain
 };
+
+loop_td *to_loop_td(ibv_td *td)
+{
+	return reinterpret_cast<loop_td *>(td);
+}
 
 } // namespace
 
@@ -54,9 +61,14 @@ ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr)
 	return &td->base;
 }
 
-int loop_dealloc_td(ibv_td *td)
+int loop_dealloc_td(ibv_td *ibtd)
 {
-	delete reinterpret_cast<loop_td *>(td);
+	loop_td *td = to_loop_td(ibtd);
+	// EBUSY while a parent domain uses it, as mlx5 answers.
+	if (int e = td->life.begin_destroy(kLifeTd, "ibv_dealloc_td", td))
+		return e;
+	td->life.end_destroy(kLifeTd);
+	quarantine(td);
 	return 0;
 }
 
@@ -69,6 +81,16 @@ ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *
 		return nullptr;
 	}
 	loop_pd *prot = to_loop_pd(attr->pd);
+	parent_guard parents;
+	if (!parents.add(prot->life, kLifePd)) {
+		errno = life_bad("ibv_alloc_parent_domain", prot, prot->life, kLifePd);
+		return nullptr;
+	}
+	if (attr->td && !parents.add(to_loop_td(attr->td)->life, kLifeTd)) {
+		errno = life_bad("ibv_alloc_parent_domain", attr->td, to_loop_td(attr->td)->life,
+				 kLifeTd);
+		return nullptr;
+	}
 	if (prot->parent_domain || attr->pd->context != ctx ||
 	    (attr->td && attr->td->context != ctx)) {
 		errno = EINVAL;
@@ -96,12 +118,17 @@ ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *
 		p->alloc = attr->alloc;
 		p->free = attr->free;
 	}
+	p->parents = parents.keep();
 	return &p->pd.base;
 }
 
+// After loop_dealloc_pd's begin_destroy: nothing uses the parent domain.
 int loop_dealloc_parent_domain(loop_pd *pd)
 {
-	delete reinterpret_cast<loop_parent_domain *>(pd);
+	auto *p = reinterpret_cast<loop_parent_domain *>(pd);
+	p->parents.release();
+	pd->life.end_destroy(kLifePd);
+	quarantine(p);
 	return 0;
 }
 

@@ -48,9 +48,14 @@ ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr)
 	return &x->vxrcd.xrcd;
 }
 
-int loop_close_xrcd(ibv_xrcd *xrcd)
+int loop_close_xrcd(ibv_xrcd *ibxrcd)
 {
-	delete reinterpret_cast<loop_xrcd *>(xrcd);
+	auto *x = reinterpret_cast<loop_xrcd *>(ibxrcd);
+	// EBUSY while XRC SRQs or target QPs (created or opened) use it.
+	if (int e = x->life.begin_destroy(kLifeXrcd, "ibv_close_xrcd", x))
+		return e;
+	x->life.end_destroy(kLifeXrcd);
+	quarantine(x);
 	return 0;
 }
 
@@ -64,6 +69,16 @@ ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr)
 	if (!attr || (attr->comp_mask & needed) != needed ||
 	    (attr->comp_mask & ~(needed | IBV_QP_OPEN_ATTR_CONTEXT)) ||
 	    attr->qp_type != IBV_QPT_XRC_RECV || !attr->xrcd) {
+		errno = EINVAL;
+		return nullptr;
+	}
+	auto *lx = reinterpret_cast<loop_xrcd *>(attr->xrcd);
+	parent_guard parents;
+	if (!parents.add(lx->life, kLifeXrcd)) {
+		errno = life_bad("ibv_open_qp", lx, lx->life, kLifeXrcd);
+		return nullptr;
+	}
+	if (attr->xrcd->context != ctx) {
 		errno = EINVAL;
 		return nullptr;
 	}
@@ -96,6 +111,7 @@ ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr)
 	qp->attr.dest_qp_num = rec.dest_qpn;
 	qp->attr.path_mtu = static_cast<ibv_mtu>(rec.path_mtu);
 	qp->vqp.xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd);
+	qp->parents = parents.keep();
 	ibv_qp &q = qp->vqp.qp;
 	q.context = ctx;
 	q.qp_context = (attr->comp_mask & IBV_QP_OPEN_ATTR_CONTEXT) ? attr->qp_context : nullptr;

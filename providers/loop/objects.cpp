@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: MIT
 #include "objects.h"
 
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -15,6 +20,44 @@ uint64_t key(uint32_t kind, uint32_t slot)
 {
 	return (static_cast<uint64_t>(kind) << 32) | slot;
 }
+
+bool verbose()
+{
+	static const bool v = [] {
+		const char *s = getenv("SOFTVERBS_DEBUG");
+		return s && *s && strcmp(s, "0") != 0;
+	}();
+	return v;
+}
+
+const char *kind_name(uint32_t kind)
+{
+	switch (kind) {
+	case kLifePd: return "PD";
+	case kLifeMr: return "MR";
+	case kLifeMw: return "MW";
+	case kLifeCq: return "CQ";
+	case kLifeQp: return "QP";
+	case kLifeSrq: return "SRQ";
+	case kLifeAh: return "AH";
+	case kLifeXrcd: return "XRCD";
+	case kLifeDm: return "DM";
+	case kLifeTd: return "TD";
+	default: return "object";
+	}
+}
+
+// Destroyed objects kept, oldest first overwritten.  Bounded so that an
+// application that creates and destroys objects forever does not grow: a
+// pointer used long after its object was destroyed may read reused memory.
+constexpr size_t kQuarantine = 1024;
+struct held {
+	void *obj;
+	void (*release)(void *);
+};
+std::mutex g_q_lock;
+held g_q[kQuarantine];
+size_t g_q_next;
 
 } // namespace
 
@@ -35,6 +78,108 @@ void *objects_find(uint32_t kind, uint32_t slot)
 	std::lock_guard<std::mutex> g(g_lock);
 	auto it = g_objects.find(key(kind, slot));
 	return it == g_objects.end() ? nullptr : it->second;
+}
+
+void debug_log(const char *fmt, ...)
+{
+	if (!verbose())
+		return;
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "softverbs: %s\n", buf);
+}
+
+int obj_life::begin_destroy(uint32_t kind, const char *verb, const void *obj)
+{
+	uint32_t s = life_live(kind);
+	if (!state.compare_exchange_strong(s, life_dying(kind), std::memory_order_seq_cst)) {
+		if (s == life_dead(kind) || s == life_dying(kind)) {
+			debug_log("%s(%p): this %s was destroyed already (double destroy)", verb, obj,
+				  kind_name(kind));
+			return ENOENT;
+		}
+		debug_log("%s(%p): not a %s (state %#x)", verb, obj, kind_name(kind), s);
+		return EINVAL;
+	}
+	// Dekker against parent_refs::add: it raises refs then reads state;
+	// we changed state, now read refs.  One of us sees the other.
+	uint32_t n = refs.load(std::memory_order_seq_cst);
+	if (n) {
+		state.store(life_live(kind), std::memory_order_seq_cst);
+		debug_log("%s(%p): %u object%s still use%s this %s", verb, obj, n, n == 1 ? "" : "s",
+			  n == 1 ? "s" : "", kind_name(kind));
+		return EBUSY;
+	}
+	return 0;
+}
+
+int life_bad(const char *verb, const void *obj, const obj_life &l, uint32_t kind)
+{
+	uint32_t s = l.state.load(std::memory_order_relaxed);
+	if (s == life_dead(kind) || s == life_dying(kind))
+		debug_log("%s: %s %p was destroyed", verb, kind_name(kind), obj);
+	else
+		debug_log("%s: %p is not a %s (state %#x)", verb, obj, kind_name(kind), s);
+	return EINVAL;
+}
+
+bool parent_refs::add(obj_life &l, uint32_t kind)
+{
+	int i = 0;
+	while (i < kMax && held[i])
+		i++;
+	if (i == kMax)
+		abort(); // A programming error: kMax is the most any object needs
+	l.refs.fetch_add(1, std::memory_order_seq_cst);
+	if (l.state.load(std::memory_order_seq_cst) != life_live(kind)) {
+		l.refs.fetch_sub(1, std::memory_order_seq_cst);
+		return false;
+	}
+	held[i] = &l;
+	return true;
+}
+
+bool parent_refs::swap(obj_life &from, obj_life &to, uint32_t kind)
+{
+	for (obj_life *&h : held)
+		if (h == &from) {
+			if (&from == &to)
+				return true;
+			to.refs.fetch_add(1, std::memory_order_seq_cst);
+			if (to.state.load(std::memory_order_seq_cst) != life_live(kind)) {
+				to.refs.fetch_sub(1, std::memory_order_seq_cst);
+				return false;
+			}
+			from.refs.fetch_sub(1, std::memory_order_seq_cst);
+			h = &to;
+			return true;
+		}
+	return add(to, kind);
+}
+
+void parent_refs::release()
+{
+	for (obj_life *&h : held)
+		if (h) {
+			h->refs.fetch_sub(1, std::memory_order_seq_cst);
+			h = nullptr;
+		}
+}
+
+void quarantine(void *obj, void (*release)(void *))
+{
+	held old;
+	{
+		std::lock_guard<std::mutex> g(g_q_lock);
+		old = g_q[g_q_next];
+		g_q[g_q_next] = {obj, release};
+		g_q_next = (g_q_next + 1) % kQuarantine;
+	}
+	if (old.obj)
+		old.release(old.obj);
 }
 
 } // namespace loop

@@ -1,0 +1,697 @@
+/* SPDX-License-Identifier: MIT */
+/* Object lifetimes as the kernel keeps them (docs/design.md, "Object
+ * lifetimes"): EBUSY for a parent destroyed before its users, a CQ destroy
+ * that waits for its events to be acknowledged, and a destroyed or foreign
+ * object given to a verb answered with an errno, never a crash.
+ *
+ * Usage: sv_lifetimes SCENARIO; prints "OK SCENARIO" and exits 0 when every
+ * check passed.  pyverbs refuses several of these orders itself, hence a C
+ * program (driven by pyverbs-tests/test_lifetimes.py). */
+#include "svt.h"
+
+#include <pthread.h>
+
+/* Two RC QPs of one process connected to each other, on one CQ each side
+ * (or the same CQ), with one registered buffer. */
+struct pair {
+	struct svt_dev *d;
+	struct ibv_cq *cq;
+	struct ibv_qp *a, *b;
+	struct ibv_mr *mr;
+};
+
+static void pair_up(struct pair *p, struct svt_dev *d, struct ibv_cq *cq)
+{
+	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = cq, .rcq = cq};
+	struct svt_conn c = {.access = SVT_ALL_ACCESS, .min_rnr_timer = 1, .timeout = 14,
+			     .retry_cnt = 7, .rnr_retry = 7};
+	p->d = d;
+	p->cq = cq;
+	p->a = svt_qp(d, &o);
+	p->b = svt_qp(d, &o);
+	svt_connect(p->a, p->b->qp_num, d->lid, &c);
+	svt_connect(p->b, p->a->qp_num, d->lid, &c);
+	p->mr = svt_mr(d, 8192, SVT_ALL_ACCESS);
+}
+
+static void pair_down(struct pair *p)
+{
+	CHECK_EQ(ibv_destroy_qp(p->a), 0);
+	CHECK_EQ(ibv_destroy_qp(p->b), 0);
+	void *buf = p->mr->addr;
+	CHECK_EQ(ibv_dereg_mr(p->mr), 0);
+	free(buf);
+}
+
+/* An RDMA WRITE of a patterned 4 KiB from a to b's half of the buffer, then
+ * a SEND of its checksum; checks both land and complete into p->cq. */
+static void pair_traffic(struct pair *p, unsigned seed)
+{
+	unsigned char *buf = p->mr->addr;
+	svt_fill(buf, 4096, seed);
+	memset(buf + 4096, 0, 4096);
+	struct ibv_sge s = svt_sge(p->mr, 0, 4096);
+	CHECK_EQ(svt_post_send1(p->a, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+				(uintptr_t)buf + 4096, p->mr->rkey),
+		 0);
+	struct ibv_wc wc = svt_wait(p->cq, "rdma write");
+	CHECK_WC(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, 1);
+	if (memcmp(buf, buf + 4096, 4096))
+		FAIL("RDMA WRITE data differs (seed %u)", seed);
+	/* SEND of 8 bytes (the seed and a sum) into a posted receive. */
+	uint32_t *msg = (uint32_t *)(buf + 100);
+	msg[0] = seed;
+	msg[1] = seed * 2654435761u;
+	memset(buf + 200, 0, 8);
+	struct ibv_sge r = svt_sge(p->mr, 200, 8);
+	svt_post_recv1(p->b, 2, &r, 1);
+	s = svt_sge(p->mr, 100, 8);
+	CHECK_EQ(svt_post_send1(p->a, 3, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED, 0, 0), 0);
+	int got_send = 0, got_recv = 0;
+	for (int i = 0; i < 2; i++) {
+		wc = svt_wait(p->cq, "send or receive");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		if (wc.wr_id == 3)
+			got_send++;
+		else if (wc.wr_id == 2 && wc.byte_len == 8)
+			got_recv++;
+		else
+			FAIL("unexpected completion wr_id %llu", (unsigned long long)wc.wr_id);
+	}
+	CHECK_EQ(got_send, 1);
+	CHECK_EQ(got_recv, 1);
+	if (memcmp(buf + 100, buf + 200, 8))
+		FAIL("SEND data differs (seed %u)", seed);
+}
+
+static struct ibv_cq *cq_ex(struct ibv_context *ctx, struct ibv_comp_channel *ch)
+{
+	struct ibv_cq_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	a.cqe = 64;
+	a.channel = ch;
+	a.wc_flags = IBV_WC_STANDARD_FLAGS;
+	struct ibv_cq_ex *x = ibv_create_cq_ex(ctx, &a);
+	return x ? ibv_cq_ex_to_cq(x) : NULL;
+}
+
+static struct ibv_qp *qp_ex(struct svt_dev *d, struct ibv_pd *pd, struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	a.qp_type = IBV_QPT_RC;
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.cap.max_send_wr = 8;
+	a.cap.max_recv_wr = 8;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD;
+	a.pd = pd;
+	return ibv_create_qp_ex(d->ctx, &a);
+}
+
+static struct ibv_srq *srq_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_xrcd *xrcd,
+			      struct ibv_cq *cq)
+{
+	struct ibv_srq_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	a.attr.max_wr = 8;
+	a.attr.max_sge = 1;
+	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+	a.srq_type = IBV_SRQT_BASIC;
+	a.pd = pd;
+	if (xrcd) {
+		a.comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+		a.srq_type = IBV_SRQT_XRC;
+		a.xrcd = xrcd;
+		a.cq = cq;
+	}
+	return ibv_create_srq_ex(ctx, &a);
+}
+
+static struct ibv_xrcd *xrcd_open(struct ibv_context *ctx)
+{
+	struct ibv_xrcd_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	a.fd = -1;
+	a.oflags = O_CREAT;
+	return ibv_open_xrcd(ctx, &a);
+}
+
+static struct ibv_qp *xrc_tgt(struct ibv_context *ctx, struct ibv_xrcd *xrcd)
+{
+	struct ibv_qp_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	a.qp_type = IBV_QPT_XRC_RECV;
+	a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	a.xrcd = xrcd;
+	return ibv_create_qp_ex(ctx, &a);
+}
+
+static struct ibv_ah *ah_make(struct svt_dev *d, struct ibv_pd *pd)
+{
+	struct ibv_ah_attr a;
+	memset(&a, 0, sizeof(a));
+	a.dlid = d->lid;
+	a.port_num = 1;
+	return ibv_create_ah(pd, &a);
+}
+
+/* A UD SEND of 8 bytes through ah; returns ibv_post_send's answer. */
+static int ud_send(struct svt_dev *d, struct ibv_cq *cq, struct ibv_ah *ah)
+{
+	struct svt_qpopt o = {.type = IBV_QPT_UD, .scq = cq, .rcq = cq};
+	struct ibv_qp *qp = svt_qp(d, &o);
+	svt_ud_up(qp, 0x1234);
+	static char buf[64];
+	struct ibv_mr *mr = ibv_reg_mr(d->pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr);
+	struct ibv_sge s = svt_sge(mr, 0, 8);
+	struct ibv_send_wr wr, *bad = NULL;
+	memset(&wr, 0, sizeof(wr));
+	wr.opcode = IBV_WR_SEND;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = qp->qp_num;
+	wr.wr.ud.remote_qkey = 0x1234;
+	int ret = ibv_post_send(qp, &wr, &bad);
+	if (ret)
+		CHECK(bad == &wr);
+	else
+		CHECK_WC(svt_wait(cq, "UD send"), IBV_WC_SUCCESS);
+	CHECK_EQ(ibv_destroy_qp(qp), 0);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	return ret;
+}
+
+/* ---- ibv_dealloc_pd: EBUSY while anything uses the PD ---- */
+static void scenario_pd(struct svt_dev *d)
+{
+	struct ibv_pd *pd = ibv_alloc_pd(d->ctx);
+	CHECK(pd);
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 64, NULL, NULL, 0);
+	CHECK(cq);
+	static char buf[4096];
+
+	/* One user at a time: EBUSY while it exists, 0 once it is gone. */
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	/* The PD still works: another MR on it, with its own key. */
+	struct ibv_mr *mr2 = ibv_reg_mr(pd, buf, 64, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr2);
+	CHECK(mr2->lkey != mr->lkey);
+	CHECK_EQ(ibv_dereg_mr(mr2), 0);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+
+	struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	CHECK(mw);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_dealloc_mw(mw), 0);
+
+	struct ibv_qp_init_attr qa;
+	memset(&qa, 0, sizeof(qa));
+	qa.send_cq = qa.recv_cq = cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(pd, &qa);
+	CHECK(qp);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	/* The QP still works after the refusal. */
+	struct ibv_qp_attr at;
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_INIT;
+	at.port_num = 1;
+	CHECK_EQ(ibv_modify_qp(qp, &at,
+			       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+		 0);
+	CHECK_EQ(svt_state(qp), IBV_QPS_INIT);
+	CHECK_EQ(ibv_destroy_qp(qp), 0);
+
+	qp = qp_ex(d, pd, cq);
+	CHECK(qp);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_destroy_qp(qp), 0);
+
+	struct ibv_srq_init_attr sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 1;
+	struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+	CHECK(srq);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_destroy_srq(srq), 0);
+
+	srq = srq_ex(d->ctx, pd, NULL, NULL);
+	CHECK(srq);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_destroy_srq(srq), 0);
+
+	struct ibv_ah *ah = ah_make(d, pd);
+	CHECK(ah);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_destroy_ah(ah), 0);
+
+	struct ibv_parent_domain_init_attr pa;
+	memset(&pa, 0, sizeof(pa));
+	pa.pd = pd;
+	struct ibv_pd *parent = ibv_alloc_parent_domain(d->ctx, &pa);
+	CHECK(parent);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	/* A QP on the parent domain holds the parent domain. */
+	qp = qp_ex(d, parent, cq);
+	CHECK(qp);
+	CHECK_EQ(ibv_dealloc_pd(parent), EBUSY);
+	CHECK_EQ(ibv_destroy_qp(qp), 0);
+	CHECK_EQ(ibv_dealloc_pd(parent), 0);
+
+	/* All of them at once, released in the right order. */
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr);
+	qp = ibv_create_qp(pd, &qa);
+	CHECK(qp);
+	ah = ah_make(d, pd);
+	CHECK(ah);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_destroy_ah(ah), 0);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_destroy_qp(qp), 0);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	CHECK_EQ(ibv_dealloc_pd(pd), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+}
+
+/* ---- ibv_destroy_cq: EBUSY while a QP or SRQ uses the CQ ---- */
+static void scenario_cq(struct svt_dev *d)
+{
+	for (int ex = 0; ex < 2; ex++) {
+		struct ibv_cq *cq = ex ? cq_ex(d->ctx, NULL) : ibv_create_cq(d->ctx, 64, NULL, NULL, 0);
+		CHECK(cq);
+		struct pair p;
+		pair_up(&p, d, cq);
+		/* The issue's crash: this succeeded and destroy_qp then used it. */
+		CHECK_EQ(ibv_destroy_cq(cq), EBUSY);
+		/* Still works: traffic completes into it, data checked. */
+		pair_traffic(&p, 11 + ex);
+		CHECK_EQ(ibv_destroy_cq(cq), EBUSY);
+		CHECK_EQ(ibv_destroy_qp(p.a), 0);
+		CHECK_EQ(ibv_destroy_cq(cq), EBUSY); /* b still uses it */
+		CHECK_EQ(ibv_destroy_qp(p.b), 0);
+		void *buf = p.mr->addr;
+		CHECK_EQ(ibv_dereg_mr(p.mr), 0);
+		free(buf);
+		CHECK_EQ(ibv_destroy_cq(cq), 0);
+	}
+	/* A QP from ibv_create_qp_ex; a send CQ and a receive CQ apart. */
+	struct ibv_cq *scq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	struct ibv_cq *rcq = cq_ex(d->ctx, NULL);
+	CHECK(scq && rcq);
+	struct ibv_qp_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	a.qp_type = IBV_QPT_UD;
+	a.send_cq = scq;
+	a.recv_cq = rcq;
+	a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD;
+	a.pd = d->pd;
+	struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &a);
+	CHECK(qp);
+	CHECK_EQ(ibv_destroy_cq(scq), EBUSY);
+	CHECK_EQ(ibv_destroy_cq(rcq), EBUSY);
+	CHECK_EQ(ibv_destroy_qp(qp), 0);
+	CHECK_EQ(ibv_destroy_cq(scq), 0);
+	CHECK_EQ(ibv_destroy_cq(rcq), 0);
+
+	/* An XRC SRQ completes into its CQ. */
+	struct ibv_xrcd *x = xrcd_open(d->ctx);
+	CHECK(x);
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_srq *srq = srq_ex(d->ctx, d->pd, x, cq);
+	CHECK(srq);
+	CHECK_EQ(ibv_destroy_cq(cq), EBUSY);
+	CHECK_EQ(ibv_destroy_srq(srq), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+	CHECK_EQ(ibv_close_xrcd(x), 0);
+}
+
+/* ---- ibv_destroy_comp_channel: EBUSY while a CQ uses it ---- */
+static void scenario_channel(struct svt_dev *d)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d->ctx);
+	CHECK(ch);
+	struct ibv_cq *cq1 = ibv_create_cq(d->ctx, 64, NULL, ch, 0);
+	CHECK(cq1);
+	CHECK_EQ(ibv_destroy_comp_channel(ch), EBUSY);
+	struct ibv_cq *cq2 = cq_ex(d->ctx, ch);
+	CHECK(cq2);
+	CHECK_EQ(ibv_destroy_comp_channel(ch), EBUSY);
+	CHECK_EQ(ibv_destroy_cq(cq2), 0);
+	CHECK_EQ(ibv_destroy_comp_channel(ch), EBUSY);
+
+	/* A CQ in use (EBUSY) keeps its events: the channel still works. */
+	struct pair p;
+	pair_up(&p, d, cq1);
+	CHECK_EQ(ibv_destroy_cq(cq1), EBUSY);
+	CHECK_EQ(ibv_req_notify_cq(cq1, 0), 0);
+	pair_traffic(&p, 21);
+	struct ibv_cq *ev_cq = NULL;
+	void *ev_ctx = NULL;
+	struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
+	if (poll(&pf, 1, 5000) != 1)
+		FAIL("no completion event within 5 s");
+	CHECK_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), 0);
+	CHECK(ev_cq == cq1);
+	ibv_ack_cq_events(cq1, 1);
+	pair_down(&p);
+	CHECK_EQ(ibv_destroy_cq(cq1), 0);
+	CHECK_EQ(ibv_destroy_comp_channel(ch), 0);
+}
+
+/* ---- ibv_close_xrcd: EBUSY while it has SRQs or QPs ---- */
+static void scenario_xrcd(struct svt_dev *d)
+{
+	struct ibv_xrcd *x = xrcd_open(d->ctx);
+	CHECK(x);
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_srq *srq = srq_ex(d->ctx, d->pd, x, cq);
+	CHECK(srq);
+	CHECK_EQ(ibv_close_xrcd(x), EBUSY);
+	/* Still works: a second SRQ and a target QP in it. */
+	struct ibv_qp *tgt = xrc_tgt(d->ctx, x);
+	CHECK(tgt);
+	uint32_t num = 0;
+	CHECK_EQ(ibv_get_srq_num(srq, &num), 0);
+	CHECK(num != 0);
+	CHECK_EQ(ibv_destroy_srq(srq), 0);
+	CHECK_EQ(ibv_close_xrcd(x), EBUSY); /* the target QP */
+	CHECK_EQ(ibv_destroy_qp(tgt), 0);
+	CHECK_EQ(ibv_close_xrcd(x), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+}
+
+/* ---- ibv_destroy_cq blocks until its events are acknowledged ---- */
+static volatile int acked;
+
+static void *ack_later(void *arg)
+{
+	usleep(300 * 1000);
+	acked = 1;
+	ibv_ack_cq_events(arg, 1);
+	return NULL;
+}
+
+static void scenario_unacked(struct svt_dev *d)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d->ctx);
+	CHECK(ch);
+	for (int ex = 0; ex < 2; ex++) {
+		struct ibv_cq *cq = ex ? cq_ex(d->ctx, ch) : ibv_create_cq(d->ctx, 64, NULL, ch, 0);
+		CHECK(cq);
+		struct pair p;
+		pair_up(&p, d, cq);
+		CHECK_EQ(ibv_req_notify_cq(cq, 0), 0);
+		pair_traffic(&p, 31 + ex);
+		struct ibv_cq *ev_cq = NULL;
+		void *ev_ctx = NULL;
+		struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
+		if (poll(&pf, 1, 5000) != 1)
+			FAIL("no completion event within 5 s");
+		CHECK_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), 0);
+		CHECK(ev_cq == cq);
+		pair_down(&p);
+		/* One event not acked: destroy waits for the thread's ack. */
+		acked = 0;
+		pthread_t t;
+		CHECK_EQ(pthread_create(&t, NULL, ack_later, cq), 0);
+		int ret = ibv_destroy_cq(cq);
+		int acked_at_return = acked;
+		CHECK_EQ(pthread_join(t, NULL), 0);
+		CHECK_EQ(ret, 0);
+		if (!acked_at_return)
+			FAIL("ibv_destroy_cq returned before its event was acknowledged");
+	}
+	/* No event handed out: no wait, and no thread needed. */
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 64, NULL, ch, 0);
+	CHECK(cq);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+	CHECK_EQ(ibv_destroy_comp_channel(ch), 0);
+}
+
+/* ---- a destroyed object: an errno, never a crash; double destroy ---- */
+static void scenario_stale(struct svt_dev *d)
+{
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct pair p;
+	pair_up(&p, d, cq);
+	struct ibv_qp *qa = p.a;
+	CHECK_EQ(ibv_destroy_qp(qa), 0);
+	struct ibv_qp_attr at;
+	struct ibv_qp_init_attr ia;
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_ERR;
+	CHECK_EQ(ibv_modify_qp(qa, &at, IBV_QP_STATE), EINVAL);
+	CHECK_EQ(ibv_query_qp(qa, &at, IBV_QP_STATE, &ia), EINVAL);
+	struct ibv_sge s = svt_sge(p.mr, 0, 8);
+	struct ibv_send_wr swr, *sbad = NULL;
+	memset(&swr, 0, sizeof(swr));
+	swr.opcode = IBV_WR_SEND;
+	swr.sg_list = &s;
+	swr.num_sge = 1;
+	CHECK_EQ(ibv_post_send(qa, &swr, &sbad), EINVAL);
+	CHECK(sbad == &swr);
+	struct ibv_recv_wr rwr, *rbad = NULL;
+	memset(&rwr, 0, sizeof(rwr));
+	rwr.sg_list = &s;
+	rwr.num_sge = 1;
+	CHECK_EQ(ibv_post_recv(qa, &rwr, &rbad), EINVAL);
+	CHECK(rbad == &rwr);
+	CHECK_EQ(ibv_destroy_qp(qa), ENOENT); /* double destroy */
+	CHECK_EQ(ibv_destroy_qp(p.b), 0);
+	void *buf = p.mr->addr;
+	struct ibv_mr *mr = p.mr;
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	CHECK_EQ(ibv_dereg_mr(mr), ENOENT);
+	free(buf);
+
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(cq, 1, &wc) < 0);
+	CHECK_EQ(ibv_req_notify_cq(cq, 0), EINVAL);
+	CHECK_EQ(ibv_destroy_cq(cq), ENOENT);
+	/* A destroyed CQ given to create_qp. */
+	struct ibv_qp_init_attr qia;
+	memset(&qia, 0, sizeof(qia));
+	qia.send_cq = qia.recv_cq = cq;
+	qia.qp_type = IBV_QPT_RC;
+	qia.cap.max_send_wr = qia.cap.max_recv_wr = 1;
+	qia.cap.max_send_sge = qia.cap.max_recv_sge = 1;
+	errno = 0;
+	CHECK(!ibv_create_qp(d->pd, &qia));
+	CHECK_EQ(errno, EINVAL);
+
+	/* PD */
+	struct ibv_pd *pd = ibv_alloc_pd(d->ctx);
+	CHECK(pd);
+	CHECK_EQ(ibv_dealloc_pd(pd), 0);
+	static char area[4096];
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, area, sizeof(area), IBV_ACCESS_LOCAL_WRITE));
+	CHECK_EQ(errno, EINVAL);
+	errno = 0;
+	CHECK(!ah_make(d, pd));
+	CHECK_EQ(errno, EINVAL);
+	CHECK_EQ(ibv_dealloc_pd(pd), ENOENT);
+
+	/* SRQ */
+	struct ibv_srq_init_attr sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 1;
+	struct ibv_srq *srq = ibv_create_srq(d->pd, &sa);
+	CHECK(srq);
+	CHECK_EQ(ibv_destroy_srq(srq), 0);
+	struct ibv_srq_attr sat;
+	CHECK_EQ(ibv_query_srq(srq, &sat), EINVAL);
+	sat.srq_limit = 1;
+	CHECK_EQ(ibv_modify_srq(srq, &sat, IBV_SRQ_LIMIT), EINVAL);
+	rbad = NULL;
+	CHECK_EQ(ibv_post_srq_recv(srq, &rwr, &rbad), EINVAL);
+	CHECK(rbad == &rwr);
+	CHECK_EQ(ibv_destroy_srq(srq), ENOENT);
+
+	/* MW, AH, XRCD, TD, DM */
+	struct ibv_mw *mw = ibv_alloc_mw(d->pd, IBV_MW_TYPE_2);
+	CHECK(mw);
+	CHECK_EQ(ibv_dealloc_mw(mw), 0);
+	CHECK_EQ(ibv_dealloc_mw(mw), ENOENT);
+	struct ibv_ah *ah = ah_make(d, d->pd);
+	CHECK(ah);
+	struct ibv_cq *ucq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(ucq);
+	CHECK_EQ(ud_send(d, ucq, ah), 0); /* the live AH works */
+	CHECK_EQ(ibv_destroy_ah(ah), 0);
+	CHECK_EQ(ud_send(d, ucq, ah), EINVAL);
+	CHECK_EQ(ibv_destroy_ah(ah), ENOENT);
+	CHECK_EQ(ibv_destroy_cq(ucq), 0);
+	struct ibv_xrcd *x = xrcd_open(d->ctx);
+	CHECK(x);
+	CHECK_EQ(ibv_close_xrcd(x), 0);
+	errno = 0;
+	CHECK(!xrc_tgt(d->ctx, x));
+	CHECK_EQ(errno, EINVAL);
+	CHECK_EQ(ibv_close_xrcd(x), ENOENT);
+	struct ibv_td_init_attr tda = {0};
+	struct ibv_td *td = ibv_alloc_td(d->ctx, &tda);
+	CHECK(td);
+	CHECK_EQ(ibv_dealloc_td(td), 0);
+	CHECK_EQ(ibv_dealloc_td(td), ENOENT);
+	struct ibv_alloc_dm_attr dma;
+	memset(&dma, 0, sizeof(dma));
+	dma.length = 4096;
+	struct ibv_dm *dm = ibv_alloc_dm(d->ctx, &dma);
+	CHECK(dm);
+	CHECK_EQ(ibv_free_dm(dm), 0);
+	uint32_t word = 0;
+	CHECK_EQ(ibv_memcpy_to_dm(dm, 0, &word, 4), EINVAL);
+	CHECK_EQ(ibv_free_dm(dm), ENOENT);
+
+	/* Completion channel */
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d->ctx);
+	CHECK(ch);
+	CHECK_EQ(ibv_destroy_comp_channel(ch), 0);
+	errno = 0;
+	CHECK(!ibv_create_cq(d->ctx, 16, NULL, ch, 0));
+	CHECK_EQ(errno, EINVAL);
+	errno = 0;
+	CHECK(!cq_ex(d->ctx, ch));
+	CHECK_EQ(errno, EINVAL);
+	CHECK_EQ(ibv_destroy_comp_channel(ch), ENOENT);
+}
+
+/* ---- an object of another context: EINVAL ---- */
+static void scenario_foreign(struct svt_dev *d)
+{
+	struct svt_dev e;
+	svt_open(&e, "loop0");
+	struct ibv_cq *ecq = ibv_create_cq(e.ctx, 16, NULL, NULL, 0);
+	CHECK(ecq);
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_qp_init_attr qia;
+	memset(&qia, 0, sizeof(qia));
+	qia.send_cq = cq;
+	qia.recv_cq = ecq;
+	qia.qp_type = IBV_QPT_RC;
+	qia.cap.max_send_wr = qia.cap.max_recv_wr = 1;
+	qia.cap.max_send_sge = qia.cap.max_recv_sge = 1;
+	errno = 0;
+	CHECK(!ibv_create_qp(d->pd, &qia));
+	CHECK_EQ(errno, EINVAL);
+	qia.send_cq = ecq;
+	qia.recv_cq = cq;
+	errno = 0;
+	CHECK(!ibv_create_qp(d->pd, &qia));
+	CHECK_EQ(errno, EINVAL);
+	/* The PD of the other context through create_qp_ex. */
+	errno = 0;
+	CHECK(!qp_ex(d, e.pd, cq));
+	CHECK_EQ(errno, EINVAL);
+	/* An SRQ of the other context. */
+	struct ibv_srq_init_attr sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 1;
+	struct ibv_srq *esrq = ibv_create_srq(e.pd, &sa);
+	CHECK(esrq);
+	qia.send_cq = qia.recv_cq = cq;
+	qia.srq = esrq;
+	errno = 0;
+	CHECK(!ibv_create_qp(d->pd, &qia));
+	CHECK_EQ(errno, EINVAL);
+	/* XRC: the other context's CQ or domain for an XRC SRQ. */
+	struct ibv_xrcd *x = xrcd_open(d->ctx);
+	struct ibv_xrcd *ex = xrcd_open(e.ctx);
+	CHECK(x && ex);
+	errno = 0;
+	CHECK(!srq_ex(d->ctx, d->pd, x, ecq));
+	CHECK_EQ(errno, EINVAL);
+	errno = 0;
+	CHECK(!srq_ex(d->ctx, d->pd, ex, cq));
+	CHECK_EQ(errno, EINVAL);
+	errno = 0;
+	CHECK(!xrc_tgt(d->ctx, ex));
+	CHECK_EQ(errno, EINVAL);
+	/* The other context's channel for ibv_create_cq_ex. */
+	struct ibv_comp_channel *ech = ibv_create_comp_channel(e.ctx);
+	CHECK(ech);
+	errno = 0;
+	CHECK(!cq_ex(d->ctx, ech));
+	CHECK_EQ(errno, EINVAL);
+	/* A DM of the other context for ibv_reg_dm_mr. */
+	struct ibv_alloc_dm_attr dma;
+	memset(&dma, 0, sizeof(dma));
+	dma.length = 4096;
+	struct ibv_dm *edm = ibv_alloc_dm(e.ctx, &dma);
+	CHECK(edm);
+	errno = 0;
+	CHECK(!ibv_reg_dm_mr(d->pd, edm, 0, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ZERO_BASED));
+	CHECK_EQ(errno, EINVAL);
+	/* An AH of the other context for a UD SEND. */
+	struct ibv_ah *eah = ah_make(&e, e.pd);
+	CHECK(eah);
+	CHECK_EQ(ud_send(d, cq, eah), EINVAL);
+	CHECK_EQ(ibv_destroy_ah(eah), 0);
+	/* Nothing was taken by the refused calls: all goes in order. */
+	CHECK_EQ(ibv_free_dm(edm), 0);
+	CHECK_EQ(ibv_destroy_comp_channel(ech), 0);
+	CHECK_EQ(ibv_close_xrcd(x), 0);
+	CHECK_EQ(ibv_close_xrcd(ex), 0);
+	CHECK_EQ(ibv_destroy_srq(esrq), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+	CHECK_EQ(ibv_destroy_cq(ecq), 0);
+	CHECK_EQ(ibv_dealloc_pd(e.pd), 0);
+	CHECK_EQ(ibv_close_device(e.ctx), 0);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|stale|foreign\n", argv[0]);
+		return 2;
+	}
+	svt_watchdog(60);
+	struct svt_dev d;
+	svt_open(&d, "loop0");
+	const char *s = argv[1];
+	if (!strcmp(s, "pd"))
+		scenario_pd(&d);
+	else if (!strcmp(s, "cq"))
+		scenario_cq(&d);
+	else if (!strcmp(s, "channel"))
+		scenario_channel(&d);
+	else if (!strcmp(s, "xrcd"))
+		scenario_xrcd(&d);
+	else if (!strcmp(s, "unacked"))
+		scenario_unacked(&d);
+	else if (!strcmp(s, "stale"))
+		scenario_stale(&d);
+	else if (!strcmp(s, "foreign"))
+		scenario_foreign(&d);
+	else
+		FAIL("unknown scenario %s", s);
+	CHECK_EQ(ibv_dealloc_pd(d.pd), 0);
+	CHECK_EQ(ibv_close_device(d.ctx), 0);
+	printf("OK %s\n", s);
+	return 0;
+}
