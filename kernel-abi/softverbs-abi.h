@@ -284,6 +284,32 @@ SV_STATIC_ASSERT(sizeof(struct sv_mcast_rec) == 280, "multicast record size");
  */
 #define SV_ATOMIC_LOCKS 1024
 
+/*
+ * Resource limits: ibv_query_device's max_pd, max_qp, ... of every device on
+ * the fabric.  The process that creates the registry writes limits from its
+ * configuration (docs/configuration.md) and nobody changes them after, so
+ * every process of a fabric agrees.  They are device-wide, as an HCA's are:
+ * usage[lease][kind] is what each process holds, changed under the registry
+ * lock; a create that would take the sum over all leases past max[kind]
+ * fails with ENOMEM.  A dead process's usage is dropped when it is reaped.
+ */
+enum sv_res {
+	SV_RES_PD = 0,
+	SV_RES_QP = 1,
+	SV_RES_CQ = 2,
+	SV_RES_MR = 3, /* Every key that is not a window: MRs, null MR, DM MRs, BMME keys */
+	SV_RES_MW = 4,
+	SV_RES_AH = 5,
+	SV_RES_SRQ = 6,
+	SV_RES_COUNT = 7,
+};
+#define SV_RES_SLOTS 8
+
+struct sv_limits {
+	uint32_t max[SV_RES_SLOTS]; /* Indexed by enum sv_res */
+};
+SV_STATIC_ASSERT(sizeof(struct sv_limits) == 32, "limits size");
+
 struct sv_registry {
 	struct sv_seg_hdr hdr;
 	struct sv_reg_lock lock;
@@ -299,6 +325,8 @@ struct sv_registry {
 	struct sv_obj_rec objs[SV_MAX_OBJS];
 	struct sv_qp_rec qps[SV_MAX_QPS];
 	struct sv_mr_rec mrs[SV_MAX_MRS];
+	struct sv_limits limits;
+	uint32_t usage[SV_MAX_PROCS][SV_RES_SLOTS];
 };
 SV_STATIC_ASSERT(offsetof(struct sv_registry, lock) == 64, "lock on its own line");
 SV_STATIC_ASSERT(offsetof(struct sv_registry, devices) == 128, "devices start on a line");

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "config.h"
 
+#include "../../kernel-abi/softverbs-abi.h"
+
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -79,7 +81,68 @@ bool set_devices(config &cfg, const std::string &value, std::string &error, cons
 	return true;
 }
 
+// The limits by name: the config file's key, and SOFTVERBS_ + its upper case.
+struct limit_key {
+	const char *key;
+	const char *env;
+	uint32_t fabric_limits::*field;
+};
+constexpr limit_key kLimitKeys[] = {
+	{"max_pd", "SOFTVERBS_MAX_PD", &fabric_limits::pd},
+	{"max_qp", "SOFTVERBS_MAX_QP", &fabric_limits::qp},
+	{"max_cq", "SOFTVERBS_MAX_CQ", &fabric_limits::cq},
+	{"max_mr", "SOFTVERBS_MAX_MR", &fabric_limits::mr},
+	{"max_mw", "SOFTVERBS_MAX_MW", &fabric_limits::mw},
+	{"max_ah", "SOFTVERBS_MAX_AH", &fabric_limits::ah},
+	{"max_srq", "SOFTVERBS_MAX_SRQ", &fabric_limits::srq},
+};
+
+const limit_key *find_limit(const std::string &key)
+{
+	for (const limit_key &k : kLimitKeys)
+		if (key == k.key)
+			return &k;
+	return nullptr;
+}
+
+bool set_limit(config &cfg, const limit_key &k, const std::string &val, const std::string &what,
+	       std::string &error)
+{
+	int v;
+	if (!parse_int(val, 1, kMaxCountCap, v)) {
+		error = what + ": '" + val + "' is not a count (1 to " +
+			std::to_string(kMaxCountCap) + ")";
+		return false;
+	}
+	cfg.limits.*k.field = static_cast<uint32_t>(v);
+	return true;
+}
+
 } // namespace
+
+bool check_limits(const fabric_limits &l, std::string &error)
+{
+	if (l.qp > SV_MAX_QPS) {
+		error = "max_qp: " + std::to_string(l.qp) + " is more than the fabric's " +
+			std::to_string(SV_MAX_QPS) + " QP numbers";
+		return false;
+	}
+	// Every CQ, SRQ and QP receive queue is a queue object.
+	uint64_t objs = uint64_t(l.qp) + l.cq + l.srq;
+	uint64_t room = SV_MAX_OBJS - uint64_t(kObjsPerProcess) * SV_MAX_PROCS;
+	if (objs > room) {
+		error = "max_qp + max_cq + max_srq: " + std::to_string(objs) + " is more than the " +
+			std::to_string(room) + " queue objects a fabric holds";
+		return false;
+	}
+	uint64_t keys = uint64_t(l.mr) + l.mw;
+	if (keys > SV_MAX_MRS - 1) {
+		error = "max_mr + max_mw: " + std::to_string(keys) + " is more than the " +
+			std::to_string(SV_MAX_MRS - 1) + " memory keys a fabric holds";
+		return false;
+	}
+	return true;
+}
 
 bool valid_fabric_name(const std::string &name)
 {
@@ -116,7 +179,8 @@ bool parse_device_list(const std::string &value, std::vector<std::string> &names
 	return true;
 }
 
-// "key = value" with keys: fabric, devices, <device>.ports, <device>.link_layer,
+// "key = value" with keys: fabric, devices, max_pd, max_qp, max_cq, max_mr,
+// max_mw, max_ah, max_srq, <device>.ports, <device>.link_layer,
 // <device>.mtu, <device>.netdev.
 bool apply_config_line(config &cfg, const std::string &raw, std::string &error)
 {
@@ -140,6 +204,8 @@ bool apply_config_line(config &cfg, const std::string &raw, std::string &error)
 	}
 	if (key == "devices")
 		return set_devices(cfg, val, error, "devices");
+	if (const limit_key *k = find_limit(key))
+		return set_limit(cfg, *k, val, key, error);
 	size_t dot = key.rfind('.');
 	if (dot == std::string::npos) {
 		error = "unknown key '" + key + "'";
@@ -242,6 +308,13 @@ bool load_config(config &out, std::string &error)
 		}
 		cfg.fabric = fabric;
 	}
+	for (const limit_key &k : kLimitKeys) {
+		const char *v = getenv(k.env);
+		if (v && *v && !set_limit(cfg, k, v, k.env, error))
+			return false;
+	}
+	if (!check_limits(cfg.limits, error))
+		return false;
 	out = cfg;
 	return true;
 }

@@ -3,6 +3,8 @@
 // docs/configuration.md for every key.
 #pragma once
 
+#include "loop_param.h"
+
 #include <infiniband/verbs.h>
 
 #include <string>
@@ -18,9 +20,23 @@ struct device_config {
 	std::string netdev = "lo"; // Ethernet ports take their GIDs from it
 };
 
+// Object limits of a fabric (ibv_query_device's max_pd, max_qp, ...).  The
+// process that creates a fabric writes them into its registry; every process
+// of the fabric then uses those (sv_limits), whatever its own settings.
+struct fabric_limits {
+	uint32_t pd = kMaxPd;
+	uint32_t qp = kMaxQp;
+	uint32_t cq = kMaxCq;
+	uint32_t mr = kMaxMr;
+	uint32_t mw = kMaxMw;
+	uint32_t ah = kMaxAh;
+	uint32_t srq = kMaxSrq;
+};
+
 struct config {
 	std::string fabric = "default";
 	std::vector<device_config> devices;
+	fabric_limits limits;
 };
 
 // Parses the environment (and the file named by SOFTVERBS_CONFIG, or the
@@ -33,5 +49,8 @@ bool parse_device_list(const std::string &value, std::vector<std::string> &names
 		       std::string &error);
 bool valid_fabric_name(const std::string &name);
 bool apply_config_line(config &cfg, const std::string &line, std::string &error);
+// Checks that the limits fit the registry's tables together; false with a
+// message otherwise.
+bool check_limits(const fabric_limits &l, std::string &error);
 
 } // namespace loop

@@ -270,6 +270,15 @@ int fabric::init_new(int fd, std::string &error)
 	reg_->hdr.seg_size = kRegistrySize;
 	reg_->hdr.creator_pid = static_cast<uint32_t>(getpid());
 	reg_->next_lid = 1;
+	// Fixed for the fabric's life: every process then enforces the same.
+	const fabric_limits &lim = cfg_.limits;
+	reg_->limits.max[SV_RES_PD] = lim.pd;
+	reg_->limits.max[SV_RES_QP] = lim.qp;
+	reg_->limits.max[SV_RES_CQ] = lim.cq;
+	reg_->limits.max[SV_RES_MR] = lim.mr;
+	reg_->limits.max[SV_RES_MW] = lim.mw;
+	reg_->limits.max[SV_RES_AH] = lim.ah;
+	reg_->limits.max[SV_RES_SRQ] = lim.srq;
 	// The lock is all zeros (free) as ftruncate left it.
 	state_of(reg_).store(SV_SEG_READY, std::memory_order_release);
 	return 0;
@@ -558,6 +567,7 @@ void fabric::reap_locked(int slot)
 				i++;
 		}
 	}
+	memset(reg_->usage[slot], 0, sizeof(reg_->usage[slot])); // Its objects are gone
 	l.pid = 0;
 	l.start_time = 0;
 }
@@ -609,6 +619,7 @@ int fabric::lease()
 	l.pid = pid;
 	l.start_time = start;
 	l.generation = ++reg_->lease_generation;
+	memset(reg_->usage[free_slot], 0, sizeof(reg_->usage[free_slot]));
 	lease_slot_ = free_slot;
 	return free_slot;
 }

@@ -16,8 +16,6 @@ inline constexpr unsigned int kDeviceCapFlags =
 inline constexpr uint64_t kDeviceCapFlagsEx = 0;
 // Atomics take a fabric-wide striped lock: atomic among all users of the fabric.
 inline constexpr ibv_atomic_cap kAtomicCap = IBV_ATOMIC_HCA;
-// Windows share the key table with MRs (loop_mr.cpp).
-inline constexpr int kMaxMw = 16384;
 // On-demand paging: nothing is pinned, so every transport and operation the
 // requester runs works on ODP memory, implicit ODP included.
 inline constexpr uint64_t kOdpGeneralCaps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;

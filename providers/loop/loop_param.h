@@ -14,20 +14,35 @@ inline constexpr uint64_t kFwVersion = 1;
 
 inline constexpr uint64_t kMaxMrSize = 1ULL << 40;
 inline constexpr uint64_t kPageSizeCap = 0xfffff000ULL; // 4 KiB and up
+// Object counts: the defaults of the fabric's limits (sv_limits), which a
+// fabric's configuration may lower (docs/configuration.md, "Limits").  They
+// are device-wide, across processes, as an HCA's are, and each fits the
+// registry table behind it, together with the others that share it:
+//  - QPs: qps[SV_MAX_QPS];
+//  - CQs, SRQs and the receive queue of every QP that has one, plus one
+//    service segment and one CQ being resized per process: objs[SV_MAX_OBJS];
+//  - MRs (every key that is not a window) and MWs: mrs[SV_MAX_MRS], whose
+//    slot 0 is never handed out.
 inline constexpr int kMaxQp = 4096;
+inline constexpr int kMaxCq = 2048;
+inline constexpr int kMaxSrq = 1024;
+inline constexpr int kMaxMr = 12288;
+inline constexpr int kMaxMw = 4095;
+inline constexpr int kMaxPd = 16384;
+inline constexpr int kMaxAh = 16384;
+// Reserved per process in objs[]: its service segment and a CQ resize.
+inline constexpr int kObjsPerProcess = 2;
+// The most a configuration may set for a count with no table behind it.
+inline constexpr int kMaxCountCap = 1 << 24;
+// Sizes: a request above one of these fails with EINVAL.
 inline constexpr int kMaxQpWr = 16384;
 inline constexpr int kMaxSge = 32;
 inline constexpr int kMaxSgeRd = 32;
-inline constexpr int kMaxCq = 4096;
 inline constexpr int kMaxCqe = 65535;
-inline constexpr int kMaxMr = 16384;
-inline constexpr int kMaxPd = 16384;
 inline constexpr int kMaxQpRdAtom = 16;
 inline constexpr int kMaxQpInitRdAtom = 16;
-inline constexpr int kMaxSrq = 1024;
 inline constexpr int kMaxSrqWr = 16384;
 inline constexpr int kMaxSrqSge = 32;
-inline constexpr int kMaxAh = 16384;
 inline constexpr int kMaxMcastGrp = 64;
 inline constexpr int kMaxMcastQpAttach = 64;
 inline constexpr int kMaxInlineData = 256;

@@ -2,6 +2,7 @@
 // Device, port, GID and P_Key queries.
 #include "loop.h"
 #include "loop_caps.h"
+#include "res_limits.h"
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -102,25 +103,27 @@ int loop_query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *inpu
 	o.vendor_id = kVendorId;
 	o.vendor_part_id = kVendorPartId;
 	o.hw_ver = kHwVer;
-	o.max_qp = kMaxQp;
+	fabric &fab = *lctx->fab;
+	// The fabric's limits (res_limits.h): device-wide, enforced at create.
+	o.max_qp = static_cast<int>(res_limit(fab, SV_RES_QP));
 	o.max_qp_wr = kMaxQpWr;
 	o.device_cap_flags = kDeviceCapFlags;
 	o.max_sge = kMaxSge;
 	o.max_sge_rd = kMaxSgeRd;
-	o.max_cq = kMaxCq;
+	o.max_cq = static_cast<int>(res_limit(fab, SV_RES_CQ));
 	o.max_cqe = kMaxCqe;
-	o.max_mr = kMaxMr;
-	o.max_pd = kMaxPd;
+	o.max_mr = static_cast<int>(res_limit(fab, SV_RES_MR));
+	o.max_pd = static_cast<int>(res_limit(fab, SV_RES_PD));
 	o.max_qp_rd_atom = kMaxQpRdAtom;
-	o.max_res_rd_atom = kMaxQpRdAtom * kMaxQp;
+	o.max_res_rd_atom = kMaxQpRdAtom * o.max_qp;
 	o.max_qp_init_rd_atom = kMaxQpInitRdAtom;
 	o.atomic_cap = kAtomicCap;
-	o.max_mw = kMaxMw;
+	o.max_mw = static_cast<int>(res_limit(fab, SV_RES_MW));
 	o.max_mcast_grp = kMaxMcastGrp;
 	o.max_mcast_qp_attach = kMaxMcastQpAttach;
 	o.max_total_mcast_qp_attach = kMaxMcastGrp * kMaxMcastQpAttach;
-	o.max_ah = kMaxAh;
-	o.max_srq = kMaxSrq;
+	o.max_ah = static_cast<int>(res_limit(fab, SV_RES_AH));
+	o.max_srq = static_cast<int>(res_limit(fab, SV_RES_SRQ));
 	o.max_srq_wr = kMaxSrqWr;
 	o.max_srq_sge = kMaxSrqSge;
 	o.max_pkeys = kMaxPkeys;

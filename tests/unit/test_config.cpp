@@ -2,6 +2,7 @@
 // The configuration parser: device lists, config-file lines, and
 // load_config() with the environment and a config file together.
 #include "../../providers/loop/config.h"
+#include "../../kernel-abi/softverbs-abi.h"
 
 #include <gtest/gtest.h>
 
@@ -357,4 +358,53 @@ TEST_F(LoadConfig, BadFileLineNamesFileLineAndKey)
 	use_config("fabric = bad fabric\n");
 	EXPECT_FALSE(load_config(c, err));
 	EXPECT_NE(err.find(":1: fabric: 'bad fabric'"), std::string::npos) << err;
+}
+
+TEST(ApplyConfigLine, Limits)
+{
+	config c;
+	std::string err;
+	EXPECT_EQ(c.limits.qp, static_cast<uint32_t>(loop::kMaxQp));
+	EXPECT_EQ(c.limits.mw, static_cast<uint32_t>(loop::kMaxMw));
+	EXPECT_TRUE(loop::check_limits(c.limits, err)) << err; // The defaults fit together
+	EXPECT_TRUE(apply_config_line(c, "max_qp = 8", err)) << err;
+	EXPECT_TRUE(apply_config_line(c, "max_mw=2", err)) << err;
+	EXPECT_EQ(c.limits.qp, 8u);
+	EXPECT_EQ(c.limits.mw, 2u);
+	EXPECT_FALSE(apply_config_line(c, "max_pd = 0", err));
+	EXPECT_NE(err.find("max_pd: '0' is not a count"), std::string::npos) << err;
+	EXPECT_FALSE(apply_config_line(c, "max_ah = lots", err));
+	EXPECT_NE(err.find("max_ah"), std::string::npos) << err;
+	loop::fabric_limits l;
+	l.qp = SV_MAX_QPS + 1;
+	EXPECT_FALSE(loop::check_limits(l, err));
+	EXPECT_NE(err.find("max_qp"), std::string::npos) << err;
+	l = loop::fabric_limits{};
+	l.mr = SV_MAX_MRS - l.mw; // One key more than the table holds
+	EXPECT_FALSE(loop::check_limits(l, err));
+	EXPECT_NE(err.find("max_mr + max_mw"), std::string::npos) << err;
+	l.mr = SV_MAX_MRS - 1 - l.mw;
+	EXPECT_TRUE(loop::check_limits(l, err)) << err;
+	l = loop::fabric_limits{};
+	l.cq = SV_MAX_OBJS;
+	EXPECT_FALSE(loop::check_limits(l, err));
+	EXPECT_NE(err.find("max_qp + max_cq + max_srq"), std::string::npos) << err;
+}
+
+TEST_F(LoadConfig, LimitsFromTheEnvironmentWin)
+{
+	use_config("max_cq = 7\nmax_srq = 9\n");
+	setenv("SOFTVERBS_MAX_CQ", "5", 1);
+	config c;
+	std::string err;
+	bool ok = load_config(c, err);
+	unsetenv("SOFTVERBS_MAX_CQ");
+	ASSERT_TRUE(ok) << err;
+	EXPECT_EQ(c.limits.cq, 5u);
+	EXPECT_EQ(c.limits.srq, 9u);
+	setenv("SOFTVERBS_MAX_QP", "4097", 1);
+	ok = load_config(c, err);
+	unsetenv("SOFTVERBS_MAX_QP");
+	EXPECT_FALSE(ok);
+	EXPECT_NE(err.find("max_qp"), std::string::npos) << err;
 }
