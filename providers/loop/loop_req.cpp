@@ -196,6 +196,36 @@ ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &
 	return IBV_WC_SUCCESS;
 }
 
+// Bytes a WR's SGEs name (not inline data).
+uint64_t sge_bytes(const send_wr &w)
+{
+	uint64_t n = 0;
+	for (uint32_t i = 0; i < w.num_sge && i < kMaxSge; i++)
+		n += w.sge[i].length;
+	return n;
+}
+
+// Places a response of len bytes into the local buffer gather_local built
+// (at least len bytes).  Returns 0 or the errno of a checked copy.
+int put_response(const local_buf &b, const void *data, size_t len)
+{
+	if (b.checked) {
+		iovec src{const_cast<void *>(data), len};
+		return xfer(getpid(), false, &src, 1, b.iov.data(), static_cast<int>(b.iov.size()),
+			    xfer_dir::to_peer);
+	}
+	auto *p = static_cast<const char *>(data);
+	for (const iovec &v : b.iov) {
+		size_t n = std::min(v.iov_len, len);
+		memcpy(v.iov_base, p, n);
+		p += n;
+		len -= n;
+		if (!len)
+			break;
+	}
+	return 0;
+}
+
 // Builds the iovecs of a peer's receive WQE for len bytes (after skip
 // bytes, for the GRH of a UD receive).  Returns a status for the responder.
 ibv_wc_status scatter_remote(loop_context *lctx, const peer &p, const sv_recv_wqe *wqe,
@@ -450,7 +480,9 @@ bool atomic_target(loop_qp *qp, const send_wr &w, const peer &p, uint32_t right,
 		kerr = EINVAL;
 	if (!kerr)
 		return true;
-	responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
+	// A misaligned address is an invalid request; a key, right or range
+	// fault an access error (checked first, as rxe's responder does).
+	responder_error(fab, p, kerr == EINVAL ? IBV_EVENT_QP_REQ_ERR : IBV_EVENT_QP_ACCESS_ERR);
 	complete(qp, w, kerr == EINVAL ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_ACCESS_ERR, 0);
 	return false;
 }
@@ -488,14 +520,22 @@ step run_connected(loop_qp *qp, send_wr &w)
 		// An XRC target QP has no PD: keys are checked against the SRQ's.
 		p.rec.pdn = reg->objs[srq_slot].pdn;
 	}
-	bool need_local_write = w.opcode == IBV_WR_RDMA_READ ||
-				w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-				w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+	// A READ's or an atomic's local SGEs receive the response: an HCA sends
+	// the request first and checks them only when the response arrives, so
+	// the responder's errors come first (docs/error-semantics.md).  Their
+	// gather is done in their own cases, after the responder's checks.
+	bool response_placed = w.opcode == IBV_WR_RDMA_READ ||
+			       w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+			       w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 	thread_local local_buf lb;
-	ibv_wc_status st = gather_local(qp, w, need_local_write, lb);
-	if (st != IBV_WC_SUCCESS) {
-		complete(qp, w, st, 0);
-		return step::done;
+	lb.iov.clear();
+	lb.len = 0;
+	if (!response_placed) {
+		ibv_wc_status st = gather_local(qp, w, false, lb);
+		if (st != IBV_WC_SUCCESS) {
+			complete(qp, w, st, 0);
+			return step::done;
+		}
 	}
 	uint16_t my_lid = port_lid(reg, lctx->dev->index, a.port_num);
 	sv_cqe rcv{};
@@ -584,12 +624,13 @@ step run_connected(loop_qp *qp, send_wr &w)
 		int kerr = 0;
 		uint32_t raccess = 0;
 		riov.clear();
-		if (lb.len) {
+		uint64_t len = read ? sge_bytes(w) : lb.len;
+		if (len) {
 			if (!(p.rec.access & right))
 				kerr = EACCES;
 			else
 				kerr = mr_resolve(fab, w.rkey, p.rec.owner_lease, p.rec.pdn,
-						  w.remote_addr, lb.len, right, p.qpn, riov, &raccess);
+						  w.remote_addr, len, right, p.qpn, riov, &raccess);
 		}
 		if (kerr) {
 			if (imm) {
@@ -603,6 +644,14 @@ step run_connected(loop_qp *qp, send_wr &w)
 				responder_error(fab, p, IBV_EVENT_QP_ACCESS_ERR);
 			complete(qp, w, IBV_WC_REM_ACCESS_ERR, 0);
 			return step::done;
+		}
+		if (read) {
+			// The response arrives: now its local SGEs are checked.
+			ibv_wc_status st = gather_local(qp, w, true, lb);
+			if (st != IBV_WC_SUCCESS) {
+				complete(qp, w, st, 0);
+				return step::done;
+			}
 		}
 		if (lb.len) {
 			flush_deferred(qp); // Earlier SENDs land first
@@ -637,7 +686,9 @@ step run_connected(loop_qp *qp, send_wr &w)
 	}
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-		if (lb.len < 8 || lb.iov.empty() || lb.iov[0].iov_len < 8) {
+		// The response is 8 bytes: SGEs of another total length are a
+		// local length error, found before the request goes out.
+		if (sge_bytes(w) != 8) {
 			complete(qp, w, IBV_WC_LOC_LEN_ERR, 0);
 			return step::done;
 		}
@@ -673,7 +724,16 @@ step run_connected(loop_qp *qp, send_wr &w)
 			complete(qp, w, IBV_WC_REM_ACCESS_ERR, 0);
 			return step::done;
 		}
-		memcpy(lb.iov[0].iov_base, &old, 8);
+		// The response arrives: its local SGEs are checked now, so a bad
+		// lkey fails the WR after the responder executed the atomic, as on
+		// an HCA.
+		ibv_wc_status st = gather_local(qp, w, true, lb);
+		if (st == IBV_WC_SUCCESS && put_response(lb, &old, 8))
+			st = IBV_WC_LOC_PROT_ERR;
+		if (st != IBV_WC_SUCCESS) {
+			complete(qp, w, st, 0);
+			return step::done;
+		}
 		complete(qp, w, IBV_WC_SUCCESS, 8);
 		return step::done;
 	}
