@@ -11,13 +11,15 @@ program forks its processes, exchanges QP numbers itself, bounds every wait,
 and prints a STAT line per process with the counts of messages that were
 lost, duplicated, stale (the receive buffer's poison still there when the
 completion was polled) or corrupt.  Every count but ok must be zero."""
+import os
 import re
+import select
 import subprocess
+import time
 
 import pytest
 
 import svtest
-from test_traffic_progs import Proc
 
 MS = 2000  # per scenario; the program's own watchdogs bound the rest
 BAD = ("lost", "dup", "stale", "corrupt", "badlen", "badwc")
@@ -117,32 +119,65 @@ def test_order_read(stress, env, cma):
     assert sum(s["reads"] for s in st) > 0, st
 
 
+class Lines:
+    """A child's stdout read line by line with a deadline.  Reads the raw
+    descriptor: a buffered reader's lines would be invisible to select()."""
+
+    def __init__(self, argv, env):
+        self.p = subprocess.Popen([str(a) for a in argv], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        self.buf = b""
+        self.all = []
+
+    def line(self, timeout):
+        end = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no line from {self.p.args} in {timeout} s")
+            r, _, _ = select.select([self.p.stdout], [], [], left)
+            if r:
+                chunk = os.read(self.p.stdout.fileno(), 65536)
+                if not chunk:
+                    return None  # end of output
+                self.buf += chunk
+        l, self.buf = self.buf.split(b"\n", 1)
+        self.all.append(l.decode())
+        return self.all[-1]
+
+    def finish(self, timeout):
+        """Closes stdin, reads the rest, waits: (returncode, stdout, stderr)."""
+        out, err = self.p.communicate(timeout=timeout)
+        text = "\n".join(self.all) + "\n" + (self.buf + out).decode()
+        return self.p.returncode, text, err.decode()
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.communicate()
+
+
 def service_run(stress, env, softverbs, fabric):
     """sv_stress service with -H: while its processes still hold their
     devices, `softverbs show` says which copy path each uses."""
-    proc = Proc([stress, "service", "-t", 3000, "-H"], env)
-    lines = []
+    proc = Lines([stress, "service", "-t", 3000, "-H"], env)
     try:
+        show = None
         while True:
-            lines.append(proc.line(timeout=150))
-            if lines[-1] == "HOLDING":
+            line = proc.line(timeout=150)
+            if line is None or line.startswith("FAILED"):
                 break
-            if lines[-1].startswith("FAILED"):
-                rc, err = proc.finish()
-                raise AssertionError("\n".join(lines) + "\n" + err)
-        show = subprocess.run([softverbs, "show", fabric], env=env, capture_output=True,
-                              text=True, timeout=30).stdout
-        proc.send("")
-        while True:
-            try:
-                lines.append(proc.line(timeout=60))
-            except AssertionError:  # the end of its output
+            if line == "HOLDING":
+                show = subprocess.run([softverbs, "show", fabric], env=env,
+                                      capture_output=True, text=True, timeout=30).stdout
+                proc.p.stdin.write(b"\n")
                 break
-        rc, err = proc.finish()
+        rc, out, err = proc.finish(timeout=60)
     finally:
         proc.kill()
-    done = subprocess.CompletedProcess(proc.p.args, rc, "\n".join(lines), err)
+    done = subprocess.CompletedProcess(proc.p.args, rc, out, err)
     st = check(done, "service", 2)
+    assert show is not None, out
     slots = [l for l in show.splitlines() if l.strip().startswith("slot ")]
     return st, slots
 
