@@ -3,6 +3,7 @@
 #include "loop.h"
 #include "objects.h"
 #include "qp_state.h"
+#include "queue_geom.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -23,10 +24,30 @@ uint32_t wqe_size(uint32_t max_sge)
 	return (b + 63) & ~63u;
 }
 
-sv_recv_wqe *rq_slot(sv_rq_ring *rq, uint64_t idx)
+// Slot idx of a ring, placed by the geometry checked when the ring was
+// created or mapped (queue_geom), never by its header: a peer may rewrite
+// the header, and an index from it could point anywhere.
+sv_recv_wqe *rq_slot(sv_rq_ring *rq, const queue_geom &g, uint64_t idx)
 {
-	return reinterpret_cast<sv_recv_wqe *>(reinterpret_cast<char *>(rq) + rq->hdr.slots_offset +
-					       (idx & (rq->hdr.entries - 1)) * rq->hdr.entry_size);
+	return reinterpret_cast<sv_recv_wqe *>(reinterpret_cast<char *>(rq) + g.slots_offset +
+					       (idx & (g.entries - 1)) * uint64_t(g.entry_size));
+}
+
+bool rq_debug()
+{
+	static const bool on = [] {
+		const char *s = getenv("SOFTVERBS_DEBUG");
+		return s && *s && strcmp(s, "0") != 0;
+	}();
+	return on;
+}
+
+void rq_report(const sv_rq_ring *rq, const char *what, uint64_t p, uint64_t c)
+{
+	if (rq_debug())
+		fprintf(stderr, "softverbs: receive queue at %p %s (prod %llu, cons %llu)\n",
+			static_cast<const void *>(rq), what, static_cast<unsigned long long>(p),
+			static_cast<unsigned long long>(c));
 }
 
 bool valid_type(ibv_qp_type t)
@@ -116,11 +137,13 @@ int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
 
 void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn)
 {
-	if (!rq)
+	queue_geom g;
+	if (!rq || !queue_geometry(rq, g))
 		return;
-	std::vector<uint8_t> buf(rq->hdr.entry_size);
-	auto *w = reinterpret_cast<sv_recv_wqe *>(buf.data());
-	while (rq_take(rq, w, rq->hdr.max_sge)) {
+	// Only the WR ids are needed: no SGEs are copied.  At most two laps:
+	// a ring whose indices a peer damaged ends the flush, not the process.
+	sv_recv_wqe w[1];
+	for (uint64_t n = 0; n < 2 * uint64_t(g.entries) && rq_take(rq, w, 0); n++) {
 		if (!cq)
 			continue;
 		sv_cqe e{};
@@ -132,28 +155,55 @@ void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn)
 	}
 }
 
-bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge)
+bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged)
 {
+	if (damaged)
+		*damaged = false;
+	queue_geom g;
+	if (!queue_geometry(rq, g)) {
+		if (damaged)
+			*damaged = true;
+		return false;
+	}
+	// The caller's buffer holds max_sge SGEs; a slot holds what its size
+	// allows.  Copy no more than either.
+	uint32_t slot_sge = (g.entry_size - uint32_t(sizeof(sv_recv_wqe))) / uint32_t(sizeof(sv_sge));
+	uint32_t n_sge = std::min(max_sge, slot_sge);
+	size_t bytes = sizeof(sv_recv_wqe) + size_t(n_sge) * sizeof(sv_sge);
 	std::atomic_ref<uint64_t> cons(rq->cons);
 	std::atomic_ref<uint64_t> prod(rq->prod);
-	uint32_t esize = rq->hdr.entry_size;
 	uint64_t c = cons.load(std::memory_order_acquire);
 	for (;;) {
 		uint64_t p = prod.load(std::memory_order_acquire);
-		if (c == p || p - c > rq->hdr.entries)
-			return false; // Empty (or a corrupt producer index: treat as empty).
-		memcpy(out, rq_slot(rq, c), esize);
+		if (c == p)
+			return false;
+		if (p - c > g.entries) {
+			// A producer index beyond a full lap, or cons beyond prod:
+			// nothing in the ring can be believed.
+			rq_report(rq, "has impossible indices", p, c);
+			if (damaged)
+				*damaged = true;
+			return false;
+		}
+		memcpy(out, rq_slot(rq, g, c), bytes);
 		if (cons.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel))
 			break;
 	}
 	// The WQE came from shared memory: bound what we will believe.
-	if (out->num_sge > max_sge || out->num_sge > rq->hdr.max_sge)
+	uint32_t limit = std::min(n_sge, g.max_sge ? g.max_sge : n_sge);
+	if (out->num_sge > limit)
 		out->num_sge = 0xffffffff; // Marked invalid for the caller's lkey check.
 	return true;
 }
 
 int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad)
 {
+	queue_geom g;
+	if (!queue_geometry(rq, g) ||
+	    max_sge > (g.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge)) {
+		*bad = wr;
+		return EINVAL;
+	}
 	std::atomic_ref<uint64_t> prod(rq->prod);
 	uint64_t p = prod.load(std::memory_order_relaxed);
 	for (; wr; wr = wr->next) {
@@ -163,12 +213,16 @@ int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad
 			return EINVAL;
 		}
 		uint64_t c = std::atomic_ref<uint64_t>(rq->cons).load(std::memory_order_acquire);
-		if (p - c >= rq->hdr.entries) {
+		// p - c above a lap (cons beyond prod, or either index rewritten
+		// by a peer) reads as full too: posting is refused, not misplaced.
+		if (p - c >= g.entries) {
+			if (p - c > g.entries)
+				rq_report(rq, "has impossible indices; post_recv refused", p, c);
 			*bad = wr;
 			prod.store(p, std::memory_order_release);
 			return ENOMEM;
 		}
-		sv_recv_wqe *w = rq_slot(rq, p);
+		sv_recv_wqe *w = rq_slot(rq, g, p);
 		w->wr_id = wr->wr_id;
 		w->num_sge = static_cast<uint32_t>(wr->num_sge);
 		for (int i = 0; i < wr->num_sge; i++) {

@@ -7,6 +7,7 @@
 // backlog for the progress thread, and the WRs behind it wait with it.
 #include "loop.h"
 #include "objects.h"
+#include "queue_geom.h"
 #include "xfer.h"
 
 #include <cerrno>
@@ -132,7 +133,13 @@ bool resolve(loop_context *lctx, uint32_t qpn, uint16_t dlid, bool eth, peer &ou
 	if (lease >= SV_MAX_PROCS || r->leases[lease].generation != out.rec.owner_gen)
 		return false;
 	out.pid = static_cast<pid_t>(r->leases[lease].pid);
-	out.self = lease == static_cast<uint32_t>(lctx->lease);
+	// A lease names a process: no pid, or one no process can have, means
+	// the record was written over.  "Self" (plain memcpy, no checks by the
+	// kernel) needs both our lease and our pid; anything else is copied
+	// through the kernel, which checks the addresses.
+	if (out.pid <= 0 || out.pid >= (1 << 22))
+		return false;
+	out.self = lease == static_cast<uint32_t>(lctx->lease) && out.pid == getpid();
 	out.slot = slot;
 	out.qpn = qpn;
 	return true;
@@ -431,12 +438,22 @@ bool take_recv(fabric &fab, const peer &p, std::vector<uint8_t> &buf, sv_recv_wq
 {
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
 	auto *rq = static_cast<sv_rq_ring *>(queue_map(fab, {p.rec.rq_obj, p.rec.rq_gen}, kind));
-	if (!rq)
+	queue_geom g;
+	if (!rq || !queue_geometry(rq, g))
 		return false;
-	buf.resize(rq->hdr.entry_size);
+	// Sized by the geometry checked at mapping, not by the header.
+	buf.resize(g.entry_size);
 	wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
-	if (!rq_take(rq, wqe, (rq->hdr.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge)))
+	bool damaged = false;
+	if (!rq_take(rq, wqe, (g.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge), &damaged)) {
+		if (damaged && qp_set_error(fab, p.slot)) {
+			// Its indices are beyond belief: the responder's QP fails
+			// (its owner hears of it), and the requester, finding it in
+			// ERR, completes with an error after its retries.
+			raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
+		}
 		return false;
+	}
 	if (p.rec.has_srq) {
 		// SRQ limit: the consumer that crosses it raises the event once.
 		std::atomic_ref<uint32_t> lim(rq->limit);

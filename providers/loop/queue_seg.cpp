@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "queue_seg.h"
+#include "queue_geom.h"
 
 #include <atomic>
 #include <cerrno>
@@ -100,14 +101,32 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 	h->max_sge = max_sge;
 	h->obj_slot = ref.slot;
 	h->obj_gen = ref.gen;
+	// The layout as we made it: what this process indexes the ring with,
+	// whatever a peer later writes into the header.  A CQ's payload array
+	// (extra_bytes) starts at the page after its slots.
+	queue_geom geom;
+	geom.kind = kind;
+	geom.entries = entries;
+	geom.entry_size = entry_size;
+	geom.slots_offset = header_size;
+	geom.max_sge = max_sge;
+	geom.size = bytes;
+	if (kind == SV_OBJ_CQ && extra_bytes)
+		geom.payload_offset =
+			static_cast<uint32_t>(queue_bytes(header_size, entries, entry_size));
+	queue_geom_register(p, geom);
 	std::atomic_ref<uint32_t>(h->seg.state).store(SV_SEG_READY, std::memory_order_release);
 	return p;
 }
 
 void queue_destroy(fabric &fab, const obj_ref &ref, void *map)
 {
-	auto *h = static_cast<sv_queue_hdr *>(map);
-	size_t bytes = h->seg.seg_size;
+	// The size we mapped, not the header's (a peer may have rewritten it).
+	queue_geom geom;
+	if (!queue_geometry(map, geom))
+		geom.size = 0;
+	size_t bytes = geom.size;
+	queue_geom_forget(map);
 	shm_unlink(queue_name(fab, ref).c_str());
 	{
 		std::lock_guard<std::mutex> g(g_map_lock);
@@ -115,7 +134,8 @@ void queue_destroy(fabric &fab, const obj_ref &ref, void *map)
 		if (it != g_maps.end() && it->second.addr == map)
 			g_maps.erase(it);
 	}
-	munmap(map, bytes);
+	if (bytes)
+		munmap(map, bytes); // Else leaked rather than unmapping a guess
 	registry_guard g(fab);
 	sv_obj_rec &o = fab.reg()->objs[ref.slot];
 	if (o.generation == ref.gen)
@@ -135,6 +155,7 @@ void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 	if (it != g_maps.end()) {
 		if (it->second.gen == ref.gen)
 			return it->second.addr;
+		queue_geom_forget(it->second.addr);
 		munmap(it->second.addr, it->second.size);
 		g_maps.erase(it);
 	}
@@ -152,18 +173,39 @@ void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 	if (p == MAP_FAILED)
 		return nullptr;
 	auto *h = static_cast<sv_queue_hdr *>(p);
-	// Everything a peer wrote is checked before it is trusted.
+	// Everything a peer wrote is checked before it is trusted, and the
+	// layout is copied out once checked: the header may change under us
+	// later, the copy (queue_geometry) does not.
+	queue_geom geom;
+	geom.kind = kind;
+	geom.entries = h->entries;
+	geom.entry_size = h->entry_size;
+	geom.slots_offset = h->slots_offset;
+	geom.max_sge = h->max_sge;
+	geom.size = size;
+	if (kind == SV_OBJ_CQ)
+		geom.payload_offset = reinterpret_cast<const sv_cq_ring *>(h)->payload_offset;
 	bool ok = std::atomic_ref<uint32_t>(h->seg.state).load(std::memory_order_acquire) ==
 			  SV_SEG_READY &&
 		  h->seg.magic == SV_SEG_MAGIC && h->seg.abi_version == SV_ABI_VERSION &&
 		  h->seg.kind == SV_SEG_QUEUE && h->kind == static_cast<uint32_t>(kind) &&
-		  h->seg.seg_size == size && h->entries && !(h->entries & (h->entries - 1)) &&
-		  h->entry_size >= 64 && h->slots_offset >= sizeof(sv_queue_hdr) &&
-		  queue_bytes(h->slots_offset, h->entries, h->entry_size) <= size;
+		  h->seg.seg_size == size &&
+		  (kind != SV_OBJ_CQ || size >= sizeof(sv_cq_ring)) &&
+		  ((kind != SV_OBJ_RQ && kind != SV_OBJ_SRQ) ||
+		   (size >= sizeof(sv_rq_ring) && geom.slots_offset >= sizeof(sv_rq_ring) &&
+		    geom.max_sge <= (geom.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge))) &&
+		  (kind != SV_OBJ_SVC || size >= sizeof(sv_svc_ring));
+	if (ok && !queue_geom_valid(geom) && geom.payload_offset) {
+		// A CQ whose payload array is out of place: usable without it
+		// (a SEND that would travel in it fails visibly instead).
+		geom.payload_offset = 0;
+	}
+	ok = ok && queue_geom_valid(geom);
 	if (!ok) {
 		munmap(p, size);
 		return nullptr;
 	}
+	queue_geom_register(p, geom);
 	g_maps[ref.slot] = cached_map{ref.gen, p, size};
 	return p;
 }

@@ -6,6 +6,7 @@
 #include "service.h"
 
 #include "loop.h"
+#include "queue_geom.h"
 
 #include <atomic>
 #include <cerrno>
@@ -25,6 +26,10 @@ namespace {
 
 constexpr int kSpinIters = 2000;
 constexpr uint64_t kPeerTimeoutNs = 2000000000ULL; // Then the peer's lease is checked
+// A live peer whose service has not answered one request in this long is
+// stuck, or its ring was written over: the copy fails (ETIMEDOUT) rather
+// than waiting on.  A request is one bounce buffer, microseconds of work.
+constexpr uint64_t kServiceGiveUpNs = 5 * kPeerTimeoutNs;
 
 long futex(uint32_t *word, int op, uint32_t val, const timespec *ts)
 {
@@ -156,23 +161,29 @@ int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, ui
 	r->status = 0;
 	word(r->state).store(SV_SVC_POSTED, std::memory_order_release);
 	futex(&r->state, FUTEX_WAKE, INT_MAX, nullptr);
-	uint64_t start = now_ns();
+	uint64_t start = now_ns(), first = start;
 	for (int i = 0;; i++) {
 		uint32_t st = word(r->state).load(std::memory_order_acquire);
 		if (st == SV_SVC_DONE)
 			break;
+		if (st != SV_SVC_POSTED)
+			return EIO; // Someone else wrote the state word: the request is lost
 		if (i < kSpinIters)
 			continue;
 		timespec ts{0, 1000000}; // 1 ms, then look again
 		futex(&r->state, FUTEX_WAIT, st, &ts);
-		if (now_ns() - start > kPeerTimeoutNs) {
+		uint64_t now = now_ns();
+		if (now - start > kPeerTimeoutNs) {
 			if (!fab.lease_alive(peer_lease, peer_gen))
 				return ESRCH;
-			start = now_ns();
+			if (now - first > kServiceGiveUpNs)
+				return ETIMEDOUT;
+			start = now;
 		}
 	}
-	int status = static_cast<int>(r->status);
-	return status;
+	// The status is the peer's word: only the answers a service gives.
+	uint32_t status = r->status;
+	return status == 0 || status == EFAULT ? static_cast<int>(status) : EIO;
 }
 
 } // namespace
@@ -245,8 +256,10 @@ int service_xfer(pid_t pid, const iovec *local, int nl, const iovec *remote, int
 	if (!l.svc_gen)
 		return EPERM;
 	auto *r = static_cast<sv_svc_ring *>(queue_map(*fab, {l.svc_obj, l.svc_gen}, SV_OBJ_SVC));
-	if (!r || r->hdr.entry_size < 64 ||
-	    r->hdr.seg.seg_size < offsetof(sv_svc_ring, bounce) + SV_SVC_BOUNCE)
+	// The size mapped, as checked at mapping (not the header's seg_size,
+	// which the peer may have rewritten since).
+	queue_geom g;
+	if (!r || !queue_geometry(r, g) || g.size < offsetof(sv_svc_ring, bounce) + SV_SVC_BOUNCE)
 		return ESRCH;
 	note_path(*fab, g_service->lease, SV_LEASE_SERVICE_USED);
 	if (!lock_ring(r))
