@@ -4,6 +4,8 @@
 // softverbs command sees, without loading libibverbs.
 #include "../fabric_inspect.h"
 
+#include <cstddef>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -87,6 +89,74 @@ PYBIND11_MODULE(softverbs_fabric, m)
 	    "One fabric: name, path, status, abi_version, devices (name, index, node_guid, "
 	    "ports: port_num, lid, state, link_layer, active_mtu, port_guid), leases (slot, "
 	    "pid, generation, live), live_leases, object_segments, mappers");
+	// Fault injection (pyverbs-tests/test_fault_injection.py): where each
+	// region of each segment kind lies, from the ABI header this module was
+	// built with, so a test that writes garbage into a region hits exactly it
+	// whatever the layout of the day.
+	m.def(
+	    "layout",
+	    []() {
+		    py::dict d;
+#define SVF_OFF(name, type, field) d[name] = offsetof(type, field)
+#define SVF_SIZE(name, type) d[name] = sizeof(type)
+		    SVF_OFF("reg.lock", sv_registry, lock);
+		    SVF_OFF("reg.leases", sv_registry, leases);
+		    SVF_OFF("reg.mcast", sv_registry, mcast);
+		    SVF_OFF("reg.objs", sv_registry, objs);
+		    SVF_OFF("reg.qps", sv_registry, qps);
+		    SVF_OFF("reg.mrs", sv_registry, mrs);
+		    SVF_SIZE("lease.size", sv_lease);
+		    SVF_SIZE("mcast.size", sv_mcast_rec);
+		    SVF_SIZE("obj.size", sv_obj_rec);
+		    SVF_SIZE("qp.size", sv_qp_rec);
+		    SVF_SIZE("mr.size", sv_mr_rec);
+		    SVF_OFF("obj.in_use", sv_obj_rec, in_use);
+		    SVF_OFF("obj.kind", sv_obj_rec, kind);
+		    SVF_OFF("obj.owner_lease", sv_obj_rec, owner_lease);
+		    SVF_OFF("qp.in_use", sv_qp_rec, in_use);
+		    SVF_OFF("qp.owner_lease", sv_qp_rec, owner_lease);
+		    SVF_OFF("qp.state", sv_qp_rec, state);
+		    SVF_OFF("mr.state", sv_mr_rec, state);
+		    SVF_OFF("mr.owner_lease", sv_mr_rec, owner_lease);
+		    SVF_OFF("q.kind", sv_queue_hdr, kind);
+		    SVF_OFF("q.entries", sv_queue_hdr, entries);
+		    SVF_OFF("q.entry_size", sv_queue_hdr, entry_size);
+		    SVF_OFF("q.slots_offset", sv_queue_hdr, slots_offset);
+		    SVF_OFF("q.max_sge", sv_queue_hdr, max_sge);
+		    SVF_OFF("q.seg_size", sv_queue_hdr, seg.seg_size);
+		    SVF_SIZE("q.hdr_size", sv_queue_hdr);
+		    SVF_OFF("cq.prod", sv_cq_ring, prod);
+		    SVF_OFF("cq.cons", sv_cq_ring, cons);
+		    SVF_OFF("cq.payload_offset", sv_cq_ring, payload_offset);
+		    SVF_SIZE("cq.ring_size", sv_cq_ring);
+		    SVF_SIZE("cqe.size", sv_cqe);
+		    SVF_SIZE("payload.size", sv_cqe_payload);
+		    SVF_OFF("rq.prod", sv_rq_ring, prod);
+		    SVF_OFF("rq.cons", sv_rq_ring, cons);
+		    SVF_SIZE("rq.ring_size", sv_rq_ring);
+		    SVF_OFF("svc.lock", sv_svc_ring, lock);
+		    SVF_OFF("svc.state", sv_svc_ring, state);
+		    SVF_OFF("svc.op", sv_svc_ring, op);
+		    SVF_OFF("svc.status", sv_svc_ring, status);
+		    SVF_OFF("svc.addr", sv_svc_ring, addr);
+		    SVF_OFF("svc.len", sv_svc_ring, len);
+#undef SVF_OFF
+#undef SVF_SIZE
+		    d["max_procs"] = SV_MAX_PROCS;
+		    d["max_mcast"] = SV_MAX_MCAST;
+		    d["max_objs"] = SV_MAX_OBJS;
+		    d["max_qps"] = SV_MAX_QPS;
+		    d["max_mrs"] = SV_MAX_MRS;
+		    d["qpn_slot_mask"] = SV_QPN_SLOT_MASK;
+		    d["mr_key_bits"] = SV_MR_KEY_BITS;
+		    d["OBJ_CQ"] = static_cast<int>(SV_OBJ_CQ);
+		    d["OBJ_RQ"] = static_cast<int>(SV_OBJ_RQ);
+		    d["OBJ_SRQ"] = static_cast<int>(SV_OBJ_SRQ);
+		    d["OBJ_SVC"] = static_cast<int>(SV_OBJ_SVC);
+		    return d;
+	    },
+	    "Offsets and sizes of the shared-memory regions (kernel-abi/softverbs-abi.h), "
+	    "as 'segment.field' -> bytes, for fault-injection tests");
 	m.def(
 	    "lease_count",
 	    [](const std::string &name) {
