@@ -35,7 +35,7 @@ struct channel_state {
 std::mutex g_lock;
 std::unordered_map<const ibv_comp_channel *, channel_state *> g_channels;
 std::unordered_map<const ibv_cq *, uint64_t> g_cookies;
-std::unordered_map<const ibv_cq *, uint32_t> g_async_reported; // CQ_ERR events handed out
+std::unordered_map<const void *, uint32_t> g_async_reported; // Async events handed out, by CQ/QP/SRQ
 
 // Destroyed channels, freed oldest first beyond a bound.
 constexpr size_t kChannelQuarantine = 64;
@@ -188,13 +188,55 @@ EXPORT uint64_t verbs_comp_channel_cookie(struct ibv_cq *cq)
 	return c;
 }
 
-void core_cq_async_reported(struct ibv_cq *cq)
+void core_async_reported(const void *obj)
 {
 	std::lock_guard<std::mutex> g(g_lock);
 	try {
-		g_async_reported[cq]++;
+		g_async_reported[obj]++;
 	} catch (...) {
 	}
+}
+
+namespace {
+
+uint32_t take_async_reported(const void *obj)
+{
+	std::lock_guard<std::mutex> g(g_lock);
+	auto a = g_async_reported.find(obj);
+	if (a == g_async_reported.end())
+		return 0;
+	uint32_t n = a->second;
+	g_async_reported.erase(a);
+	return n;
+}
+
+// Blocks until *completed has reached reported (serial-number order, so an
+// application that acks more than it got does not make us wait forever).
+void wait_acks(const char *verb, const void *obj, pthread_mutex_t *mu, pthread_cond_t *cv,
+	       const uint32_t *completed, uint32_t reported)
+{
+	pthread_mutex_lock(mu);
+	if (static_cast<int32_t>(reported - *completed) > 0)
+		core_log("%s(%p): %u async event%s not acknowledged; waiting for "
+			 "ibv_ack_async_event",
+			 verb, obj, reported - *completed, reported - *completed == 1 ? "" : "s");
+	while (static_cast<int32_t>(reported - *completed) > 0)
+		pthread_cond_wait(cv, mu);
+	pthread_mutex_unlock(mu);
+}
+
+} // namespace
+
+EXPORT void verbs_qp_wait_events(struct ibv_qp *qp)
+{
+	wait_acks("ibv_destroy_qp", qp, &qp->mutex, &qp->cond, &qp->events_completed,
+		  take_async_reported(qp));
+}
+
+EXPORT void verbs_srq_wait_events(struct ibv_srq *srq)
+{
+	wait_acks("ibv_destroy_srq", srq, &srq->mutex, &srq->cond, &srq->events_completed,
+		  take_async_reported(srq));
 }
 
 EXPORT void verbs_cq_wait_events(struct ibv_cq *cq)

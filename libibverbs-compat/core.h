@@ -36,8 +36,9 @@ template <typename T> static inline T *fail_ptr(int err)
 /* Core-owned wrappers installed in the public verbs_context slots. */
 int core_query_port_ex(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr,
 		       size_t attr_len);
-/* Counts an async event (IBV_EVENT_CQ_ERR) handed to the application for cq. */
-void core_cq_async_reported(struct ibv_cq *cq);
+/* Counts an async event handed to the application for a CQ, QP or SRQ:
+ * destroying that object waits for its ack (verbs_*_wait_events). */
+void core_async_reported(const void *obj);
 void core_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define EXPORT extern "C" __attribute__((visibility("default")))

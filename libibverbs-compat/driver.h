@@ -325,6 +325,9 @@ SV_EXPORT int verbs_comp_channel_check(struct ibv_comp_channel *channel,
  * rdma-core's ibv_cmd_destroy_cq), warning under SOFTVERBS_DEBUG.
  */
 SV_EXPORT void verbs_cq_wait_events(struct ibv_cq *cq);
+/* The same for the async events of a QP or an SRQ (ibv_ack_async_event). */
+SV_EXPORT void verbs_qp_wait_events(struct ibv_qp *qp);
+SV_EXPORT void verbs_srq_wait_events(struct ibv_srq *srq);
 
 static inline struct verbs_device *verbs_get_device(const struct ibv_device *dev)
 {

@@ -667,8 +667,28 @@ EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_eve
 	}
 	if (ops->async_event)
 		ops->async_event(context, event);
-	if (event->event_type == IBV_EVENT_CQ_ERR)
-		core_cq_async_reported(event->element.cq); // ibv_destroy_cq waits for its ack
+	// ibv_destroy_cq/qp/srq wait for the ack of what was handed out here.
+	switch (event->event_type) {
+	case IBV_EVENT_CQ_ERR:
+		core_async_reported(event->element.cq);
+		break;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		core_async_reported(event->element.qp);
+		break;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		core_async_reported(event->element.srq);
+		break;
+	default:
+		break;
+	}
 	return 0;
 }
 

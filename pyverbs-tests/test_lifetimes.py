@@ -7,7 +7,8 @@ orders are driven from C.
 - EBUSY from ibv_dealloc_pd, ibv_destroy_cq, ibv_destroy_comp_channel and
   ibv_close_xrcd while objects use them; the object still works afterwards
   (traffic with checked data) and goes once its users are gone;
-- ibv_destroy_cq blocks until its completion events are acknowledged;
+- ibv_destroy_cq blocks until its completion events are acknowledged, and
+  ibv_destroy_cq/qp until their async events are;
 - a destroyed object given to a verb is EINVAL (ENOENT to destroy it
   again), an object of another context EINVAL: never a crash.
 """
@@ -15,7 +16,7 @@ import pytest
 
 import svtest
 
-SCENARIOS = ["pd", "cq", "channel", "xrcd", "unacked", "stale", "foreign"]
+SCENARIOS = ["pd", "cq", "channel", "xrcd", "unacked", "async", "stale", "foreign"]
 
 
 def run_prog(build_dir, env, scenario, debug=False):

@@ -572,6 +572,8 @@ int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
+	if (!cq->life.is(kLifeCq))
+		return life_bad("ibv_modify_cq", cq, cq->life, kLifeCq);
 	if (attr->attr_mask & ~static_cast<uint32_t>(IBV_CQ_ATTR_MODERATE))
 		return EINVAL;
 	if (!(attr->attr_mask & IBV_CQ_ATTR_MODERATE))
@@ -588,6 +590,8 @@ int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
 int loop_resize_cq(ibv_cq *ibcq, int cqe)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
+	if (!cq->life.is(kLifeCq))
+		return life_bad("ibv_resize_cq", cq, cq->life, kLifeCq);
 	if (cqe < 1 || cqe > kMaxCqe)
 		return EINVAL;
 	std::lock_guard<std::mutex> g(cq->lock);

@@ -627,6 +627,8 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		rec.in_use = 0;
 	}
 	objects_remove(kObjQp, qp->slot);
+	// No event names it now; wait for the acks of those handed out.
+	verbs_qp_wait_events(ibqp);
 	cq_detach_sq(qp);
 	cq_clean(qp->rcq, qp->qpn);
 	if (qp->scq != qp->rcq)

@@ -188,6 +188,8 @@ int loop_destroy_srq(ibv_srq *ibsrq)
 		return e;
 	fabric &fab = *srq->ctx->fab;
 	objects_remove(SV_OBJ_SRQ, srq->ref.slot);
+	// No event names it now; wait for the acks of those handed out.
+	verbs_srq_wait_events(ibsrq);
 	queue_destroy(fab, srq->ref, srq->ring);
 	srq->ring = nullptr;
 	srq->parents.release();

@@ -447,6 +447,105 @@ static void scenario_unacked(struct svt_dev *d)
 	CHECK_EQ(ibv_destroy_comp_channel(ch), 0);
 }
 
+/* ---- ibv_destroy_qp and ibv_destroy_cq wait for async event acks ---- */
+static struct ibv_async_event later_ev;
+
+static void *ack_async_later(void *arg)
+{
+	(void)arg;
+	usleep(300 * 1000);
+	acked = 1;
+	ibv_ack_async_event(&later_ev);
+	return NULL;
+}
+
+static void get_async(struct svt_dev *d, enum ibv_event_type want, struct ibv_async_event *ev)
+{
+	struct pollfd pf = {.fd = d->ctx->async_fd, .events = POLLIN};
+	for (;;) {
+		if (poll(&pf, 1, 5000) != 1)
+			FAIL("no async event %s within 5 s", ibv_event_type_str(want));
+		CHECK_EQ(ibv_get_async_event(d->ctx, ev), 0);
+		if (ev->event_type == want)
+			return;
+		ibv_ack_async_event(ev); /* another one (e.g. the peer QP's) */
+	}
+}
+
+/* Runs destroy while a thread acks later_ev after 300 ms; checks it waited. */
+static void destroy_waits(int (*destroy)(void *), void *obj, const char *what)
+{
+	acked = 0;
+	pthread_t t;
+	CHECK_EQ(pthread_create(&t, NULL, ack_async_later, NULL), 0);
+	int ret = destroy(obj);
+	int acked_at_return = acked;
+	CHECK_EQ(pthread_join(t, NULL), 0);
+	CHECK_EQ(ret, 0);
+	if (!acked_at_return)
+		FAIL("%s returned before its async event was acknowledged", what);
+}
+
+static int destroy_qp_v(void *p)
+{
+	return ibv_destroy_qp(p);
+}
+
+static int destroy_cq_v(void *p)
+{
+	return ibv_destroy_cq(p);
+}
+
+static void scenario_async(struct svt_dev *d)
+{
+	/* A WRITE with a bad rkey: the responder QP gets QP_ACCESS_ERR. */
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 64, NULL, NULL, 0);
+	CHECK(cq);
+	struct pair p;
+	pair_up(&p, d, cq);
+	struct ibv_sge s = svt_sge(p.mr, 0, 64);
+	CHECK_EQ(svt_post_send1(p.a, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+				(uintptr_t)p.mr->addr + 4096, p.mr->rkey ^ 0x80),
+		 0);
+	struct ibv_wc wc = svt_wait(cq, "bad rkey write");
+	CHECK_WC(wc, IBV_WC_REM_ACCESS_ERR);
+	get_async(d, IBV_EVENT_QP_ACCESS_ERR, &later_ev);
+	CHECK(later_ev.element.qp == p.b);
+	CHECK_EQ(ibv_destroy_qp(p.a), 0);
+	destroy_waits(destroy_qp_v, p.b, "ibv_destroy_qp");
+	void *buf = p.mr->addr;
+	CHECK_EQ(ibv_dereg_mr(p.mr), 0);
+	free(buf);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+
+	/* A CQ that overflows: IBV_EVENT_CQ_ERR, acked after a delay. */
+	struct ibv_cq *small = ibv_create_cq(d->ctx, 1, NULL, NULL, 0);
+	struct ibv_cq *big = ibv_create_cq(d->ctx, 64, NULL, NULL, 0);
+	CHECK(small && big);
+	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = small, .rcq = big};
+	struct svt_qpopt o2 = {.type = IBV_QPT_RC, .scq = big, .rcq = big};
+	struct svt_conn c = {.access = SVT_ALL_ACCESS, .min_rnr_timer = 1, .timeout = 14,
+			     .retry_cnt = 7, .rnr_retry = 7};
+	struct ibv_qp *qa = svt_qp(d, &o), *qb = svt_qp(d, &o2);
+	svt_connect(qa, qb->qp_num, d->lid, &c);
+	svt_connect(qb, qa->qp_num, d->lid, &c);
+	struct ibv_mr *mr = svt_mr(d, 8192, SVT_ALL_ACCESS);
+	s = svt_sge(mr, 0, 8);
+	for (int i = 0; i < small->cqe + 2; i++)
+		if (svt_post_send1(qa, 10 + i, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+				   (uintptr_t)mr->addr + 4096, mr->rkey))
+			break; /* the send queue may refuse once the QP is in error */
+	get_async(d, IBV_EVENT_CQ_ERR, &later_ev);
+	CHECK(later_ev.element.cq == small);
+	CHECK_EQ(ibv_destroy_qp(qa), 0);
+	CHECK_EQ(ibv_destroy_qp(qb), 0);
+	destroy_waits(destroy_cq_v, small, "ibv_destroy_cq");
+	CHECK_EQ(ibv_destroy_cq(big), 0);
+	buf = mr->addr;
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	free(buf);
+}
+
 /* ---- a destroyed object: an errno, never a crash; double destroy ---- */
 static void scenario_stale(struct svt_dev *d)
 {
@@ -488,6 +587,12 @@ static void scenario_stale(struct svt_dev *d)
 	struct ibv_wc wc;
 	CHECK(ibv_poll_cq(cq, 1, &wc) < 0);
 	CHECK_EQ(ibv_req_notify_cq(cq, 0), EINVAL);
+	CHECK_EQ(ibv_resize_cq(cq, 64), EINVAL);
+	struct ibv_modify_cq_attr mca;
+	memset(&mca, 0, sizeof(mca));
+	mca.attr_mask = IBV_CQ_ATTR_MODERATE;
+	mca.moderate.cq_count = 2;
+	CHECK_EQ(ibv_modify_cq(cq, &mca), EINVAL);
 	CHECK_EQ(ibv_destroy_cq(cq), ENOENT);
 	/* A destroyed CQ given to create_qp. */
 	struct ibv_qp_init_attr qia;
@@ -667,7 +772,7 @@ static void scenario_foreign(struct svt_dev *d)
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
-		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|stale|foreign\n", argv[0]);
+		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|async|stale|foreign\n", argv[0]);
 		return 2;
 	}
 	svt_watchdog(60);
@@ -684,6 +789,8 @@ int main(int argc, char **argv)
 		scenario_xrcd(&d);
 	else if (!strcmp(s, "unacked"))
 		scenario_unacked(&d);
+	else if (!strcmp(s, "async"))
+		scenario_async(&d);
 	else if (!strcmp(s, "stale"))
 		scenario_stale(&d);
 	else if (!strcmp(s, "foreign"))
