@@ -362,7 +362,8 @@ SV_STATIC_ASSERT(sizeof(struct sv_queue_hdr) == 128, "queue header size");
  * raise IBV_EVENT_CQ_ERR); fill the slot; store seq = (uint32_t)(p + 1) with
  * release.  Then, if armed is non-zero and the completion qualifies
  * (solicited-only arms fire on solicited and error completions), CAS armed
- * to 0 and, if that won, send cookie to the channel address.
+ * to 0 and, if that won, send cookie to the channel address; if the socket
+ * refuses it, add 1 to lost_events and send a cookie of 0.
  * Consumer: slot c is ready when its seq (acquire) equals (uint32_t)(c + 1);
  * read it, then store cons = c + 1 with release.
  * Sleeping: a poller that found the ring empty for a while increments
@@ -398,7 +399,13 @@ struct sv_cq_ring {
 	uint32_t waiters;	   /* Pollers asleep on the low word of prod (futex) */
 	uint32_t mod_count;	   /* Moderation (ibv_modify_cq): completions per event, 0/1: off */
 	uint32_t mod_pending;	   /* Completions since the CQ was armed, while moderated */
-	uint8_t pad3[SV_CACHELINE * 5 - 24 - 216 - 16];
+	/* Completion events whose datagram the channel's socket refused (its
+	 * queue was full): the producer that disarmed the CQ adds 1, then sends
+	 * a cookie-0 datagram; the owner's ibv_get_cq_event takes the count
+	 * with an exchange and hands out that many events (channel.cpp). */
+	uint32_t lost_events;
+	uint32_t reserved_ev;
+	uint8_t pad3[SV_CACHELINE * 5 - 24 - 216 - 24];
 };
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, prod) == 128, "producer line");
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, cons) == 192, "consumer line");

@@ -11,6 +11,7 @@
 // out per CQ are counted, so that destroying a CQ waits for their acks.
 #include "core.h"
 
+#include <deque>
 #include <fcntl.h>
 #include <mutex>
 #include <random>
@@ -24,11 +25,19 @@ namespace {
 struct cq_entry {
 	ibv_cq *cq;
 	uint32_t reported; // Events ibv_get_cq_event returned for it
+	// The provider's count of this CQ's events whose datagram the socket
+	// refused (verbs_comp_channel_lost_word); null if it keeps none.
+	uint32_t *lost = nullptr;
 };
 
 struct channel_state {
 	std::mutex lock;
 	std::unordered_map<uint64_t, cq_entry> cqs; // cookie -> CQ, for CQs on this channel
+	// Lost events taken from the providers' counts, not yet handed out (by
+	// cookie: a CQ destroyed meanwhile is skipped), and whether a wake-up
+	// datagram stands in the socket for them, so poll() sees them.
+	std::deque<uint64_t> backlog;
+	bool kicked = false;
 };
 
 // ibv_comp_channel has no spare field; keep the state beside it, keyed by fd.
@@ -288,6 +297,71 @@ EXPORT void verbs_cq_wait_events(struct ibv_cq *cq)
 	pthread_mutex_unlock(&cq->mutex);
 }
 
+EXPORT void verbs_comp_channel_lost_word(struct ibv_cq *cq, uint32_t *word)
+{
+	uint64_t c;
+	{
+		std::lock_guard<std::mutex> g(g_lock);
+		auto it = g_cookies.find(cq);
+		if (it == g_cookies.end())
+			return;
+		c = it->second;
+	}
+	channel_state *st = cq->channel ? state_of(cq->channel) : nullptr;
+	if (!st)
+		return;
+	// Under st->lock: once this returns, no scan reads the previous word.
+	std::lock_guard<std::mutex> g(st->lock);
+	auto it = st->cqs.find(c);
+	if (it != st->cqs.end())
+		it->second.lost = word;
+}
+
+namespace {
+
+// Moves the events the providers counted as lost into the backlog.  Caller
+// holds st->lock.
+void take_lost(channel_state *st)
+{
+	for (auto &[cookie, ent] : st->cqs) {
+		if (!ent.lost || !__atomic_load_n(ent.lost, __ATOMIC_ACQUIRE))
+			continue;
+		uint32_t n = __atomic_exchange_n(ent.lost, 0, __ATOMIC_ACQ_REL);
+		for (uint32_t i = 0; i < n; i++)
+			st->backlog.push_back(cookie);
+	}
+}
+
+// Sends a wake-up datagram (cookie 0, which names no CQ) to the channel's
+// own address, so that poll() reports it readable while the backlog holds
+// events.  Caller holds st->lock.
+void kick(ibv_comp_channel *channel, channel_state *st)
+{
+	if (st->kicked || st->backlog.empty())
+		return;
+	sockaddr_un sa{};
+	socklen_t len = sizeof(sa);
+	if (getsockname(channel->fd, reinterpret_cast<sockaddr *>(&sa), &len) < 0)
+		return;
+	uint64_t zero = 0;
+	// Refused only when the queue is full: then it is readable anyway.
+	if (sendto(channel->fd, &zero, sizeof(zero), MSG_DONTWAIT,
+		   reinterpret_cast<sockaddr *>(&sa), len) == sizeof(zero))
+		st->kicked = true;
+}
+
+} // namespace
+
+/*
+ * An event reaches the channel as a datagram naming the CQ's cookie.  A
+ * producer whose datagram the socket refuses (its queue is full: see
+ * net.unix.max_dgram_qlen) counts the event in the CQ's lost word instead,
+ * then sends a datagram of cookie 0 in case the queue drained meanwhile.
+ * Every call looks at the lost words before it waits, and a full queue
+ * guarantees a later call, so no event is lost: a refused producer's count
+ * is seen either by a call that reads one of the datagrams that filled the
+ * queue, or by the one its cookie-0 datagram wakes.
+ */
 EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
 			    void **cq_context)
 {
@@ -300,31 +374,49 @@ EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq
 		errno = EINVAL;
 		return -1;
 	}
-	for (;;) {
+	ibv_cq *found = nullptr;
+	while (!found) {
+		{
+			std::lock_guard<std::mutex> g(st->lock);
+			take_lost(st);
+			while (!found && !st->backlog.empty()) {
+				auto it = st->cqs.find(st->backlog.front());
+				st->backlog.pop_front();
+				if (it != st->cqs.end()) {
+					found = it->second.cq;
+					it->second.reported++;
+				}
+			}
+			kick(channel, st);
+		}
+		if (found)
+			break;
 		uint64_t cookie;
 		ssize_t n = recv(channel->fd, &cookie, sizeof(cookie), 0);
 		if (n < 0)
 			return -1; // EAGAIN for a non-blocking channel, as with a kernel fd.
 		if (n != sizeof(cookie))
 			continue;
-		ibv_cq *found = nullptr;
 		{
 			// Counted under the lock verbs_cq_wait_events takes to
 			// forget the CQ: an event is either counted or dropped.
 			std::lock_guard<std::mutex> g(st->lock);
+			if (!cookie) {
+				st->kicked = false; // Ours, or a producer's: look again
+				continue;
+			}
 			auto it = st->cqs.find(cookie);
 			if (it != st->cqs.end()) {
 				found = it->second.cq;
 				it->second.reported++;
 			}
 		}
-		if (!found)
-			continue; // The CQ is gone, or the datagram was not ours.
-		*cq = found;
-		*cq_context = found->cq_context;
-		const verbs_context_ops *ops = get_ops(found->context);
-		if (ops->cq_event)
-			ops->cq_event(found);
-		return 0;
+		// Not found: the CQ is gone, or the datagram was not ours.
 	}
+	*cq = found;
+	*cq_context = found->cq_context;
+	const verbs_context_ops *ops = get_ops(found->context);
+	if (ops->cq_event)
+		ops->cq_event(found);
+	return 0;
 }

@@ -315,6 +315,16 @@ SV_EXPORT void verbs_init_cq(struct ibv_cq *cq, struct ibv_context *context,
 SV_EXPORT int verbs_comp_channel_address(struct ibv_comp_channel *channel, char *addr,
 					 size_t *addr_len);
 SV_EXPORT uint64_t verbs_comp_channel_cookie(struct ibv_cq *cq);
+/*
+ * The datagram is a doorbell the socket may refuse (a full queue).  A
+ * provider that counts such refused events in a word of its own (in shared
+ * memory, incremented by whoever was refused) names the word here, after
+ * verbs_comp_channel_cookie() and again whenever it moves (NULL: none);
+ * ibv_get_cq_event takes the count with an atomic exchange and hands out
+ * that many events for the CQ.  The word must stay mapped until the next
+ * call or until verbs_cq_wait_events() for the CQ.
+ */
+SV_EXPORT void verbs_comp_channel_lost_word(struct ibv_cq *cq, uint32_t *word);
 /* 0 if channel is a live completion channel of context, else EINVAL. */
 SV_EXPORT int verbs_comp_channel_check(struct ibv_comp_channel *channel,
 				       struct ibv_context *context);

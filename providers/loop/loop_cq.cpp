@@ -28,16 +28,37 @@ int notify_socket()
 	return fd;
 }
 
-void send_dgram(const uint8_t *addr, uint32_t len, const void *msg, size_t msg_len)
+// Sends one datagram without waiting.  Returns false if it was not sent
+// (a full receive queue, or no such socket any more).
+bool send_dgram(const uint8_t *addr, uint32_t len, const void *msg, size_t msg_len)
 {
 	if (!len || len > sizeof(sockaddr_un::sun_path))
-		return;
+		return false;
 	sockaddr_un sa{};
 	sa.sun_family = AF_UNIX;
 	memcpy(sa.sun_path, addr, len);
-	// Best effort: a full socket means the owner has events queued already.
-	sendto(notify_socket(), msg, msg_len, MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&sa),
-	       static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len));
+	return sendto(notify_socket(), msg, msg_len, MSG_DONTWAIT,
+		      reinterpret_cast<sockaddr *>(&sa),
+		      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len)) ==
+	       static_cast<ssize_t>(msg_len);
+}
+
+// Raises a CQ's completion event on its channel (the producer that disarmed
+// it does, once).  The datagram is a doorbell the channel's socket may
+// refuse when its queue is full; then the event is counted in the ring's
+// lost_events, where ibv_get_cq_event finds it, and a cookie-0 datagram
+// wakes a channel that drained its queue meanwhile (see channel.cpp).
+void notify_channel(sv_cq_ring *ring)
+{
+	uint32_t len = ring->channel_len;
+	if (!len)
+		return;
+	uint64_t cookie = ring->cookie;
+	if (send_dgram(ring->channel_addr, len, &cookie, sizeof(cookie)))
+		return;
+	std::atomic_ref<uint32_t>(ring->lost_events).fetch_add(1, std::memory_order_seq_cst);
+	uint64_t rescan = 0;
+	send_dgram(ring->channel_addr, len, &rescan, sizeof(rescan));
 }
 
 void to_wc(const sv_cqe &e, ibv_wc &wc)
@@ -315,6 +336,7 @@ void wire_channel(loop_cq *cq)
 		cq->ring->channel_len = static_cast<uint32_t>(len);
 	}
 	cq->ring->cookie = verbs_comp_channel_cookie(&cq->vcq.cq);
+	verbs_comp_channel_lost_word(&cq->vcq.cq, &cq->ring->lost_events);
 }
 
 } // namespace
@@ -447,8 +469,7 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *p
 		syscall(SYS_futex, prod_word(ring), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 	if (fire && armed.compare_exchange_strong(a, SV_CQ_DISARMED, std::memory_order_acq_rel)) {
 		std::atomic_ref<uint32_t>(ring->mod_pending).store(0, std::memory_order_relaxed);
-		uint64_t cookie = ring->cookie;
-		send_dgram(ring->channel_addr, ring->channel_len, &cookie, sizeof(cookie));
+		notify_channel(ring);
 	}
 	return 0;
 }
@@ -683,6 +704,12 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 				o.cq_gen = nref.gen;
 			}
 	}
+	// Events counted lost on the old ring move with the channel's word.
+	std::atomic_ref<uint32_t>(nr->lost_events)
+		.fetch_add(std::atomic_ref<uint32_t>(cq->ring->lost_events).exchange(0),
+			   std::memory_order_seq_cst);
+	if (ibcq->channel)
+		verbs_comp_channel_lost_word(ibcq, &nr->lost_events);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
 	objects_add(SV_OBJ_CQ, nref.slot, ibcq);
 	queue_destroy(fab, cq->ref, cq->ring);
