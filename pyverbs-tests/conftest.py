@@ -41,7 +41,9 @@ def env(build_dir, fabric, tmp_path):
     """Environment for a child that uses our library on the test's fabric.
 
     HOME and SOFTVERBS_CONFIG point at the test's own directory so that a
-    config file of the machine or the user cannot change the outcome.
+    config file of the machine or the user cannot change the outcome.  In a
+    sanitizer build the children's reports land in the test's directory and
+    are judged when it ends (svtest.sanitizer_failures).
     """
     conf = tmp_path / "softverbs.conf"
     conf.write_text("")
@@ -52,7 +54,12 @@ def env(build_dir, fabric, tmp_path):
         "SOFTVERBS_CONFIG": str(conf),
         "HOME": str(tmp_path),
     })
-    return e
+    san = tmp_path / "sanitizer"
+    san.mkdir()
+    yield svtest.sanitize_environ(e, san)
+    bad = svtest.sanitizer_failures(san)
+    if bad:
+        pytest.fail("sanitizer reports:\n" + "\n\n".join(bad), pytrace=False)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 
@@ -45,6 +46,51 @@ def clean_environ():
     """os.environ without our variables or a library path of the caller."""
     return {k: v for k, v in os.environ.items()
             if not k.startswith("SOFTVERBS_") and k != "LD_LIBRARY_PATH"}
+
+
+# Sanitizer builds.  Our library built with ASan runs inside programs that
+# are not (python3, Debian's tools): they need the ASan runtime preloaded.
+# SOFTVERBS_SANITIZE_PRELOAD names it (tests/meson.build sets it for an ASan
+# build); then each child logs its reports to files, and the `env` fixture
+# fails the test on a memory error, or a leak allocated inside our library.
+SANITIZE_PRELOAD = os.environ.get("SOFTVERBS_SANITIZE_PRELOAD", "")
+_OURS = re.compile(r"(providers/loop/|libibverbs-compat/)")
+
+
+def sanitize_environ(e, log_dir):
+    """Adds the sanitizer settings of a child to environment e."""
+    if not SANITIZE_PRELOAD:
+        return e
+    supp = repo_root() / "tests" / "sanitize" / "lsan.supp"
+    e["LD_PRELOAD"] = " ".join(x for x in (SANITIZE_PRELOAD, e.get("LD_PRELOAD")) if x)
+    # Python's own allocator hides pointers from LeakSanitizer (its arenas
+    # are not scanned): with malloc, a live object's memory is found.
+    e["PYTHONMALLOC"] = "malloc"
+    e["ASAN_OPTIONS"] = f"detect_leaks=1:log_path={log_dir}/asan:detect_stack_use_after_return=0"
+    # Leaks do not change a child's exit status; sanitizer_failures() judges them.
+    e["LSAN_OPTIONS"] = f"exitcode=0:suppressions={supp}:print_suppressions=0"
+    e["UBSAN_OPTIONS"] = f"print_stacktrace=1:halt_on_error=1:log_path={log_dir}/ubsan"
+    return e
+
+
+def sanitizer_failures(log_dir):
+    """Reports in log_dir that fail a test: every memory error and undefined
+    behaviour, and each direct leak with a frame of our library in its
+    allocation stack (a leak of python or a tool's own is not ours; an
+    indirect leak is held by some direct one).  A list of strings."""
+    bad = []
+    for path in sorted(glob.glob(f"{log_dir}/*san.*")):
+        with open(path, errors="replace") as f:
+            text = f.read()
+        for block in re.split(r"\n(?=Direct leak|Indirect leak|SUMMARY)", text):
+            if block.startswith("Direct leak"):
+                if _OURS.search(block):
+                    bad.append(f"{path}:\n{block.strip()}")
+            elif block.startswith(("Indirect leak", "SUMMARY")):
+                continue
+            elif re.search(r"ERROR: AddressSanitizer|runtime error:", block):
+                bad.append(f"{path}:\n{block.strip()}")
+    return bad
 
 
 def run(argv, env, timeout=TIMEOUT, check=False, **kw):
