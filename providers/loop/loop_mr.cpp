@@ -147,10 +147,15 @@ bool snapshot(sv_mr_rec &m, sv_mr_rec &c)
 
 // ---- fd-backed memory: peers map the owner's object ----
 
+// A cached mapping is reference-counted: the cache holds one reference and
+// every rseg or mr_hit that points into it holds another (their pin), so
+// evicting it only drops the cache's.  munmap runs when the last goes, never
+// under a copy that another thread is making through it.  Memory stays
+// bounded: at most kMaxMaps cached, plus those pinned by the few segments
+// each thread holds for the operation it is running.
 struct fd_map {
-	char *base;   // Our mapping
-	size_t len;
-	uint64_t off; // Object offset of base
+	std::shared_ptr<char> base; // Our mapping; its deleter unmaps it
+	uint64_t off;		    // Object offset of base
 };
 
 std::mutex g_map_lock;
@@ -175,7 +180,9 @@ int open_peer_fd(pid_t pid, int fd)
 }
 
 // Our mapping of a peer's fd-backed MR, made on first use and cached.
-char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c)
+// Returns the address of the record's iova and sets pin, which keeps the
+// mapping alive for as long as the caller (or a copy of pin) holds it.
+char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin)
 {
 	uint64_t id = (static_cast<uint64_t>(slot) << 32) | c.cookie;
 	std::lock_guard<std::mutex> g(g_map_lock);
@@ -197,14 +204,35 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c)
 		close(fd);
 		if (p == MAP_FAILED)
 			return nullptr;
-		if (g_maps.size() >= kMaxMaps) {
-			for (auto &e : g_maps)
-				munmap(e.second.base, e.second.len);
-			g_maps.clear();
+		std::shared_ptr<char> base;
+		try {
+			base = std::shared_ptr<char>(static_cast<char *>(p),
+						     [len](char *a) { munmap(a, len); });
+			if (g_maps.size() >= kMaxMaps) {
+				// Mappings of MRs that are gone or re-registered go
+				// first; if that frees nothing, all of them.  Either
+				// way only the cache's reference is dropped.
+				sv_registry *r = fab.reg();
+				std::erase_if(g_maps, [r](const auto &e) {
+					sv_mr_rec &m = r->mrs[(e.first >> 32) % SV_MAX_MRS];
+					return mr_state(m).load(std::memory_order_relaxed) ==
+						       SV_MR_FREE ||
+					       m.cookie != static_cast<uint32_t>(e.first);
+				});
+				if (g_maps.size() >= kMaxMaps)
+					g_maps.clear();
+			}
+			it = g_maps.emplace(id, fd_map{base, off}).first;
+		} catch (...) {
+			// No memory for the bookkeeping: fail this access (EFAULT),
+			// never throw through the C caller.
+			if (!base)
+				munmap(p, len);
+			return nullptr;
 		}
-		it = g_maps.emplace(id, fd_map{static_cast<char *>(p), len, off}).first;
 	}
-	return it->second.base + (c.fd_offset - it->second.off);
+	pin = it->second.base;
+	return it->second.base.get() + (c.fd_offset - it->second.off);
 }
 
 // ---- resolution ----
@@ -220,10 +248,11 @@ int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, u
 		return 0;
 	}
 	if (c.kind == SV_MR_KIND_FD && !self) {
-		char *base = peer_map(fab, slot, c);
+		std::shared_ptr<void> pin;
+		char *base = peer_map(fab, slot, c, pin);
 		if (!base)
 			return EFAULT;
-		out.push_back({base + off, len, seg_kind::mapped});
+		out.push_back({base + off, len, seg_kind::mapped, std::move(pin)});
 		return 0;
 	}
 	seg_kind k = (c.flags & SV_MR_ODP) ? seg_kind::peer_checked : seg_kind::peer;
@@ -232,11 +261,6 @@ int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, u
 		return 0;
 	}
 	// A block list: byte off is fd_offset + off into the list's blocks.
-	// The record is in shared memory: a block size or a list length that
-	// no fast-register WR can produce is a damaged record.
-	if (c.page_shift < 12 || c.page_shift > 40 || c.npages > kMaxFastRegPages + 1 ||
-	    c.fd_offset > (1ULL << 56))
-		return ERANGE;
 	uint64_t bsz = 1ULL << c.page_shift;
 	uint64_t pos = c.fd_offset + off;
 	uint64_t first = pos >> c.page_shift;
@@ -247,13 +271,10 @@ int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, u
 	pages.resize(last - first + 1);
 	iovec l{pages.data(), pages.size() * sizeof(uint64_t)};
 	iovec r{reinterpret_cast<void *>(c.addr + first * sizeof(uint64_t)), l.iov_len};
-	pid_t pid = self ? getpid()
-		    : c.owner_lease < SV_MAX_PROCS
+	pid_t pid = c.owner_lease < SV_MAX_PROCS
 			    ? static_cast<pid_t>(fab.reg()->leases[c.owner_lease].pid)
 			    : 0;
-	// Through the kernel even for our own list: its address came from
-	// shared memory, and a bad one must give EFAULT, not a fault.
-	if (pid <= 0 || xfer(pid, false, &l, 1, &r, 1, xfer_dir::from_peer))
+	if (xfer(pid, self, &l, 1, &r, 1, xfer_dir::from_peer))
 		return EFAULT;
 	uint64_t in = pos & (bsz - 1);
 	for (uint64_t i = 0; len; i++) {
@@ -349,6 +370,7 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 	hit.kind = s.kind == seg_kind::null ? SV_MR_KIND_NULL : SV_MR_KIND_MR;
 	hit.mapped = s.kind == seg_kind::mapped;
 	hit.odp = s.kind == seg_kind::peer_checked;
+	hit.pin = s.pin; // The mapping outlives the next lookup's segs.clear()
 	return 0;
 }
 
@@ -909,9 +931,7 @@ ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
 	fabric &fab = *qp->ctx->fab;
 	sv_registry *r = fab.reg();
 	uint32_t me = static_cast<uint32_t>(qp->ctx->lease);
-	// Only the low 8 bits of the WR's rkey are the new key, as on rxe and
-	// mlx5: the rest of a window's rkey is its index, which no bind changes.
-	if (w.mw_slot == 0 || w.mw_slot >= SV_MAX_MRS)
+	if (w.mw_slot == 0 || w.mw_slot >= SV_MAX_MRS || (w.rkey >> SV_MR_KEY_BITS) != w.mw_slot)
 		return IBV_WC_MW_BIND_ERR;
 	uint32_t rights = w.bind_access & (kRemoteRights | IBV_ACCESS_ZERO_BASED);
 	registry_guard g(fab);

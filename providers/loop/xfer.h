@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <memory>
 
 namespace loop {
 
@@ -33,6 +34,11 @@ struct rseg {
 	void *base;
 	size_t len;
 	seg_kind kind;
+	// A mapped segment's hold on this process's mapping of the peer's
+	// object: the mapping is unmapped only once no rseg (or mr_hit) that
+	// points into it is left, so a cache eviction in another thread never
+	// pulls it from under a copy.  Empty for the other kinds.
+	std::shared_ptr<void> pin = {};
 };
 
 // Like xfer(), with target segments of mixed kinds.  Runs of peer segments
