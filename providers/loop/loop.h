@@ -388,9 +388,11 @@ int loop_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
 bool qp_set_error(fabric &fab, uint32_t slot);
 // Flushes receive WQEs of ring into the CQ ring with WR_FLUSH_ERR.
 void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn);
-// Takes one receive WQE from a ring, copying it into out (max_sge entries).
-// Returns false when the ring is empty.
-bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge);
+// Takes one receive WQE from a ring, copying it into out (room for max_sge
+// SGEs; a WQE claiming more has num_sge 0xffffffff).  Returns false when the
+// ring is empty, or damaged (impossible indices, no trusted geometry: then
+// *damaged is set, if given).
+bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged = nullptr);
 // Posts receive WRs into ring (owner side).
 int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad);
 void send_async(const uint8_t *addr, uint32_t len, const sv_async_msg &msg);

@@ -261,6 +261,11 @@ int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, u
 		return 0;
 	}
 	// A block list: byte off is fd_offset + off into the list's blocks.
+	// The record is in shared memory: a block size or a list length that
+	// no fast-register WR can produce is a damaged record.
+	if (c.page_shift < 12 || c.page_shift > 40 || c.npages > kMaxFastRegPages + 1 ||
+	    c.fd_offset > (1ULL << 56))
+		return ERANGE;
 	uint64_t bsz = 1ULL << c.page_shift;
 	uint64_t pos = c.fd_offset + off;
 	uint64_t first = pos >> c.page_shift;
@@ -271,10 +276,13 @@ int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, u
 	pages.resize(last - first + 1);
 	iovec l{pages.data(), pages.size() * sizeof(uint64_t)};
 	iovec r{reinterpret_cast<void *>(c.addr + first * sizeof(uint64_t)), l.iov_len};
-	pid_t pid = c.owner_lease < SV_MAX_PROCS
+	pid_t pid = self ? getpid()
+		    : c.owner_lease < SV_MAX_PROCS
 			    ? static_cast<pid_t>(fab.reg()->leases[c.owner_lease].pid)
 			    : 0;
-	if (xfer(pid, self, &l, 1, &r, 1, xfer_dir::from_peer))
+	// Through the kernel even for our own list: its address came from
+	// shared memory, and a bad one must give EFAULT, not a fault.
+	if (pid <= 0 || xfer(pid, false, &l, 1, &r, 1, xfer_dir::from_peer))
 		return EFAULT;
 	uint64_t in = pos & (bsz - 1);
 	for (uint64_t i = 0; len; i++) {
@@ -931,7 +939,9 @@ ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
 	fabric &fab = *qp->ctx->fab;
 	sv_registry *r = fab.reg();
 	uint32_t me = static_cast<uint32_t>(qp->ctx->lease);
-	if (w.mw_slot == 0 || w.mw_slot >= SV_MAX_MRS || (w.rkey >> SV_MR_KEY_BITS) != w.mw_slot)
+	// Only the low 8 bits of the WR's rkey are the new key, as on rxe and
+	// mlx5: the rest of a window's rkey is its index, which no bind changes.
+	if (w.mw_slot == 0 || w.mw_slot >= SV_MAX_MRS)
 		return IBV_WC_MW_BIND_ERR;
 	uint32_t rights = w.bind_access & (kRemoteRights | IBV_ACCESS_ZERO_BASED);
 	registry_guard g(fab);
