@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Address handles: a copy of the address, checked against the port.
 #include "loop.h"
+#include "res_limits.h"
 
 #include <cerrno>
 
@@ -27,8 +28,14 @@ ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 		errno = EINVAL;
 		return nullptr;
 	}
+	// max_ah is device-wide, across processes (res_limits.h).
+	if (int e = res_take(*lctx->fab, lctx->lease, SV_RES_AH)) {
+		errno = e;
+		return nullptr;
+	}
 	auto *ah = new (std::nothrow) loop_ah{};
 	if (!ah) {
+		res_put(*lctx->fab, lctx->lease, SV_RES_AH);
 		errno = ENOMEM;
 		return nullptr;
 	}
@@ -43,6 +50,8 @@ int loop_destroy_ah(ibv_ah *ibah)
 	if (int e = ah->life.begin_destroy(kLifeAh, "ibv_destroy_ah", ah))
 		return e;
 	ah->parents.release();
+	loop_context *lctx = to_loop_context(ibah->context);
+	res_put(*lctx->fab, lctx->lease, SV_RES_AH);
 	ah->life.end_destroy(kLifeAh);
 	quarantine(ah);
 	return 0;

@@ -3,6 +3,7 @@
 // at sv_cq_ring in kernel-abi/softverbs-abi.h), polled by its owner.
 #include "loop.h"
 #include "objects.h"
+#include "res_limits.h"
 #include "xfer.h"
 
 #include <cerrno>
@@ -295,8 +296,14 @@ loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
 		return nullptr;
 	}
 	loop_context *lctx = to_loop_context(ctx);
+	// max_cq is device-wide, across processes (res_limits.h).
+	if (int e = res_take(*lctx->fab, lctx->lease, SV_RES_CQ)) {
+		errno = e;
+		return nullptr;
+	}
 	auto *cq = new (std::nothrow) loop_cq{};
 	if (!cq) {
+		res_put(*lctx->fab, lctx->lease, SV_RES_CQ);
 		errno = ENOMEM;
 		return nullptr;
 	}
@@ -307,6 +314,7 @@ loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
 	if (!map) {
 		int e = errno;
 		delete cq;
+		res_put(*lctx->fab, lctx->lease, SV_RES_CQ);
 		errno = e;
 		return nullptr;
 	}
@@ -552,6 +560,7 @@ int loop_destroy_cq(ibv_cq *ibcq)
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
 	queue_destroy(*cq->ctx->fab, cq->ref, cq->ring);
 	cq->ring = nullptr;
+	res_put(*cq->ctx->fab, cq->ctx->lease, SV_RES_CQ);
 	cq->parents.release();
 	cq->life.end_destroy(kLifeCq);
 	// Kept a while: a stale pointer reads the dead state, not reused memory.

@@ -6,6 +6,7 @@
 // through the send queue (a virtual range or a block list), and type 1 and
 // 2 memory windows, which resolve through the MR they are bound to.
 #include "loop.h"
+#include "res_limits.h"
 
 #include <atomic>
 #include <cerrno>
@@ -94,6 +95,11 @@ int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 {
 	fabric &fab = *lctx->fab;
 	sv_registry *r = fab.reg();
+	// max_mr and max_mw are device-wide, across processes (res_limits.h);
+	// windows have their own budget in the key table.
+	sv_res res = in.kind == SV_MR_KIND_MW1 || in.kind == SV_MR_KIND_MW2 ? SV_RES_MW : SV_RES_MR;
+	if (int e = res_take(fab, lctx->lease, res))
+		return -e;
 	registry_guard g(fab);
 	// Start the search at a random point: keys do not come in sequence.
 	uint32_t start = (static_cast<uint32_t>(random_key()) << 6) % SV_MAX_MRS;
@@ -130,6 +136,7 @@ int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 		key_out = (i << SV_MR_KEY_BITS) | k;
 		return static_cast<int>(i);
 	}
+	res_put_locked(fab, lctx->lease, res); // Only if the table was damaged
 	return -ENOMEM;
 }
 

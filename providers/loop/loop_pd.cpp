@@ -3,6 +3,7 @@
 // registry record (owner lease, PD number), which is unique on the fabric.
 #include "loop.h"
 #include "objects.h"
+#include "res_limits.h"
 
 #include <atomic>
 #include <cerrno>
@@ -12,9 +13,15 @@ namespace loop {
 ibv_pd *loop_alloc_pd(ibv_context *ctx)
 {
 	static std::atomic<uint32_t> next_pdn{1};
-	(void)ctx;
+	loop_context *lctx = to_loop_context(ctx);
+	// max_pd is device-wide, across processes (res_limits.h).
+	if (int e = res_take(*lctx->fab, lctx->lease, SV_RES_PD)) {
+		errno = e;
+		return nullptr;
+	}
 	auto *pd = new (std::nothrow) loop_pd{};
 	if (!pd) {
+		res_put(*lctx->fab, lctx->lease, SV_RES_PD);
 		errno = ENOMEM;
 		return nullptr;
 	}
@@ -35,6 +42,8 @@ int loop_dealloc_pd(ibv_pd *ibpd)
 	if (pd->parent_domain)
 		return loop_dealloc_parent_domain(pd);
 	objects_remove(kObjPd, pd->pdn);
+	loop_context *lctx = to_loop_context(ibpd->context);
+	res_put(*lctx->fab, lctx->lease, SV_RES_PD);
 	pd->life.end_destroy(kLifePd);
 	quarantine(pd);
 	return 0;

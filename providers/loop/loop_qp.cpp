@@ -4,6 +4,7 @@
 #include "objects.h"
 #include "qp_state.h"
 #include "queue_geom.h"
+#include "res_limits.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -345,8 +346,15 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		errno = err;
 		return nullptr;
 	}
+	fabric &fab = *lctx->fab;
+	// max_qp is device-wide, across processes (res_limits.h).
+	if (int e = res_take(fab, lctx->lease, SV_RES_QP)) {
+		errno = e;
+		return nullptr;
+	}
 	auto *qp = new (std::nothrow) loop_qp{};
 	if (!qp) {
+		res_put(fab, lctx->lease, SV_RES_QP);
 		errno = ENOMEM;
 		return nullptr;
 	}
@@ -373,6 +381,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		if (!map) {
 			int e = errno;
 			delete qp;
+			res_put(fab, lctx->lease, SV_RES_QP);
 			errno = e;
 			return nullptr;
 		}
@@ -385,9 +394,12 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		qp->cap.max_recv_wr = 0;
 		qp->cap.max_recv_sge = 0;
 	}
-	// Claim a QP number.
-	fabric &fab = *lctx->fab;
-	{
+	// Claim a QP number.  Undoing the creation (queue_destroy, res_put) is
+	// done after the registry lock is released: under it, a lock that is not
+	// recursive (as it once was not) deadlocks on itself, and, being in
+	// shared memory, stalls the whole fabric; a recursive one would still
+	// make every process wait out an unlink and an unmap.
+	bool claimed = [&] {
 		registry_guard g(fab);
 		sv_registry *r = fab.reg();
 		uint32_t slot = SV_MAX_QPS;
@@ -396,13 +408,8 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 				slot = i;
 				break;
 			}
-		if (slot == SV_MAX_QPS) {
-			if (qp->rq)
-				queue_destroy(fab, qp->rq_ref, qp->rq);
-			delete qp;
-			errno = ENOMEM;
-			return nullptr;
-		}
+		if (slot == SV_MAX_QPS)
+			return false; // Only if the table was damaged: max_qp fits it
 		sv_qp_rec &q = r->qps[slot];
 		uint32_t gen = q.generation + 1;
 		// 0 and 0xfff would give QPNs below 4096 or the multicast QPN.
@@ -434,6 +441,15 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		q.in_use = 1;
 		qp->slot = slot;
 		qp->qpn = ((gen & SV_QPN_SLOT_MASK) << SV_QPN_SLOT_BITS) | slot;
+		return true;
+	}();
+	if (!claimed) {
+		if (qp->rq)
+			queue_destroy(fab, qp->rq_ref, qp->rq);
+		delete qp;
+		res_put(fab, lctx->lease, SV_RES_QP);
+		errno = ENOMEM;
+		return nullptr;
 	}
 	objects_add(kObjQp, qp->slot, &qp->vqp.qp);
 	cq_attach_sq(qp);
@@ -625,6 +641,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		sv_qp_rec &rec = fab.reg()->qps[qp->slot];
 		qp_state_ref(rec).store(IBV_QPS_RESET, std::memory_order_release);
 		rec.in_use = 0;
+		res_put_locked(fab, qp->ctx->lease, SV_RES_QP);
 	}
 	objects_remove(kObjQp, qp->slot);
 	// No event names it now; wait for the acks of those handed out.

@@ -3,6 +3,7 @@
 // requesters consume from.
 #include "loop.h"
 #include "objects.h"
+#include "res_limits.h"
 
 #include <cerrno>
 #include <cstring>
@@ -76,8 +77,14 @@ ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
 		errno = EINVAL;
 		return nullptr;
 	}
+	// max_srq is device-wide, across processes (res_limits.h).
+	if (int e = res_take(*lctx->fab, lctx->lease, SV_RES_SRQ)) {
+		errno = e;
+		return nullptr;
+	}
 	auto *srq = new (std::nothrow) loop_srq{};
 	if (!srq) {
+		res_put(*lctx->fab, lctx->lease, SV_RES_SRQ);
 		errno = ENOMEM;
 		return nullptr;
 	}
@@ -88,6 +95,7 @@ ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
 	if (!map) {
 		int e = errno;
 		delete srq;
+		res_put(*lctx->fab, lctx->lease, SV_RES_SRQ);
 		errno = e;
 		return nullptr;
 	}
@@ -192,6 +200,7 @@ int loop_destroy_srq(ibv_srq *ibsrq)
 	verbs_srq_wait_events(ibsrq);
 	queue_destroy(fab, srq->ref, srq->ring);
 	srq->ring = nullptr;
+	res_put(fab, srq->ctx->lease, SV_RES_SRQ);
 	srq->parents.release();
 	srq->life.end_destroy(kLifeSrq);
 	quarantine(srq);
