@@ -541,6 +541,7 @@ int loop_dereg_mr(verbs_mr *vmr)
 			return EBUSY;
 		}
 		mr_state(m).store(SV_MR_FREE, std::memory_order_release);
+		res_put_locked(fab, lctx->lease, SV_RES_MR);
 	}
 	release_fd(mr);
 	mr->pages = {};
@@ -849,13 +850,15 @@ int loop_dealloc_mw(ibv_mw *ibmw)
 	auto *mw = reinterpret_cast<loop_mw *>(ibmw);
 	if (int e = mw->life.begin_destroy(kLifeMw, "ibv_dealloc_mw", mw))
 		return e;
-	fabric &fab = *to_loop_context(ibmw->context)->fab;
+	loop_context *lctx = to_loop_context(ibmw->context);
+	fabric &fab = *lctx->fab;
 	{
 		registry_guard g(fab);
 		sv_mr_rec &w = fab.reg()->mrs[mw->slot];
 		mr_state(w).store(SV_MR_INVALID, std::memory_order_release);
 		unbind_locked(fab.reg(), w);
 		mr_state(w).store(SV_MR_FREE, std::memory_order_release);
+		res_put_locked(fab, lctx->lease, SV_RES_MW);
 	}
 	mw->parents.release();
 	mw->life.end_destroy(kLifeMw);
