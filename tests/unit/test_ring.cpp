@@ -372,11 +372,11 @@ uint64_t check_wqe(const sv_recv_wqe *w, uint32_t max_sge)
 	return seq;
 }
 
-TEST(RqRing, OneProducerManyConsumers)
+void one_producer_many_consumers(uint32_t entries, uint32_t kConsumers)
 {
-	constexpr uint32_t kConsumers = 3, kMaxSge = 4, kChain = 8;
+	constexpr uint32_t kMaxSge = 4, kChain = 8;
 	const uint64_t total = uint64_t(kPerProducer) * 3;
-	test_rq q(32, kMaxSge);
+	test_rq q(entries, kMaxSge);
 	std::atomic<uint64_t> taken{0};
 	g_stop = false;
 	std::vector<std::vector<uint64_t>> seen(kConsumers);
@@ -453,7 +453,21 @@ TEST(RqRing, OneProducerManyConsumers)
 		ASSERT_EQ(count[s], 1) << "WR " << s << " taken " << int(count[s]) << " times";
 	EXPECT_EQ(q.ring->prod, total);
 	EXPECT_EQ(q.ring->cons, total);
-	RecordProperty("producer_refusals", std::to_string(refusals));
+	::testing::Test::RecordProperty("producer_refusals", std::to_string(refusals));
+}
+
+TEST(RqRing, OneProducerManyConsumers)
+{
+	one_producer_many_consumers(32, 3);
+}
+
+// Four slots: the producer refills a slot as soon as a taker moves cons
+// past it, while a slower taker may still be copying it (its CAS then
+// fails and it drops the copy: the contract's "only a winning CAS owns the
+// copy").
+TEST(RqRing, TinyRingLapsUnderTakers)
+{
+	one_producer_many_consumers(4, 4);
 }
 
 TEST(RqRing, PostChecksAndFullRing)
