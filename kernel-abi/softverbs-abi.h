@@ -15,8 +15,16 @@
  * Segments (all in /dev/shm, mode 0600, named from the user id and fabric):
  *   softverbs-<uid>-<fabric>              the registry: devices, leases,
  *                                         QP numbers, memory keys, locks
- *   softverbs-<uid>-<fabric>-q<idx>.<gen> one queue object (CQ ring, receive
- *                                         queue or SRQ), see sv_queue_hdr
+ *   softverbs-<uid>-<fabric>-q<idx>.<gen>.<nonce>
+ *                                         one queue object (CQ ring, receive
+ *                                         queue, SRQ or service segment), see
+ *                                         sv_queue_hdr; <nonce> is 16 hex
+ *                                         digits from getrandom, kept in the
+ *                                         object's sv_obj_rec, so that no other
+ *                                         user can guess the name beforehand
+ * Every segment is created with O_EXCL; every opener checks with fstat that
+ * it belongs to this user, has no group or other permission bits and has
+ * the size it should, before it maps it (docs/design.md, "Segments").
  */
 #ifndef SOFTVERBS_ABI_H
 #define SOFTVERBS_ABI_H
@@ -106,8 +114,11 @@ struct sv_lease {
 	uint32_t svc_obj;  /* Its service segment (sv_svc_ring), once it has one */
 	uint32_t svc_gen;  /* 0: none */
 	uint32_t flags;	   /* enum sv_lease_flags, set with atomic OR: which paths it used */
-	uint32_t reserved;
+	uint32_t last_pid; /* With pid 0: the process that released this slot
+			      cleanly (its last context closed, or it exited);
+			      kept with flags so tools can show what it used */
 };
+
 SV_STATIC_ASSERT(sizeof(struct sv_lease) == 32, "lease size");
 
 /*
@@ -236,8 +247,8 @@ SV_STATIC_ASSERT(sizeof(struct sv_mr_rec) == 96, "MR record size");
 
 /*
  * Queue objects: CQ rings, receive queues, SRQs.  Each lives in its own
- * segment softverbs-<uid>-<fabric>-q<slot>.<generation>, created by its
- * owner and mapped by peers on first contact (see sv_queue_hdr).
+ * segment softverbs-<uid>-<fabric>-q<slot>.<generation>.<nonce>, created by
+ * its owner and mapped by peers on first contact (see sv_queue_hdr).
  */
 #define SV_MAX_OBJS 8192
 
@@ -259,7 +270,9 @@ struct sv_obj_rec {
 	uint32_t cq_obj;  /* XRC SRQs: the CQ their receives complete into */
 	uint32_t cq_gen;
 	uint32_t pdn;	  /* SRQs: the PD their receive lkeys belong to */
-	uint32_t reserved[2];
+	uint32_t nonce[2]; /* Random part of the segment's name (low, high word);
+			      set before the object is published, never 0 */
+
 };
 SV_STATIC_ASSERT(sizeof(struct sv_obj_rec) == 48, "object record size");
 

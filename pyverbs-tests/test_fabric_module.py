@@ -26,7 +26,8 @@ out(res)
     assert f["status"] == "ok" and f["abi_version"] == softverbs_fabric.ABI_VERSION
     assert {d["name"]: {"guid": d["node_guid"], "lid": d["ports"][0]["lid"]}
             for d in f["devices"]} == seen
-    # That process has exited: its lease stays, but is not live.
+    # That process closed its devices and exited: it gave its lease back, and
+    # the slot keeps its pid (a closed lease, not live).
     assert softverbs_fabric.lease_count(fabric) == 0
     assert len(f["leases"]) == 1 and not f["leases"][0]["live"]
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
@@ -30,7 +31,25 @@ struct raw_segment {
 	std::string error;
 	sv_seg_hdr hdr{};
 	uint64_t file_size = 0;
+	bool other_owner = false; // Another user's file
 };
+
+// The library's rule (check_segment in providers/loop/fabric.cpp): a
+// segment is ours only if this user owns it and nobody else may touch it.
+// Returns an empty string, or why the file is refused.
+std::string refuse_reason(const struct stat &st)
+{
+	if (st.st_uid != geteuid())
+		return "belongs to uid " + std::to_string(st.st_uid) + ", not to this user";
+	if (!S_ISREG(st.st_mode))
+		return "is not a regular file";
+	if (st.st_mode & 077) {
+		char mode[8];
+		snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+		return std::string("has mode ") + mode + " (a segment must be 0600)";
+	}
+	return "";
+}
 
 // Reads the header only: the one part every ABI version agrees on.
 raw_segment read_header(const std::string &dir, const std::string &prefix, const std::string &file)
@@ -50,6 +69,15 @@ raw_segment read_header(const std::string &dir, const std::string &prefix, const
 		return s;
 	}
 	s.file_size = static_cast<uint64_t>(st.st_size);
+	std::string why = refuse_reason(st);
+	if (!why.empty()) {
+		// Not read: what another user wrote there means nothing.
+		s.status = seg_status::refused;
+		s.other_owner = st.st_uid != geteuid();
+		s.error = s.path + " " + why;
+		close(fd);
+		return s;
+	}
 	if (s.file_size < sizeof(sv_seg_hdr)) {
 		// Its creator has not sized it yet, or died before it did.
 		s.status = seg_status::initialising;
@@ -103,7 +131,13 @@ void read_registry(fabric_info &f)
 		return;
 	}
 	struct stat st;
-	if (fstat(fd, &st) < 0 || static_cast<size_t>(st.st_size) < sizeof(sv_registry)) {
+	if (fstat(fd, &st) < 0 || !refuse_reason(st).empty()) {
+		close(fd);
+		f.status = seg_status::refused;
+		f.error = f.path + " changed owner or mode since it was read";
+		return;
+	}
+	if (static_cast<size_t>(st.st_size) < sizeof(sv_registry)) {
 		close(fd);
 		f.status = seg_status::truncated;
 		f.error = f.path + " is smaller than a registry";
@@ -137,8 +171,12 @@ void read_registry(fabric_info &f)
 	}
 	for (unsigned i = 0; i < SV_MAX_PROCS; i++) {
 		const sv_lease &l = r->leases[i];
-		if (l.pid == 0)
+		if (l.pid == 0) {
+			if (l.last_pid)
+				f.leases.push_back(lease_info{i, l.last_pid, l.generation, 0, false,
+							      l.flags, true});
 			continue;
+		}
 		bool live = process_start_time(static_cast<pid_t>(l.pid)) == l.start_time;
 		f.leases.push_back(lease_info{i, l.pid, l.generation, l.start_time, live, l.flags});
 	}
@@ -214,6 +252,9 @@ std::vector<fabric_info> scan(const std::string &dir, const std::string *only)
 	for (auto &s : segs)
 		if (s.kind == seg_kind::registry)
 			registries.push_back(s.name);
+	// Another user's files are never read, so their kind is unknown; our
+	// own fabric names decide where they go.  One named like a registry
+	// stands for that fabric (the library refuses it too).
 	auto owner = [&](const std::string &name) -> std::string {
 		std::string best;
 		for (auto &r : registries)
@@ -231,6 +272,26 @@ std::vector<fabric_info> scan(const std::string &dir, const std::string *only)
 
 	std::map<std::string, fabric_info> fabrics;
 	for (auto &s : segs) {
+		if (s.other_owner) {
+			std::string fab = owner(s.name);
+			if (fab.empty()) {
+				size_t q = s.name.rfind("-q");
+				fab = q != std::string::npos && q > 0 ? s.name.substr(0, q) : s.name;
+			}
+			fabric_info &f = fabrics[fab];
+			if (f.name.empty()) {
+				f.name = fab;
+				f.path = dir + "/" + prefix + fab;
+				f.status = seg_status::refused;
+				f.error = "only segments of another user are left under this name";
+			}
+			if (s.name == fab) {
+				f.status = seg_status::refused;
+				f.error = s.error;
+			}
+			f.foreign_segments.push_back(s.path);
+			continue;
+		}
 		bool is_reg =
 		    std::find(registries.begin(), registries.end(), s.name) != registries.end() &&
 		    s.kind != seg_kind::object;
@@ -289,6 +350,14 @@ unsigned fabric_info::live_leases() const
 	unsigned n = 0;
 	for (auto &l : leases)
 		n += l.live;
+	return n;
+}
+
+unsigned fabric_info::exited_leases() const
+{
+	unsigned n = 0;
+	for (auto &l : leases)
+		n += !l.live && !l.closed;
 	return n;
 }
 
@@ -355,6 +424,8 @@ const char *status_name(seg_status s)
 		return "truncated";
 	case seg_status::unreadable:
 		return "unreadable";
+	case seg_status::refused:
+		return "refused";
 	}
 	return "?";
 }

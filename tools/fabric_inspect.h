@@ -26,6 +26,8 @@ enum class seg_status {
 	foreign,       // Bad magic or unknown kind
 	truncated,     // Header claims more bytes than the file holds
 	unreadable,    // open/read failed (error holds why)
+	refused,       // Another user's file, or one with group/other permission
+		       // bits: never read (the library refuses it as well)
 };
 
 struct port_info {
@@ -51,6 +53,9 @@ struct lease_info {
 	uint64_t start_time;
 	bool live; // pid exists and started at start_time
 	uint32_t flags; // sv_lease_flags: the copy paths this process used
+	// Released cleanly (its last context closed, or it exited): the slot is
+	// free, pid is the process that held it, flags what it used.
+	bool closed = false;
 };
 
 struct fabric_info {
@@ -62,13 +67,18 @@ struct fabric_info {
 	uint32_t creator_pid = 0;
 	uint64_t seg_size = 0;
 	std::vector<device_info> devices;
-	std::vector<lease_info> leases;		  // Slots in use, live or not
-	std::vector<std::string> object_segments; // Full paths of -* segments
+	std::vector<lease_info> leases;		  // Slots in use, live or not, and closed ones
+	std::vector<std::string> object_segments; // Full paths of -* segments (ours)
+	// Paths under this fabric's names that another user owns: not ours,
+	// never read, never removed (someone put them there beforehand).
+	std::vector<std::string> foreign_segments;
 	// Processes that map any of the fabric's segments, found in
 	// /proc/<pid>/maps; the layout-independent liveness check.
 	std::vector<pid_t> mappers;
 
 	unsigned live_leases() const;
+	// Leases of processes that ended without giving them back.
+	unsigned exited_leases() const;
 };
 
 // "softverbs-<uid>-" for this user.

@@ -22,7 +22,9 @@ const char kUsage[] =
     "\n"
     "Inspect and clean the shared-memory fabrics that softverbs' libibverbs.so.1\n"
     "creates in /dev/shm (one registry segment softverbs-<uid>-<fabric> per fabric,\n"
-    "plus per-object segments softverbs-<uid>-<fabric>-*).\n"
+    "plus per-object segments softverbs-<uid>-<fabric>-*).  A file under these\n"
+    "names that another user owns, or that grants group or other access, is\n"
+    "refused: never read, and never removed by clean.\n"
     "\n"
     "commands:\n"
     "  list                    fabrics of this user: ABI version, devices, processes\n"
@@ -102,8 +104,8 @@ int cmd_list(int argc, char **argv)
 			procs = std::to_string(live.size()) + " live";
 			if (!live.empty())
 				procs += " (" + pid_list(live) + ")";
-			size_t stale = f.leases.size() - live.size();
-			if (stale)
+			// Closed leases were given back cleanly: nothing to report.
+			if (unsigned stale = f.exited_leases())
 				procs += ", " + std::to_string(stale) + " exited";
 		} else {
 			procs = std::to_string(f.mappers.size()) + " mapping";
@@ -114,6 +116,9 @@ int cmd_list(int argc, char **argv)
 		if (!f.object_segments.empty())
 			state +=
 			    "; " + std::to_string(f.object_segments.size()) + " object segments";
+		if (!f.foreign_segments.empty())
+			state += "; " + std::to_string(f.foreign_segments.size()) +
+				 " segments of another user (refused)";
 		printf("%-20s %-4s %-24s %-28s %s\n", f.name.c_str(), abi.c_str(),
 		       devs.empty() ? "-" : join(devs, ",").c_str(), procs.c_str(), state.c_str());
 	}
@@ -153,14 +158,16 @@ int cmd_show(int argc, char **argv)
 		printf("  created by:  pid %u\n", f.creator_pid);
 	for (auto &s : f.object_segments)
 		printf("  object:      %s\n", s.c_str());
+	for (auto &s : f.foreign_segments)
+		printf("  not ours:    %s (another user's: refused)\n", s.c_str());
 	if (f.status != seg_status::ok) {
 		if (!f.mappers.empty())
 			printf("  mapped by:   pid %s\n", pid_list(f.mappers).c_str());
 		// Nothing past the header can be trusted: report and stop.
 		return f.status == seg_status::other_version ? 0 : 1;
 	}
-	printf("  leases:      %u live, %zu exited\n", f.live_leases(),
-	       f.leases.size() - f.live_leases());
+	printf("  leases:      %u live, %u exited, %zu closed\n", f.live_leases(),
+	       f.exited_leases(), f.leases.size() - f.live_leases() - f.exited_leases());
 	for (auto &l : f.leases) {
 		// Which copy path the process used to reach its peers' memory.
 		std::string path;
@@ -170,7 +177,8 @@ int cmd_show(int argc, char **argv)
 			path += " cross-memory-attach-refused";
 		if (l.flags & SV_LEASE_SERVICE_USED)
 			path += " service-copy";
-		printf("    slot %-3u pid %-8u %s%s%s\n", l.slot, l.pid, l.live ? "live" : "exited",
+		printf("    slot %-3u pid %-8u %s%s%s\n", l.slot, l.pid,
+		       l.live ? "live" : l.closed ? "closed" : "exited",
 		       path.empty() ? "" : "  data path:", path.c_str());
 	}
 	for (auto &d : f.devices) {
@@ -236,7 +244,14 @@ int cmd_clean(int argc, char **argv)
 		       name.c_str(), f.abi_version, SV_ABI_VERSION);
 	int ret = 0;
 	std::vector<std::string> paths = f.object_segments;
-	paths.push_back(f.path);
+	if (std::find(f.foreign_segments.begin(), f.foreign_segments.end(), f.path) ==
+	    f.foreign_segments.end())
+		paths.push_back(f.path);
+	for (auto &p : f.foreign_segments) {
+		fprintf(stderr, "softverbs: leaving %s alone: it belongs to another user\n",
+			p.c_str());
+		ret = 1;
+	}
 	unsigned removed = 0;
 	for (auto &p : paths) {
 		if (unlink(p.c_str()) == 0) {

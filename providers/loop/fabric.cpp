@@ -224,14 +224,25 @@ int fabric::open(const config &cfg, fabric *&out, std::string &error)
 	int fd = shm_open(f->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	int ret;
 	if (fd >= 0) {
-		ret = f->init_new(fd, error);
+		// 0600 whatever the umask: every opener insists on it.
+		ret = fchmod(fd, 0600) < 0 ? errno : 0;
+		if (ret) {
+			error = "cannot set the mode of fabric segment: " + std::string(strerror(ret));
+			shm_unlink(f->path_.c_str());
+		} else {
+			ret = f->init_new(fd, error);
+		}
 	} else if (errno == EEXIST) {
-		fd = shm_open(f->path_.c_str(), O_RDWR | O_CLOEXEC, 0600);
+		fd = shm_open(f->path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
 		if (fd < 0) {
+			int err = errno;
 			error = "cannot open fabric segment /dev/shm" + f->path_ + ": " +
-				strerror(errno);
+				strerror(err) +
+				(err == EACCES ? " (it belongs to another user?  Use another "
+						 "SOFTVERBS_FABRIC)"
+					       : "");
 			delete f;
-			return errno;
+			return err;
 		}
 		ret = f->attach(fd, error);
 	} else {
@@ -303,9 +314,13 @@ int fabric::attach(int fd, std::string &error)
 		}
 		usleep(1000);
 	}
-	if (st.st_uid != getuid()) {
-		error = "fabric segment /dev/shm" + path_ + " belongs to another user";
-		return EPERM;
+	// Owner and mode before it is mapped: a registry another user created
+	// (or could write) is refused, never used.
+	std::string why;
+	if (int e = check_segment(fd, sizeof(sv_seg_hdr), SIZE_MAX, why)) {
+		error = "fabric segment /dev/shm" + path_ + " refused: " + why +
+			"; use another SOFTVERBS_FABRIC, or remove it if it is yours";
+		return e;
 	}
 	void *p = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
@@ -552,8 +567,7 @@ void fabric::reap_locked(int slot)
 		sv_obj_rec &o = reg_->objs[i];
 		if (!o.in_use || !owned(o.owner_lease, o.owner_gen))
 			continue;
-		std::string name = path_ + "-q" + std::to_string(i) + "." + std::to_string(o.generation);
-		shm_unlink(name.c_str());
+		shm_unlink(object_segment_name(path_, i, o.generation, object_nonce(o)).c_str());
 		o.in_use = 0;
 	}
 	for (auto &m : reg_->mcast) {
@@ -619,9 +633,70 @@ int fabric::lease()
 	l.pid = pid;
 	l.start_time = start;
 	l.generation = ++reg_->lease_generation;
+	l.flags = 0; // What a previous holder of the slot did is not ours
+	l.last_pid = 0;
+	l.svc_obj = 0;
+	l.svc_gen = 0;
 	memset(reg_->usage[free_slot], 0, sizeof(reg_->usage[free_slot]));
 	lease_slot_ = free_slot;
 	return free_slot;
+}
+
+std::string object_segment_name(const std::string &registry_path, uint32_t slot, uint32_t gen,
+				uint64_t nonce)
+{
+	char tail[64];
+	snprintf(tail, sizeof(tail), "-q%u.%u.%016llx", slot, gen,
+		 static_cast<unsigned long long>(nonce));
+	return registry_path + tail;
+}
+
+int check_segment(int fd, size_t min_size, size_t max_size, std::string &why)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		why = std::string("fstat failed: ") + strerror(errno);
+		return errno;
+	}
+	if (st.st_uid != geteuid()) {
+		why = "it belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
+		      std::to_string(geteuid()) + "): another user created it";
+		return EPERM;
+	}
+	if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+		char mode[16];
+		snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+		why = std::string("its mode is ") + mode +
+		      ", a segment must be a regular file with mode 0600";
+		return EPERM;
+	}
+	auto size = static_cast<uint64_t>(st.st_size);
+	if (size < min_size || size > max_size) {
+		why = "its size " + std::to_string(size) + " is not that of a segment (" +
+		      std::to_string(min_size) + " to " + std::to_string(max_size) + " bytes)";
+		return EPROTO;
+	}
+	return 0;
+}
+
+void fabric::release_lease()
+{
+	if (lease_slot_ < 0)
+		return;
+	{
+		registry_guard g(*this);
+		sv_lease &l = reg_->leases[lease_slot_];
+		auto pid = static_cast<uint32_t>(getpid());
+		if (l.pid == pid) {
+			// Everything the lease still owns goes as a dead process's
+			// would; the slot keeps its pid and flags for the tools.
+			reap_locked(lease_slot_);
+			l.svc_obj = 0;
+			l.svc_gen = 0;
+			l.last_pid = pid;
+		}
+	}
+	lease_slot_ = -1;
 }
 
 int process_fabric(fabric *&out, std::string &error)

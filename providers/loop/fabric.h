@@ -41,6 +41,10 @@ public:
 
 	// Takes a lease for this process (idempotent) and returns its slot.
 	int lease();
+	// Gives the lease back when the process's last context closes, or at
+	// exit: frees what it still owns (QP numbers, keys, queue objects, with
+	// their segments unlinked) and the slot.  A later lease() takes a new one.
+	void release_lease();
 
 	// Whether the process holding lease slot `slot` at generation `gen` still
 	// runs (pid alive with the same start time).
@@ -87,5 +91,19 @@ private:
 
 // The fabric of this process's configuration (opened once).
 int process_fabric(fabric *&out, std::string &error);
+
+// The checks every opener makes with fstat before it maps a segment: it
+// belongs to this user, grants nothing to group or other (a segment anyone
+// else could have created or could write is not ours), is a regular file,
+// and holds between min_size and max_size bytes.  Returns 0, or EPERM (owner
+// or mode) or EPROTO (size) with why set.
+int check_segment(int fd, size_t min_size, size_t max_size, std::string &why);
+// A queue object's segment: <registry>-q<slot>.<gen>.<nonce as 16 hex digits>.
+std::string object_segment_name(const std::string &registry_path, uint32_t slot, uint32_t gen,
+				uint64_t nonce);
+inline uint64_t object_nonce(const sv_obj_rec &o)
+{
+	return static_cast<uint64_t>(o.nonce[1]) << 32 | o.nonce[0];
+}
 
 } // namespace loop

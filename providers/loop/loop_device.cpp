@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -99,16 +100,68 @@ int open_async_socket()
 	return fd;
 }
 
+// This process's open contexts.  When the last one closes, the service
+// segment and the lease are given back, so a process that closed its device
+// leaves nothing in /dev/shm; at exit, whatever it still holds is.  pid tells
+// a forked child (which inherits the count, the atexit handler and the
+// parent's fabric object) from the process that opened them: a child never
+// releases its parent's lease or segments.
+struct process_contexts {
+	std::mutex m;
+	pid_t pid = 0;
+	int open = 0;
+	fabric *fab = nullptr;
+};
+
+process_contexts &contexts()
+{
+	// Never destroyed: the exit handler may run after static destructors.
+	static auto *p = new process_contexts;
+	return *p;
+}
+
+void release_at_exit()
+{
+	process_contexts &p = contexts();
+	std::lock_guard<std::mutex> g(p.m);
+	if (p.pid != getpid() || !p.fab)
+		return;
+	// No join and no unmap here: other threads may still run.  Releasing
+	// the lease unlinks every segment it owns, the service segment too.
+	p.fab->release_lease();
+}
+
+// Counts a new context; called with contexts().m held.
+void context_opened(fabric *fab)
+{
+	process_contexts &p = contexts();
+	if (p.pid != getpid()) {
+		static std::once_flag once;
+		std::call_once(once, [] { atexit(release_at_exit); });
+		p.pid = getpid();
+		p.open = 0;
+	}
+	p.fab = fab;
+	p.open++;
+}
+
 void loop_free_context(ibv_context *ctx)
 {
 	loop_context *lctx = to_loop_context(ctx);
+	process_contexts &p = contexts();
+	std::lock_guard<std::mutex> g(p.m);
 	if (!lctx->imported_from)
 		objects_remove(kObjCtx, lctx->identity);
 	if (lctx->async_fd >= 0)
 		close(lctx->async_fd);
+	fabric *fab = lctx->fab;
 	verbs_uninit_context(&lctx->vctx);
 	lctx->~loop_context();
 	free(lctx);
+	if (p.pid == getpid() && p.open > 0 && --p.open == 0 && fab) {
+		service_stop();
+		fab->release_lease();
+	}
 }
 
 int loop_get_async_event(ibv_context *ctx, ibv_async_event *event)
@@ -260,6 +313,9 @@ loop_context *new_context(ibv_device *ibdev, int cmd_fd)
 		errno = ENODEV;
 		return nullptr;
 	}
+	// Held to the end: a last context closing in another thread must not
+	// release the lease this one is about to use.
+	std::lock_guard<std::mutex> opening(contexts().m);
 	int lease = fab->lease();
 	if (lease < 0) {
 		report_once("fabric '" + fab->cfg().fabric + "' has no free process slot (at most " +
@@ -306,6 +362,7 @@ loop_context *new_context(ibv_device *ibdev, int cmd_fd)
 		memcpy(lctx->async_addr, sa.sun_path, lctx->async_len);
 	}
 	verbs_set_ops(&lctx->vctx, &loop_ctx_ops);
+	context_opened(fab);
 	return lctx;
 }
 

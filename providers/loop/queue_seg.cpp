@@ -4,10 +4,14 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <mutex>
+#include <set>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <unordered_map>
@@ -25,6 +29,47 @@ struct cached_map {
 std::mutex g_map_lock;
 std::unordered_map<uint32_t, cached_map> g_maps; // slot -> mapping
 
+// The largest queue segment anyone makes: a CQ of the most entries with its
+// payload array, with room to spare.  A bigger file is not one of ours.
+constexpr size_t kMaxQueueBytes = size_t(1) << 32;
+// Names tried before queue_create gives up: each try has a fresh nonce, so
+// only someone who fills /dev/shm with every name could exhaust them.
+constexpr int kNameTries = 16;
+
+// 64 random bits for a segment's name, never 0.  No fallback to anything
+// guessable: without getrandom (or /dev/urandom) no segment is created.
+int random_nonce(uint64_t &out)
+{
+	uint64_t v = 0;
+	ssize_t n = getrandom(&v, sizeof(v), 0);
+	if (n != static_cast<ssize_t>(sizeof(v))) {
+		int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			return errno ? errno : EIO;
+		n = read(fd, &v, sizeof(v));
+		close(fd);
+		if (n != static_cast<ssize_t>(sizeof(v)))
+			return EIO;
+	}
+	out = v ? v : 1;
+	return 0;
+}
+
+void set_nonce(sv_obj_rec &o, uint64_t n)
+{
+	o.nonce[0] = static_cast<uint32_t>(n);
+	o.nonce[1] = static_cast<uint32_t>(n >> 32);
+}
+
+bool debug_on()
+{
+	static const bool on = [] {
+		const char *s = getenv("SOFTVERBS_DEBUG");
+		return s && *s && strcmp(s, "0") != 0;
+	}();
+	return on;
+}
+
 } // namespace
 
 size_t queue_bytes(uint32_t header_size, uint32_t entries, uint32_t entry_size)
@@ -35,7 +80,21 @@ size_t queue_bytes(uint32_t header_size, uint32_t entries, uint32_t entry_size)
 
 std::string queue_name(const fabric &fab, const obj_ref &ref)
 {
-	return fab.segment_path() + "-q" + std::to_string(ref.slot) + "." + std::to_string(ref.gen);
+	const sv_obj_rec &o = fab.reg()->objs[ref.slot % SV_MAX_OBJS];
+	return object_segment_name(fab.segment_path(), ref.slot, ref.gen, object_nonce(o));
+}
+
+void report_refused(const std::string &path, const std::string &why)
+{
+	static std::mutex m;
+	static std::set<std::string> said; // The reason's first words: one line per kind
+	std::string kind = why.substr(0, 8);
+	{
+		std::lock_guard<std::mutex> g(m);
+		if (!said.insert(kind).second && !debug_on())
+			return;
+	}
+	fprintf(stderr, "softverbs: refusing segment /dev/shm%s: %s\n", path.c_str(), why.c_str());
 }
 
 void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
@@ -43,6 +102,11 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 		   size_t extra_bytes)
 {
 	sv_registry *r = fab.reg();
+	uint64_t nonce = 0;
+	if (int e = random_nonce(nonce)) {
+		errno = e;
+		return nullptr;
+	}
 	{
 		registry_guard g(fab);
 		uint32_t slot = SV_MAX_OBJS;
@@ -63,28 +127,50 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 		o.kind = kind;
 		o.srq_num = 0;
 		o.xrcd = 0;
+		set_nonce(o, nonce);
 		ref.slot = slot;
 		ref.gen = o.generation;
 	}
-	std::string name = queue_name(fab, ref);
 	size_t bytes = queue_bytes(header_size, entries, entry_size) +
 		       ((extra_bytes + 4095) & ~size_t(4095));
-	int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	void *p = MAP_FAILED;
+	// O_EXCL under a name nobody could guess: a file that is already there
+	// was put there by someone else (another user, with protected_regular
+	// giving EACCES, or without it EEXIST), and is never opened.  No peer
+	// knows the object yet, so the nonce may still change.
+	std::string name;
+	int fd = -1;
 	int err = 0;
-	if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) < 0)
+	for (int tries = 0;; tries++) {
+		name = object_segment_name(fab.segment_path(), ref.slot, ref.gen, nonce);
+		fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			break;
 		err = errno;
-	else
+		if ((err != EEXIST && err != EACCES) || tries + 1 >= kNameTries)
+			break;
+		report_refused(name, "the name is taken already (" + std::string(strerror(err)) +
+					     "); trying another");
+		if ((err = random_nonce(nonce)))
+			break;
+		registry_guard g(fab);
+		set_nonce(r->objs[ref.slot], nonce);
+	}
+	void *p = MAP_FAILED;
+	// The umask may have taken the owner's bits: peers open it read-write.
+	if (fd >= 0 && (fchmod(fd, 0600) < 0 || ftruncate(fd, static_cast<off_t>(bytes)) < 0))
+		err = errno;
+	else if (fd >= 0)
 		p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (!err && p == MAP_FAILED)
+	if (fd >= 0 && !err && p == MAP_FAILED)
 		err = errno;
 	if (fd >= 0)
 		close(fd);
-	if (err) {
-		shm_unlink(name.c_str());
+	if (fd < 0 || err) {
+		if (fd >= 0)
+			shm_unlink(name.c_str()); // Ours: created above with O_EXCL
 		registry_guard g(fab);
 		r->objs[ref.slot].in_use = 0;
-		errno = err;
+		errno = err ? err : EIO;
 		return nullptr;
 	}
 	auto *h = static_cast<sv_queue_hdr *>(p);
@@ -159,11 +245,19 @@ void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 		munmap(it->second.addr, it->second.size);
 		g_maps.erase(it);
 	}
-	int fd = shm_open(queue_name(fab, ref).c_str(), O_RDWR | O_CLOEXEC, 0600);
+	std::string name = queue_name(fab, ref);
+	int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return nullptr;
+	// Owner, mode and size before anything is mapped.
+	std::string why;
+	if (check_segment(fd, sizeof(sv_queue_hdr), kMaxQueueBytes, why)) {
+		close(fd);
+		report_refused(name, why);
+		return nullptr;
+	}
 	struct stat st;
-	if (fstat(fd, &st) < 0 || static_cast<size_t>(st.st_size) < sizeof(sv_queue_hdr)) {
+	if (fstat(fd, &st) < 0) {
 		close(fd);
 		return nullptr;
 	}
@@ -189,7 +283,7 @@ void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 			  SV_SEG_READY &&
 		  h->seg.magic == SV_SEG_MAGIC && h->seg.abi_version == SV_ABI_VERSION &&
 		  h->seg.kind == SV_SEG_QUEUE && h->kind == static_cast<uint32_t>(kind) &&
-		  h->seg.seg_size == size &&
+		  h->seg.seg_size == size && h->obj_slot == ref.slot && h->obj_gen == ref.gen &&
 		  (kind != SV_OBJ_CQ || size >= sizeof(sv_cq_ring)) &&
 		  ((kind != SV_OBJ_RQ && kind != SV_OBJ_SRQ) ||
 		   (size >= sizeof(sv_rq_ring) && geom.slots_offset >= sizeof(sv_rq_ring) &&
@@ -203,6 +297,8 @@ void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 	ok = ok && queue_geom_valid(geom);
 	if (!ok) {
 		munmap(p, size);
+		report_refused(name, "its header is not that of a valid queue (a damaged or "
+				     "foreign segment)");
 		return nullptr;
 	}
 	queue_geom_register(p, geom);

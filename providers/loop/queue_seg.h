@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
-// Queue segments: a CQ ring, RQ or SRQ in its own /dev/shm segment, created
-// by its owner and mapped by any process that delivers into it.
+// Queue segments: a CQ ring, RQ, SRQ or service ring in its own /dev/shm
+// segment, created by its owner (O_EXCL, under a name with a random nonce)
+// and mapped by any process that delivers into it, after fstat checks.
 #pragma once
 
 #include "fabric.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace loop {
 
@@ -31,7 +33,12 @@ void queue_destroy(fabric &fab, const obj_ref &ref, void *map);
 void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind);
 
 size_t queue_bytes(uint32_t header_size, uint32_t entries, uint32_t entry_size);
+// The segment of a live object: <registry>-q<slot>.<gen>.<nonce>, the nonce
+// read from the object's record (the caller knows the record is current).
 std::string queue_name(const fabric &fab, const obj_ref &ref);
+// Reports a refused segment on stderr, once per process per reason kind (and
+// every time under SOFTVERBS_DEBUG).
+void report_refused(const std::string &path, const std::string &why);
 
 inline uint32_t round_pow2(uint32_t v)
 {

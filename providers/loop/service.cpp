@@ -14,6 +14,7 @@
 #include <cstring>
 #include <linux/futex.h>
 #include <mutex>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <thread>
@@ -41,14 +42,22 @@ std::atomic_ref<uint32_t> word(uint32_t &w)
 	return std::atomic_ref<uint32_t>(w);
 }
 
+constexpr long kStopPollNs = 100000000; // The serving thread looks at `stop` this often
+
 struct service {
 	fabric *fab = nullptr;
 	uint32_t lease = 0;
 	obj_ref ref;
 	sv_svc_ring *ring = nullptr;
 	std::vector<uint32_t> my_mrs; // Cache of MR slots this process owns
+	std::atomic<bool> stop{false};
+	pthread_t thread{};
+	bool running = false; // thread is ours to join (not a forked parent's)
 };
 
+// One per process, reused across start and stop: service_xfer() and
+// service_note() read fab and lease without the lock, so the object itself
+// never goes away.
 service *g_service;
 pid_t g_service_pid; // A forked child has the pointer but not the thread
 std::mutex g_service_lock;
@@ -86,9 +95,14 @@ void serve(service *s)
 {
 	sv_svc_ring *r = s->ring;
 	for (;;) {
+		if (s->stop.load(std::memory_order_acquire))
+			return;
 		uint32_t st = word(r->state).load(std::memory_order_acquire);
 		if (st != SV_SVC_POSTED) {
-			futex(&r->state, FUTEX_WAIT, st, nullptr);
+			// Bounded: a stop request's wake-up may come just before
+			// the wait, and the state word is the peers', not ours.
+			timespec ts{0, kStopPollNs};
+			futex(&r->state, FUTEX_WAIT, st, &ts);
 			continue;
 		}
 		uint64_t addr = r->addr, len = r->len;
@@ -186,34 +200,74 @@ int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, ui
 	return status == 0 || status == EFAULT ? static_cast<int>(status) : EIO;
 }
 
+void *serve_thread(void *arg)
+{
+	serve(static_cast<service *>(arg));
+	return nullptr;
+}
+
 } // namespace
 
 int service_start(fabric &fab, uint32_t lease)
 {
 	std::lock_guard<std::mutex> g(g_service_lock);
-	if (g_service && g_service_pid == getpid())
+	if (g_service && g_service_pid == getpid() && g_service->running)
 		return 0;
-	auto *s = new service;
+	if (!g_service)
+		g_service = new service;
+	service *s = g_service;
+	if (g_service_pid != getpid()) {
+		// A forked child: the parent's thread is not here and its segment
+		// is the parent's to remove.  Start afresh.
+		s->running = false;
+		s->ring = nullptr;
+		s->my_mrs.clear();
+	}
+	g_service_pid = getpid();
 	s->fab = &fab;
 	s->lease = lease;
+	s->stop.store(false, std::memory_order_relaxed);
 	void *map = queue_create(fab, static_cast<int>(lease), SV_OBJ_SVC, 1, 64,
 				 static_cast<uint32_t>(sizeof(sv_svc_ring)), 0, s->ref);
-	if (!map) {
-		int e = errno;
-		delete s;
+	if (!map)
+		return errno;
+	s->ring = static_cast<sv_svc_ring *>(map);
+	if (int e = pthread_create(&s->thread, nullptr, serve_thread, s)) {
+		queue_destroy(fab, s->ref, map);
+		s->ring = nullptr;
 		return e;
 	}
-	s->ring = static_cast<sv_svc_ring *>(map);
-	{
-		registry_guard rg(fab);
-		sv_lease &l = fab.reg()->leases[lease];
-		l.svc_obj = s->ref.slot;
-		l.svc_gen = s->ref.gen;
-	}
-	std::thread(serve, s).detach();
-	g_service = s;
-	g_service_pid = getpid();
+	s->running = true;
+	registry_guard rg(fab);
+	sv_lease &l = fab.reg()->leases[lease];
+	l.svc_obj = s->ref.slot;
+	l.svc_gen = s->ref.gen;
 	return 0;
+}
+
+void service_stop()
+{
+	std::lock_guard<std::mutex> g(g_service_lock);
+	service *s = g_service;
+	if (!s || g_service_pid != getpid() || !s->running)
+		return;
+	s->stop.store(true, std::memory_order_release);
+	futex(&s->ring->state, FUTEX_WAKE, INT_MAX, nullptr);
+	pthread_join(s->thread, nullptr);
+	s->running = false;
+	{
+		registry_guard rg(*s->fab);
+		sv_lease &l = s->fab->reg()->leases[s->lease];
+		if (l.svc_obj == s->ref.slot && l.svc_gen == s->ref.gen) {
+			l.svc_obj = 0;
+			l.svc_gen = 0;
+		}
+	}
+	// Unlinked and unmapped: a peer that still has it mapped keeps its own
+	// mapping, and finds this process's lease gone when its wait times out.
+	queue_destroy(*s->fab, s->ref, s->ring);
+	s->ring = nullptr;
+	s->my_mrs.clear();
 }
 
 bool service_forced()

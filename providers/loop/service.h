@@ -11,8 +11,13 @@
 
 namespace loop {
 
-// Creates this process's service segment and thread (once).  0 or an errno.
+// Creates this process's service segment and thread (once; again after
+// service_stop).  0 or an errno.
 int service_start(fabric &fab, uint32_t lease);
+// Stops the thread and destroys the segment (unlinked, unmapped, its object
+// slot freed): when the process's last context closes.  A forked child never
+// stops its parent's service.
+void service_stop();
 // Whether SOFTVERBS_CMA=0 asks for the service path everywhere.
 bool service_forced();
 // Moves bytes between local[] and the peer pid's memory at remote[] through
