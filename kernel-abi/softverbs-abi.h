@@ -118,7 +118,6 @@ struct sv_lease {
 			      cleanly (its last context closed, or it exited);
 			      kept with flags so tools can show what it used */
 };
-
 SV_STATIC_ASSERT(sizeof(struct sv_lease) == 32, "lease size");
 
 /*
@@ -272,7 +271,6 @@ struct sv_obj_rec {
 	uint32_t pdn;	  /* SRQs: the PD their receive lkeys belong to */
 	uint32_t nonce[2]; /* Random part of the segment's name (low, high word);
 			      set before the object is published, never 0 */
-
 };
 SV_STATIC_ASSERT(sizeof(struct sv_obj_rec) == 48, "object record size");
 
