@@ -1297,7 +1297,11 @@ static void sc_query_modify(void)
 {
 	struct pair p;
 	pair_open(&p);
-	struct svt_qpopt o = {IBV_QPT_RC, p.acq, p.bcq, NULL, 0, 20, 30, 3, 48};
+	/* Send and receive CQs apart, both of qa's context (a CQ of another
+	 * context is EINVAL, as with the kernel's handles). */
+	struct ibv_cq *arcq = ibv_create_cq(p.a.ctx, 64, NULL, NULL, 0);
+	CHECK(arcq);
+	struct svt_qpopt o = {IBV_QPT_RC, p.acq, arcq, NULL, 0, 20, 30, 3, 48};
 	p.qa = svt_qp(&p.a, &o);
 	o.scq = o.rcq = p.bcq;
 	p.qb = svt_qp(&p.b, &o);
@@ -1308,7 +1312,7 @@ static void sc_query_modify(void)
 	CHECK(ia.cap.max_send_wr >= 20 && ia.cap.max_recv_wr >= 30);
 	CHECK(ia.cap.max_send_sge >= 3 && ia.cap.max_recv_sge >= 3);
 	CHECK(ia.cap.max_inline_data >= 48);
-	CHECK(ia.send_cq == p.acq && ia.recv_cq == p.bcq);
+	CHECK(ia.send_cq == p.acq && ia.recv_cq == arcq);
 	CHECK_EQ(ia.qp_type, IBV_QPT_RC);
 
 	/* RESET->INIT without PORT: EINVAL, state unchanged */
