@@ -51,6 +51,7 @@ REGIONS = [
     ("registry", "obj_records"),
     ("registry", "mr_records"),
     ("registry", "mcast"),
+    ("registry", "atomic_locks"),
     ("cq", "header"),
     ("cq", "prod_cons"),
     ("cq", "slots"),
@@ -170,6 +171,7 @@ def garbage(rng, n):
     if pick == 1:
         return bytes(rng.randrange(256) for _ in range(n))
     if pick == 2:
+        # 1 is init: a pid that is always alive
         return b"".join(rng.choice([0, 1, 7, 64, 4096, 0x7fffffff]).to_bytes(4, "little")
                         for _ in range((n + 3) // 4))[:n]
     return (rng.getrandbits(64) | (1 << 62)).to_bytes(8, "little")[:n].ljust(n, b"\0")
@@ -199,6 +201,8 @@ def targets(fabric, seg, region, info):
                     t.append((reg, L["reg.mrs"] + slot * L["mr.size"], L["mr.size"]))
         elif region == "mcast":
             t.append((reg, L["reg.mcast"], L["mcast.size"] * 4))
+        elif region == "atomic_locks":
+            t.append((reg, L["reg.atomic_locks"], 4 * L["atomic_locks"]))
         return t
     kind = {"cq": L["OBJ_CQ"], "rq": L["OBJ_RQ"], "srq": L["OBJ_SRQ"], "svc": L["OBJ_SVC"]}[seg]
     for path, h in queue_segments(fabric, kind):

@@ -1111,16 +1111,29 @@ atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
 	word_ = &fab.reg()->atomic_locks[(h >> 20) % SV_ATOMIC_LOCKS];
 	auto me = static_cast<uint32_t>(getpid());
 	std::atomic_ref<uint32_t> w(*word_);
+	uint32_t seen = 0;
+	uint64_t since = 0;
 	for (uint64_t spins = 0;; spins++) {
 		uint32_t expect = 0;
 		if (w.compare_exchange_weak(expect, me, std::memory_order_acquire))
 			return;
-		if ((spins & 0xffff) == 0xffff && expect && kill(static_cast<pid_t>(expect), 0) &&
-		    errno == ESRCH) {
-			// The holder died inside its few instructions of critical section.
-			if (w.compare_exchange_strong(expect, me, std::memory_order_acquire))
-				return;
+		// The word is in shared memory: a value no pid can have is a stray
+		// write, taken over at once.  A holder stays inside for two word
+		// copies; one that died, or a value that has named the same process
+		// for 2 s (a stray write naming a live process, or a holder stopped
+		// in a debugger) is taken over too: never a wait without end.
+		bool broken = expect >= (1u << 22);
+		if (!broken && (spins & 0xfff) == 0xfff) {
+			uint64_t now = now_ns();
+			if (expect != seen) {
+				seen = expect;
+				since = now;
+			}
+			broken = (kill(static_cast<pid_t>(expect), 0) && errno == ESRCH) ||
+				 now - since > 2000000000ULL;
 		}
+		if (broken && w.compare_exchange_strong(expect, me, std::memory_order_acquire))
+			return;
 		if (spins > 64)
 			sched_yield();
 	}

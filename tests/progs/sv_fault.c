@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The victim of pyverbs-tests/test_fault_injection.py: two processes (forked
  * before either touches verbs) exchange checked SENDs and WRITEs over RC
- * while the test writes garbage into the fabric's shared memory.
+ * (and fetch-and-adds) while the test writes garbage into the fabric's
+ * shared memory.
  *
  *   sv_fault SECONDS [srq]
  *
@@ -93,7 +94,9 @@ static int run(int me, int seconds, int use_srq)
 		if (svt_now_ms() > end)
 			FAIL("peer never came up");
 	int peer = 1 - me;
-	struct svt_conn c = {IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, 20, 14, 7, 6};
+	struct svt_conn c = {IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				     IBV_ACCESS_REMOTE_ATOMIC,
+			     20, 14, 7, 6};
 	svt_connect(qp, fb->qpn[peer], fb->lid[peer], &c);
 	for (int i = 0; i < NRECV; i++) {
 		struct ibv_sge s = svt_sge(rmr, (size_t)i * SLOT, SLOT);
@@ -125,9 +128,13 @@ static int run(int me, int seconds, int use_srq)
 			struct ibv_sge s = svt_sge(smr, off, len);
 			int r;
 			if (next_seq % 4 == 3) {
-				/* A WRITE first (unsignaled), then the SEND. */
-				struct ibv_send_wr w2, sw, *bad;
+				/* A WRITE first (unsignaled), every other time a
+				 * fetch-and-add (unsignaled, into the end of the slot:
+				 * the fabric's atomic locks are taken), then the SEND. */
+				struct ibv_send_wr w2, aw, sw, *bad;
+				struct ibv_sge as = svt_sge(smr, off + SLOT - 8, 8);
 				memset(&w2, 0, sizeof(w2));
+				memset(&aw, 0, sizeof(aw));
 				memset(&sw, 0, sizeof(sw));
 				w2.wr_id = 1;
 				w2.opcode = IBV_WR_RDMA_WRITE;
@@ -136,6 +143,18 @@ static int run(int me, int seconds, int use_srq)
 				w2.wr.rdma.remote_addr = fb->waddr[peer] + (next_seq % 16) * 2048;
 				w2.wr.rdma.rkey = fb->wrkey[peer];
 				w2.next = &sw;
+				if (next_seq % 8 == 7) {
+					aw.wr_id = 2;
+					aw.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+					aw.sg_list = &as;
+					aw.num_sge = 1;
+					aw.wr.atomic.remote_addr =
+						fb->waddr[peer] + WRITE_AREA - 8 * (1 + next_seq % 64);
+					aw.wr.atomic.rkey = fb->wrkey[peer];
+					aw.wr.atomic.compare_add = 1;
+					aw.next = &sw;
+					w2.next = &aw;
+				}
 				sw.wr_id = 1u << 31 | next_seq;
 				sw.opcode = IBV_WR_SEND;
 				sw.sg_list = &s;

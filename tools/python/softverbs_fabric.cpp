@@ -102,6 +102,7 @@ PYBIND11_MODULE(softverbs_fabric, m)
 		    SVF_OFF("reg.lock", sv_registry, lock);
 		    SVF_OFF("reg.leases", sv_registry, leases);
 		    SVF_OFF("reg.mcast", sv_registry, mcast);
+		    SVF_OFF("reg.atomic_locks", sv_registry, atomic_locks);
 		    SVF_OFF("reg.objs", sv_registry, objs);
 		    SVF_OFF("reg.qps", sv_registry, qps);
 		    SVF_OFF("reg.mrs", sv_registry, mrs);
@@ -144,6 +145,7 @@ PYBIND11_MODULE(softverbs_fabric, m)
 #undef SVF_SIZE
 		    d["max_procs"] = SV_MAX_PROCS;
 		    d["max_mcast"] = SV_MAX_MCAST;
+		    d["atomic_locks"] = SV_ATOMIC_LOCKS;
 		    d["max_objs"] = SV_MAX_OBJS;
 		    d["max_qps"] = SV_MAX_QPS;
 		    d["max_mrs"] = SV_MAX_MRS;
