@@ -248,6 +248,9 @@ def test_second_user_can_neither_take_nor_deny_the_rings(build_dir, env, fabric,
             scribbler.communicate()
     assert scribbler.returncode == 0, err
     seen = json.loads(out)
+    # It did see the victim's segments (the registry at least, and rings
+    # while the traffic ran), and could open none of them.
+    assert seen["tried"] > 1, seen
     assert seen["opened"] == [], f"the attacker opened the victim's segments: {seen}"
     untouched(made)
     # Nothing of the victim's is named as the attacker guessed, and the
