@@ -82,10 +82,12 @@ def test_bidir_mixed_sizes_window(stress, env, cqs):
     run(stress, env, "bidir", "-w", 8, *cqs)
 
 
-def test_resize_under_producer(stress, env):
-    """ibv_resize_cq grows and shrinks the receive CQ (at least 20 times)
-    while the other process produces into it: no completion lost or doubled."""
-    st = run(stress, env, "resize", "-w", 8)
+@pytest.mark.parametrize("args", [["-w", 8], ["-w", 2, "-R", 8]], ids=["w8-every50", "w2-every8"])
+def test_resize_under_producer(stress, env, args):
+    """ibv_resize_cq grows and shrinks the receive CQ (at least 20 times;
+    every 50 or every 8 receive completions) while the other process
+    produces into it: no completion lost, doubled or reordered."""
+    st = run(stress, env, "resize", *args)
     receiver = [s for s in st if s["proc"] == 0][0]
     assert receiver["resizes"] >= 20 and receiver["recvd"] == receiver["expected"] > 0, st
 

@@ -3,7 +3,7 @@
  * checked (driven by pyverbs-tests/test_stress.py).
  *
  *   sv_stress SCENARIO [-t ms] [-s bytes] [-w window] [-n senders] [-x] [-S seed]
- *                      [-d dev] [-H] [-F corrupt|skip] [-N bytes]
+ *                      [-d dev] [-H] [-F corrupt|skip] [-N bytes] [-R n]
  *
  *   bidir        two processes SEND to each other at once, receive buffers
  *                reposted after each completion; one CQ for send and
@@ -11,7 +11,8 @@
  *                cycle through 8 B .. 64 KiB; -w sends in flight (1: "send,
  *                wait for its completion")
  *   resize       the receiver grows and shrinks its receive CQ with
- *                ibv_resize_cq while the other process produces into it
+ *                ibv_resize_cq (every -R receive completions, default 50)
+ *                while the other process produces into it
  *   srq          -n senders (default 4), each on its own RC QP, into one SRQ
  *   order-write  WRITE then SEND a notice (-N bytes, default 16): when the
  *                notice's completion is polled the WRITE's bytes must all
@@ -36,9 +37,10 @@ static struct {
 	int ms;
 	uint32_t size;
 	int window, senders, separate, hold;
-	int fault;	 /* the checker's self-test: FAULT_* */
-	uint32_t notice; /* bytes of order-write's notice SEND */
-} opt = {"loop0", 2000, 0, 1, 4, 0, 0, 0, 16};
+	int fault;	  /* the checker's self-test: FAULT_* */
+	uint32_t notice;  /* bytes of order-write's notice SEND */
+	int resize_every; /* resize: receive completions between two resizes */
+} opt = {"loop0", 2000, 0, 1, 4, 0, 0, 0, 16, 50};
 
 /* Faults a sender injects on purpose (-F), to show the checks fail */
 enum { FAULT_NONE, FAULT_CORRUPT, FAULT_SKIP };
@@ -382,7 +384,7 @@ static void child_resize(int me)
 	if (me == 1) {
 		sendq_run_sender(&q, peer, 0, stop_on_flag);
 	} else {
-		q.resize_every = 50;
+		q.resize_every = (uint64_t)opt.resize_every;
 		q.batch = 4; /* leave completions in the CQ across the resizes */
 		uint64_t end = svt_now_ms() + opt.ms;
 		/* At least 20 resizes however slow the machine: the watchdog bounds it */
@@ -767,7 +769,8 @@ static const struct {
 static void usage(void)
 {
 	fprintf(stderr, "usage: sv_stress SCENARIO [-t ms] [-s bytes] [-w window] [-n senders] "
-			"[-x] [-S seed] [-d dev] [-H] [-F corrupt|skip] [-N bytes]\nscenarios:");
+			"[-x] [-S seed] [-d dev] [-H] [-F corrupt|skip] [-N bytes] [-R n]\n"
+			"scenarios:");
 	for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++)
 		fprintf(stderr, " %s", scenarios[i].name);
 	fputc('\n', stderr);
@@ -782,7 +785,7 @@ int main(int argc, char **argv)
 	svmp_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 	int c;
 	optind = 2;
-	while ((c = getopt(argc, argv, "t:s:w:n:xS:d:HF:N:")) != -1) {
+	while ((c = getopt(argc, argv, "t:s:w:n:xS:d:HF:N:R:")) != -1) {
 		switch (c) {
 		case 't':
 			opt.ms = (int)svmp_parse_u64(optarg, "duration");
@@ -804,6 +807,11 @@ int main(int argc, char **argv)
 			break;
 		case 'x':
 			opt.separate = 1;
+			break;
+		case 'R':
+			opt.resize_every = (int)svmp_parse_u64(optarg, "resize interval");
+			if (opt.resize_every < 1)
+				FAIL("resize interval must be at least 1");
 			break;
 		case 'N':
 			opt.notice = (uint32_t)svmp_parse_u64(optarg, "notice size");
