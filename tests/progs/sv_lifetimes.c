@@ -271,6 +271,45 @@ static void scenario_pd(struct svt_dev *d)
 	CHECK_EQ(ibv_destroy_qp(qp), 0);
 	CHECK_EQ(ibv_dealloc_pd(parent), 0);
 
+	/* ibv_rereg_mr moving an MR to another PD moves its hold too. */
+	struct ibv_pd *pd2 = ibv_alloc_pd(d->ctx);
+	CHECK(pd2);
+	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr);
+	CHECK_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0), 0);
+	CHECK_EQ(ibv_dealloc_pd(pd2), EBUSY);
+	CHECK_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0), 0);
+	CHECK_EQ(ibv_dealloc_pd(pd2), 0);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+
+	/* ibv_free_dm while a DM MR exists; ibv_dealloc_td while a parent
+	 * domain uses the TD: EBUSY, as the kernel and mlx5 answer. */
+	struct ibv_alloc_dm_attr dma;
+	memset(&dma, 0, sizeof(dma));
+	dma.length = 4096;
+	struct ibv_dm *dm = ibv_alloc_dm(d->ctx, &dma);
+	CHECK(dm);
+	mr = ibv_reg_dm_mr(pd, dm, 0, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ZERO_BASED);
+	CHECK(mr);
+	CHECK_EQ(ibv_free_dm(dm), EBUSY);
+	uint32_t word = 0x5a5a1234, back = 0;
+	CHECK_EQ(ibv_memcpy_to_dm(dm, 0, &word, 4), 0); /* the DM still works */
+	CHECK_EQ(ibv_memcpy_from_dm(&back, dm, 0, 4), 0);
+	CHECK_EQ(back, word);
+	CHECK_EQ(ibv_dealloc_pd(pd), EBUSY);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	CHECK_EQ(ibv_free_dm(dm), 0);
+	struct ibv_td_init_attr tda = {0};
+	struct ibv_td *td = ibv_alloc_td(d->ctx, &tda);
+	CHECK(td);
+	pa.td = td;
+	parent = ibv_alloc_parent_domain(d->ctx, &pa);
+	CHECK(parent);
+	CHECK_EQ(ibv_dealloc_td(td), EBUSY);
+	CHECK_EQ(ibv_dealloc_pd(parent), 0);
+	CHECK_EQ(ibv_dealloc_td(td), 0);
+
 	/* All of them at once, released in the right order. */
 	mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
 	CHECK(mr);
