@@ -86,7 +86,11 @@ EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *cont
 		return fail_ptr<ibv_comp_channel>(err);
 	}
 	auto *ch = new (std::nothrow) ibv_comp_channel{};
-	auto *st = new (std::nothrow) channel_state;
+	channel_state *st = nullptr;
+	try { // Its containers allocate in their constructors: no exception into C
+		st = new channel_state;
+	} catch (const std::bad_alloc &) {
+	}
 	if (!ch || !st) {
 		delete ch;
 		delete st;
@@ -97,7 +101,14 @@ EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *cont
 	ch->fd = fd;
 	ch->refcnt = 0;
 	std::lock_guard<std::mutex> g(g_lock);
-	g_channels[ch] = st;
+	try {
+		g_channels[ch] = st;
+	} catch (const std::bad_alloc &) {
+		delete ch;
+		delete st;
+		close(fd);
+		return fail_ptr<ibv_comp_channel>(ENOMEM);
+	}
 	return ch;
 }
 

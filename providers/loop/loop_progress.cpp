@@ -2,6 +2,7 @@
 // The progress engine: one thread per process, started on first need, that
 // retries WRs waiting in QP backlogs (RNR waits, unreachable peers) when
 // their timers expire.  Lock order: the progress lock, then a QP's sq_lock.
+#include "c_boundary.h"
 #include "loop.h"
 
 #include <condition_variable>
@@ -34,7 +35,16 @@ void run()
 		uint64_t next = 0;
 		for (auto it = e.qps.begin(); it != e.qps.end();) {
 			loop_qp *qp = *it;
-			uint64_t t = qp_run_backlog(qp);
+			uint64_t t;
+			try {
+				t = qp_run_backlog(qp);
+			} catch (abi::__forced_unwind &) {
+				throw;
+			} catch (...) {
+				// Out of memory: the WRs stay in the backlog; try again
+				// in a millisecond rather than end the process.
+				t = now_ns() + 1000 * 1000;
+			}
 			if (!t) {
 				qp->in_progress_list = false;
 				it = e.qps.erase(it);
@@ -55,16 +65,25 @@ void run()
 
 } // namespace
 
+// Called by post_send after its WRs are posted: it must not fail them.
+// When memory or threads run out, the QP is not listed and its backlog
+// waits for the next post that lists it (c_boundary.h: nothing throws out).
 void progress_add(loop_qp *qp)
 {
 	engine &e = eng();
 	std::lock_guard<std::mutex> g(e.lock);
-	if (e.started_by != getpid()) {
-		std::thread(run).detach();
-		e.started_by = getpid();
+	try {
+		if (e.started_by != getpid()) {
+			std::thread(run).detach();
+			e.started_by = getpid();
+		}
+		e.qps.insert(qp);
+	} catch (abi::__forced_unwind &) {
+		throw;
+	} catch (...) {
+		return;
 	}
 	qp->in_progress_list = true;
-	e.qps.insert(qp);
 	e.wake.notify_one();
 }
 

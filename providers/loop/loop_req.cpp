@@ -5,6 +5,7 @@
 // key checks), moves the data with one copy, and writes both completions.
 // A WR that cannot finish now (RNR, an unreachable peer) waits in the QP's
 // backlog for the progress thread, and the WRs behind it wait with it.
+#include "c_boundary.h"
 #include "loop.h"
 #include "objects.h"
 #include "queue_geom.h"
@@ -273,7 +274,7 @@ int push_own(loop_cq *cq, sv_cqe &e)
 			return err;
 		uint64_t now = now_ns();
 		if (!deadline)
-			deadline = now + kResizeWaitNs + kSettleNs;
+			deadline = now + kResizeWaitNs + 1000000000ULL;
 		else if (now > deadline)
 			return ENOSPC;
 		sched_yield();
@@ -370,7 +371,7 @@ int push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
 		}
 		uint64_t now = now_ns();
 		if (!deadline)
-			deadline = now + kResizeWaitNs + kSettleNs;
+			deadline = now + kResizeWaitNs + 1000000000ULL;
 		else if (now > deadline)
 			return ENOSPC;
 		sched_yield();
@@ -1088,15 +1089,25 @@ int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress)
 		push_sq(qp, w, IBV_WC_WR_FLUSH_ERR, wc_opcode(w.opcode), 0);
 		return 0;
 	}
-	if (!qp->backlog.empty()) {
-		qp->backlog.push_back(w);
-		return 0;
-	}
-	if (run_wr(qp, w) != step::done) {
-		w.next_try_ns = 0;
-		qp->backlog.push_back(w);
-		drain(qp); // Books the retry (and fails at once with no retries left)
-		need_progress = !qp->backlog.empty();
+	// The requester allocates (iovecs, the backlog) before it moves a
+	// byte: out of memory fails this WR with ENOMEM and gives its slot
+	// back; no exception leaves through the C caller (c_boundary.h).
+	try {
+		if (!qp->backlog.empty()) {
+			qp->backlog.push_back(w);
+			return 0;
+		}
+		if (run_wr(qp, w) != step::done) {
+			w.next_try_ns = 0;
+			qp->backlog.push_back(w);
+			drain(qp); // Books the retry (and fails at once with no retries left)
+			need_progress = !qp->backlog.empty();
+		}
+	} catch (abi::__forced_unwind &) {
+		throw;
+	} catch (...) {
+		qp->sq_posted.store(posted, std::memory_order_release);
+		return current_exception_errno();
 	}
 	state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
 	return 0;
@@ -1165,7 +1176,13 @@ int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
 		}
 		thread_local send_wr w;
 		for (; wr; wr = wr->next) {
-			ret = copy_wr(qp, wr, w);
+			try { // c_boundary.h: ENOMEM at this WR, those before it posted
+				ret = copy_wr(qp, wr, w);
+			} catch (abi::__forced_unwind &) {
+				throw;
+			} catch (...) {
+				ret = current_exception_errno();
+			}
 			if (!ret)
 				ret = submit(qp, w, state, need_progress);
 			if (ret) {
@@ -1201,6 +1218,7 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 	fabric &fab = *qp->ctx->fab;
 	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
 	bool need_progress = false;
+	int ret = 0;
 	{
 		std::lock_guard<std::mutex> g(qp->sq_lock);
 		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
@@ -1212,18 +1230,19 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 		if (used + n > qp->cap.max_send_wr)
 			return ENOMEM;
 		// The room check above makes submit() succeed for every WR: the
-		// batch posts whole.
-		for (size_t i = 0; i < n; i++) {
+		// batch posts whole, unless memory runs out (ENOMEM, with the WRs
+		// before that one posted).
+		for (size_t i = 0; i < n && !ret; i++) {
 			send_wr &w = wrs[i];
 			w.rnr_left = qp->attr.rnr_retry;
 			w.retry_left = qp->attr.retry_cnt;
 			w.next_try_ns = 0;
-			submit(qp, w, state, need_progress);
+			ret = submit(qp, w, state, need_progress);
 		}
 	}
 	if (need_progress)
 		progress_add(qp);
-	return 0;
+	return ret;
 }
 
 } // namespace loop
