@@ -503,7 +503,10 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 	auto cur = static_cast<ibv_qp_state>(qp_state_ref(rec).load(std::memory_order_acquire));
 	auto next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
 	int missing = 0, extra = 0;
-	if (qp_modify_check(qp->type, cur, next, mask, attr->cur_qp_state, &missing, &extra)) {
+	// cur_qp_state is the caller's only with IBV_QP_CUR_STATE: unset, it may
+	// hold any bits, and loading those as the enum is undefined (UBSan).
+	auto cur_claim = (mask & IBV_QP_CUR_STATE) ? attr->cur_qp_state : cur;
+	if (qp_modify_check(qp->type, cur, next, mask, cur_claim, &missing, &extra)) {
 		report("illegal transition or attribute mask", cur, next, missing, extra);
 		return EINVAL;
 	}
