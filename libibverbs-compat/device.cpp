@@ -105,7 +105,22 @@ static verbs_device *make_device(const verbs_provider_sv *p, const verbs_sysfs_d
 	return vdev;
 }
 
+static struct ibv_device **get_device_list(int *num_devices);
+
 EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
+{
+	// No exception into C: the device vectors allocate.
+	try {
+		return get_device_list(num_devices);
+	} catch (const std::bad_alloc &) {
+		if (num_devices)
+			*num_devices = 0;
+		errno = ENOMEM;
+		return nullptr;
+	}
+}
+
+static struct ibv_device **get_device_list(int *num_devices)
 {
 	std::lock_guard<std::mutex> g(reg().lock);
 	std::vector<verbs_device *> found;

@@ -9,7 +9,8 @@
  *    back;
  *  - each create/register verb with its k-th allocation failing, for every
  *    k until it needs no more: the object, or NULL with errno ENOMEM;
- *  - post_recv and poll_cq with every allocation failing.
+ *  - post_recv and poll_cq with every allocation failing;
+ *  - ibv_get_device_list likewise, once the device is closed.
  * Prints "OK enomem" and exits 0 when every check passed. */
 #include "../progs/svt.h"
 
@@ -59,6 +60,12 @@ static void remove_segments(void)
 		}                                                                  \
 		printf("%s: each of its %ld allocations failed in turn: ENOMEM\n", what, k); \
 	} while (0)
+
+static int free_list(struct ibv_device **l)
+{
+	ibv_free_device_list(l);
+	return 0;
+}
 
 int main(void)
 {
@@ -173,6 +180,8 @@ int main(void)
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_dealloc_pd(d.pd) == 0);
 	CHECK(ibv_close_device(d.ctx) == 0);
+	/* Last: a failure inside the provider's listing is reported on stderr. */
+	SWEEP("ibv_get_device_list", struct ibv_device *, ibv_get_device_list(NULL), free_list);
 	printf("OK enomem\n");
 	return 0;
 }
