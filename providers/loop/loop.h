@@ -128,6 +128,7 @@ struct loop_cq {
 	// sender's claim was seen, and whether the owner places it itself.
 	uint64_t claim_since;
 	bool placing_self;
+	uint64_t head; // Next entry to poll: the owner's own copy of the ring's cons
 };
 
 struct loop_srq {

@@ -3,6 +3,7 @@
 // at sv_cq_ring in kernel-abi/softverbs-abi.h), polled by its owner.
 #include "loop.h"
 #include "objects.h"
+#include "queue_geom.h"
 #include "res_limits.h"
 #include "xfer.h"
 
@@ -79,9 +80,15 @@ void to_wc(const sv_cqe &e, ibv_wc &wc)
 	wc.dlid_path_bits = e.dlid_path_bits;
 }
 
+// A ring's payload array, placed by the geometry checked when this process
+// created or mapped the ring (queue_geom), never by the header a peer may
+// rewrite; nullptr for a ring without one.
 sv_cqe_payload *payloads(sv_cq_ring *r)
 {
-	return reinterpret_cast<sv_cqe_payload *>(reinterpret_cast<char *>(r) + r->payload_offset);
+	queue_geom g;
+	if (!queue_geometry(r, g) || !g.payload_offset)
+		return nullptr;
+	return reinterpret_cast<sv_cqe_payload *>(reinterpret_cast<char *>(r) + g.payload_offset);
 }
 
 int place_bytes(const mr_hit &hit, const uint8_t *data, uint32_t len)
@@ -230,7 +237,7 @@ void settle_placement(loop_cq *cq, sv_cq_ring *r, sv_cqe &slot, uint64_t index)
 {
 	if (!(slot.flags & SV_CQE_PLACE))
 		return;
-	if (r->payload_offset) {
+	if (sv_cqe_payload *pls = payloads(r)) {
 		uint64_t deadline = now_ns() + kSettleNs;
 		while (!take_placement(cq, slot, index)) {
 			if (now_ns() > deadline) {
@@ -242,7 +249,7 @@ void settle_placement(loop_cq *cq, sv_cq_ring *r, sv_cqe &slot, uint64_t index)
 			sched_yield();
 		}
 		if (cq->placing_self) {
-			place(cq, slot, payloads(r)[index & (r->hdr.entries - 1)]);
+			place(cq, slot, pls[index & cq->mask]);
 		}
 	} else {
 		slot.status = IBV_WC_LOC_QP_OP_ERR;
@@ -250,18 +257,62 @@ void settle_placement(loop_cq *cq, sv_cq_ring *r, sv_cqe &slot, uint64_t index)
 	slot.flags = static_cast<uint8_t>(slot.flags & ~SV_CQE_PLACE);
 }
 
+// The owner found an entry of its ring written over: raises
+// IBV_EVENT_CQ_ERR once, to its own async fd (process memory, not the
+// ring's copy of the address).
+void cq_damaged(loop_cq *cq)
+{
+	if (std::atomic_ref<uint32_t>(cq->ring->overflow).exchange(1, std::memory_order_acq_rel))
+		return;
+	sv_async_msg m{IBV_EVENT_CQ_ERR, SV_OBJ_CQ, cq->ref.slot, cq->ref.gen};
+	send_async(cq->ctx->async_addr, cq->ctx->async_len, m);
+}
+
+// Every so often an idle owner checks the ring's shared indices against its
+// own: cons is published again (a peer may have written over it, and
+// producers would find the ring full or overrun it), and a prod that no
+// producer could have made (closed without a resize, behind cons, more than
+// a lap ahead) is set back, the CQ reported damaged.  Caller holds cq->lock.
+void cq_repair(loop_cq *cq)
+{
+	sv_cq_ring *r = cq->ring;
+	std::atomic_ref<uint64_t> cons(r->cons);
+	if (cons.load(std::memory_order_relaxed) != cq->head)
+		cons.store(cq->head, std::memory_order_release);
+	std::atomic_ref<uint64_t> prod(r->prod);
+	uint64_t p = prod.load(std::memory_order_acquire);
+	if ((p & kRingClosed) || static_cast<int64_t>(p - cq->head) < 0 ||
+	    p - cq->head > static_cast<uint64_t>(cq->mask) + 1) {
+		prod.compare_exchange_strong(p, cq->head, std::memory_order_acq_rel);
+		cq_damaged(cq);
+	}
+}
+
 // Takes the next completion, if any.  Caller holds cq->lock.
 bool cq_take(loop_cq *cq, sv_cqe &out)
 {
 	sv_cq_ring *r = cq->ring;
-	uint64_t c = r->cons;
+	// The owner's own copy of cons: the ring's is published for producers
+	// and never read back (a peer may have written over it).
+	uint64_t c = cq->head;
 	sv_cqe &slot = cq->slots[c & cq->mask];
-	if (std::atomic_ref<uint32_t>(slot.seq).load(std::memory_order_acquire) !=
-	    static_cast<uint32_t>(c + 1)) {
+	uint32_t seq = std::atomic_ref<uint32_t>(slot.seq).load(std::memory_order_acquire);
+	if (seq != static_cast<uint32_t>(c + 1)) {
+		// Not written yet, the slot shows its previous lap (or 0 on the
+		// first).  Anything else was written over: the entry is lost, and
+		// the owner hears of it; polling goes on behind it.
+		if (seq != static_cast<uint32_t>(c + 1 - (cq->mask + 1)) &&
+		    !(c <= cq->mask && seq == 0)) {
+			cq_damaged(cq);
+			cq->head = c + 1;
+			std::atomic_ref<uint64_t>(r->cons).store(c + 1, std::memory_order_release);
+			return false;
+		}
 		// Timed per thread, over all its CQs: a thread that polls several
 		// CQs and finds work on any of them never sleeps.  The clock is read
 		// every 64 empty polls only.
 		if ((++t_empty_polls & 63) == 0) {
+			cq_repair(cq);
 			uint64_t now = now_ns();
 			if (!t_empty_since)
 				t_empty_since = now;
@@ -270,21 +321,23 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 		}
 		return false;
 	}
-	if ((slot.flags & SV_CQE_PLACE) && r->payload_offset && !take_placement(cq, slot, c))
+	sv_cqe_payload *pls = (slot.flags & SV_CQE_PLACE) ? payloads(r) : nullptr;
+	if (pls && !take_placement(cq, slot, c))
 		return false; // Its sender is placing the bytes: not ready yet
 	t_empty_polls = 0;
 	t_empty_since = 0;
 	out = slot;
 	if (out.flags & SV_CQE_PLACE) {
-		if (!r->payload_offset)
+		if (!pls)
 			out.status = IBV_WC_LOC_QP_OP_ERR; // A ring that lost its payload array
 		else if (cq->placing_self)
-			place(cq, out, payloads(r)[c & cq->mask]);
+			place(cq, out, pls[c & cq->mask]);
 	}
 	if (out.flags & SV_CQE_SQ_INDEX) {
 		retire_sq(cq, out);
 		out.src_qp = 0; // Not the application's to see
 	}
+	cq->head = c + 1;
 	std::atomic_ref<uint64_t>(r->cons).store(c + 1, std::memory_order_release);
 	return true;
 }
@@ -351,13 +404,9 @@ void wire_channel(loop_cq *cq)
 
 bool cq_has_payload(const sv_cq_ring *ring)
 {
-	// The array is in a peer's segment: it must lie inside it.
-	uint64_t end = static_cast<uint64_t>(ring->payload_offset) +
-		       static_cast<uint64_t>(ring->hdr.entries) * sizeof(sv_cqe_payload);
-	return ring->payload_offset >= ring->hdr.slots_offset +
-					       static_cast<uint64_t>(ring->hdr.entries) *
-						       ring->hdr.entry_size &&
-	       end <= ring->hdr.seg.seg_size;
+	// The geometry this process checked when it mapped the ring.
+	queue_geom g;
+	return queue_geometry(ring, g) && g.payload_offset;
 }
 
 void cq_attach_sq(loop_qp *qp)
@@ -386,9 +435,12 @@ void send_async(const uint8_t *addr, uint32_t len, const sv_async_msg &msg)
 
 int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 {
-	uint32_t mask = ring->hdr.entries - 1;
-	auto *slots = reinterpret_cast<sv_cqe *>(reinterpret_cast<char *>(ring) +
-						 ring->hdr.slots_offset);
+	queue_geom g;
+	sv_cqe_payload *pls = payloads(ring);
+	if (!pls || !queue_geometry(ring, g))
+		return 0;
+	uint32_t mask = g.entries - 1;
+	auto *slots = reinterpret_cast<sv_cqe *>(reinterpret_cast<char *>(ring) + g.slots_offset);
 	sv_cqe &slot = slots[index & mask];
 	// The claim names this entry's reservation index: it fails if the owner
 	// took the entry, and on any later lap of the slot.
@@ -399,7 +451,7 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 		return 0;
 	// Claimed: the owner waits for DONE before it moves cons, so the slot
 	// and its payload stay as they are until then.
-	const sv_cqe_payload &pl = payloads(ring)[index & mask];
+	const sv_cqe_payload &pl = pls[index & mask];
 	iovec l{const_cast<uint8_t *>(pl.data), std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX)};
 	iovec r{dst, l.iov_len};
 	int err = xfer(pid, false, &l, 1, &r, 1, xfer_dir::to_peer);
@@ -412,20 +464,25 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *payload,
 	    uint64_t *index)
 {
-	uint32_t entries = ring->hdr.entries;
+	// Indexed by the geometry checked at creation or mapping: a header a
+	// peer rewrote cannot send this write outside the segment.
+	queue_geom g;
+	if (!queue_geometry(ring, g) || g.kind != SV_OBJ_CQ)
+		return ENOSPC; // Not a ring we can trust: its QP fails, visibly
+	uint32_t entries = g.entries;
 	uint32_t mask = entries - 1;
-	auto *slots = reinterpret_cast<sv_cqe *>(reinterpret_cast<char *>(ring) +
-						 ring->hdr.slots_offset);
+	auto *slots = reinterpret_cast<sv_cqe *>(reinterpret_cast<char *>(ring) + g.slots_offset);
 	std::atomic_ref<uint64_t> prod(ring->prod);
 	uint64_t p = prod.load(std::memory_order_relaxed);
-	for (;;) {
+	for (int stale = 0;; stale++) {
 		if (p & kRingClosed)
 			return ESTALE;
 		uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
-		if (static_cast<int64_t>(p - c) < 0) {
+		if (static_cast<int64_t>(p - c) < 0 && stale < 64) {
 			// p is stale: since it was read, other producers reserved
 			// and the owner consumed past it.  Without this, p - c wraps
 			// and a ring with room looks full: a completion was dropped.
+			// (cons staying beyond prod is a damaged ring: full, below.)
 			p = prod.load(std::memory_order_acquire);
 			continue;
 		}
@@ -488,7 +545,7 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 		return;
 	std::lock_guard<std::mutex> g(cq->lock);
 	sv_cq_ring *r = cq->ring;
-	uint64_t c = r->cons;
+	uint64_t c = cq->head;
 	// Only the published run from cons on is ours to rearrange: producers
 	// write at reserved slots beyond it.
 	uint64_t end = c;
@@ -510,10 +567,11 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 			settle_placement(cq, r, s, i);
 			cq->slots[dst & cq->mask] = s;
 			cq->slots[dst & cq->mask].seq = static_cast<uint32_t>(dst + 1);
-			if (r->payload_offset)
-				payloads(r)[dst & cq->mask] = payloads(r)[i & cq->mask];
+			if (sv_cqe_payload *pls = payloads(r))
+				pls[dst & cq->mask] = pls[i & cq->mask];
 		}
 	}
+	cq->head = dst;
 	std::atomic_ref<uint64_t>(r->cons).store(dst, std::memory_order_release);
 }
 
@@ -625,7 +683,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	if (cqe < 1 || cqe > kMaxCqe)
 		return EINVAL;
 	std::lock_guard<std::mutex> g(cq->lock);
-	uint64_t pending = cq->ring->prod - cq->ring->cons;
+	uint64_t pending = std::atomic_ref<uint64_t>(cq->ring->prod).load() - cq->head;
 	if (static_cast<uint64_t>(cqe) < pending)
 		return EINVAL;
 	uint32_t entries = round_pow2(static_cast<uint32_t>(cqe));
@@ -655,7 +713,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	// before the old entries were moved over them.)
 	std::atomic_ref<uint64_t> prod(cq->ring->prod);
 	uint64_t end = prod.fetch_or(kRingClosed, std::memory_order_acq_rel);
-	if (end - cq->ring->cons > entries) {
+	if ((end & ~kRingClosed) - cq->head > entries) {
 		// More arrived since the check above than the new size holds.
 		prod.fetch_and(~kRingClosed, std::memory_order_acq_rel);
 		queue_destroy(fab, nref, map);
@@ -666,7 +724,8 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	auto *ns = reinterpret_cast<sv_cqe *>(static_cast<char *>(map) + sizeof(sv_cq_ring));
 	uint64_t moved = 0;
 	uint64_t deadline = now_ns() + kResizeWaitNs;
-	for (uint64_t c = cq->ring->cons; c < end; c++) {
+	end &= ~kRingClosed;
+	for (uint64_t c = cq->head; c < end; c++) {
 		sv_cqe &s = cq->slots[c & cq->mask];
 		bool ready = true;
 		while (std::atomic_ref<uint32_t>(s.seq).load(std::memory_order_acquire) !=
@@ -691,10 +750,11 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 		settle_placement(cq, cq->ring, s, c);
 		ns[moved] = s;
 		ns[moved].seq = static_cast<uint32_t>(moved + 1);
-		payloads(nr)[moved] = payloads(cq->ring)[c & cq->mask];
+		// (settle_placement left nothing in the payload to place)
 		moved++;
 	}
 	nr->cons = 0;
+	cq->head = 0;
 	std::atomic_ref<uint64_t>(nr->prod).store(moved, std::memory_order_release);
 	// Now producers may find the new ring: every QP and XRC SRQ that
 	// completes into this CQ names it.

@@ -64,7 +64,9 @@ inline constexpr uint64_t kClaimCheckNs = 10 * 1000 * 1000;
 inline constexpr uint64_t kSettleNs = 5ULL * 1000 * 1000 * 1000;
 // ibv_resize_cq waits this long for a producer that reserved an entry of
 // the old ring to write it; past that the entry is reported lost (CQ_ERR).
-inline constexpr uint64_t kResizeWaitNs = 10ULL * 1000 * 1000 * 1000;
+// A producer that finds a ring closed looks again for this long, plus
+// kSettleNs, before it reports the CQ unusable.
+inline constexpr uint64_t kResizeWaitNs = 2ULL * 1000 * 1000 * 1000;
 // CQ moderation (ibv_modify_cq): by count only, no period.
 inline constexpr uint16_t kMaxCqModCount = 65535;
 inline constexpr uint16_t kMaxCqModPeriod = 0;

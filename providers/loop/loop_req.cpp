@@ -349,8 +349,18 @@ int push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
 						       r->objs[p.xrc_srq].cq_gen}
 					     : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
 		auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, ref, SV_OBJ_CQ));
-		if (!ring)
-			return 0;
+		if (!ring) {
+			// A resize may have replaced the ring between our reading the
+			// reference and mapping it: only a reference that stays the
+			// same names a CQ that is gone.
+			obj_ref again = p.xrc_srq >= 0 ? obj_ref{r->objs[p.xrc_srq].cq_obj,
+								 r->objs[p.xrc_srq].cq_gen}
+						       : obj_ref{r->qps[p.slot].rcq_obj,
+								 r->qps[p.slot].rcq_gen};
+			if (again.slot == ref.slot && again.gen == ref.gen)
+				return 0;
+			continue;
+		}
 		if (payload && !cq_has_payload(ring)) {
 			// Every ring of this ABI has the array; a damaged one loses
 			// the message, visibly.

@@ -14,6 +14,9 @@
  * prints one line:
  *   RESULT <i> sent=N recv_ok=N bad_data=N err_wc=N first_err=<status number, -1: none>
  *          post_err=N bogus=N stall=0|1 (<first error's name>)
+ * async=N counts the fatal async events it got (CQ_ERR, QP_FATAL, QP_REQ_ERR,
+ * QP_ACCESS_ERR): after one it stops waiting for completions, as an
+ * application must, since a CQ in error owes it none.
  * bogus counts completions this program never asked for (a forged CQE);
  * stall=1 means a send stayed outstanding 8 s with no completion at all:
  * the provider neither finished nor failed it.  Exit status 0 whenever the
@@ -21,6 +24,8 @@
  * Before traffic each process prints "INFO <i> qpn=... rkey=... cq=..." and
  * the parent prints "RUNNING" once both are connected. */
 #include "svmp.h"
+
+#include <fcntl.h>
 
 #define NRECV 16
 #define SLOT 4096
@@ -40,7 +45,7 @@ struct fault_board {
 static struct fault_board *fb;
 
 struct counts {
-	uint64_t sent, recv_ok, bad_data, err_wc, post_err, bogus;
+	uint64_t sent, recv_ok, bad_data, err_wc, post_err, bogus, async_err;
 	int stall;
 	enum ibv_wc_status first_err;
 	int have_err;
@@ -114,6 +119,8 @@ static int run(int me, int seconds, int use_srq)
 	uint64_t stop_at = svt_now_ms() + (uint64_t)seconds * 1000;
 	uint64_t last_progress = svt_now_ms();
 	int posting = 1;
+	int afl = fcntl(d.ctx->async_fd, F_GETFL);
+	CHECK(afl >= 0 && fcntl(d.ctx->async_fd, F_SETFL, afl | O_NONBLOCK) == 0);
 	uint64_t quiet_since = 0;
 	for (;;) {
 		uint64_t now = svt_now_ms();
@@ -221,6 +228,23 @@ static int run(int me, int seconds, int use_srq)
 				k.bogus++;
 			}
 		}
+		struct ibv_async_event ev;
+		while (ibv_get_async_event(d.ctx, &ev) == 0) {
+			switch (ev.event_type) {
+			case IBV_EVENT_CQ_ERR:
+			case IBV_EVENT_QP_FATAL:
+			case IBV_EVENT_QP_REQ_ERR:
+			case IBV_EVENT_QP_ACCESS_ERR:
+				/* The device said it failed: nothing more is owed. */
+				k.async_err++;
+				posting = 0;
+				outstanding = 0;
+				break;
+			default:
+				break;
+			}
+			ibv_ack_async_event(&ev);
+		}
 		now = svt_now_ms();
 		if (outstanding && now - last_progress > 8000) {
 			k.stall = 1;
@@ -240,11 +264,11 @@ static int run(int me, int seconds, int use_srq)
 			usleep(20);
 	}
 	printf("RESULT %d sent=%llu recv_ok=%llu bad_data=%llu err_wc=%llu first_err=%d "
-	       "post_err=%llu bogus=%llu stall=%d (%s)\n",
+	       "post_err=%llu bogus=%llu async=%llu stall=%d (%s)\n",
 	       me, (unsigned long long)k.sent, (unsigned long long)k.recv_ok,
 	       (unsigned long long)k.bad_data, (unsigned long long)k.err_wc,
 	       k.have_err ? (int)k.first_err : -1, (unsigned long long)k.post_err,
-	       (unsigned long long)k.bogus, k.stall,
+	       (unsigned long long)k.bogus, (unsigned long long)k.async_err, k.stall,
 	       k.have_err ? ibv_wc_status_str(k.first_err) : "no error");
 	fflush(stdout);
 	/* Tear down too: destroying objects whose rings were damaged must not
