@@ -1007,7 +1007,12 @@ uint64_t drain(loop_qp *qp)
 // checks at post time.  Returns 0 or the errno for post_send.
 int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 {
-	if (!opcode_ok(qp->type, in->opcode))
+	// Any bits may come in (tests pass 77): check them as an integer first,
+	// since loading a value beyond the enum's range is undefined (UBSan).
+	uint32_t raw_op;
+	static_assert(sizeof(raw_op) == sizeof(in->opcode));
+	memcpy(&raw_op, &in->opcode, sizeof(raw_op));
+	if (raw_op > IBV_WR_ATOMIC_WRITE || !opcode_ok(qp->type, in->opcode))
 		return EINVAL;
 	if (in->num_sge < 0 || static_cast<uint32_t>(in->num_sge) > qp->cap.max_send_sge)
 		return EINVAL;
