@@ -334,6 +334,7 @@ connect(a, b)
 cap = a.qp.query(e.IBV_QP_CAP)[1].cap
 r["max_inline"] = cap.max_inline_data
 s = SGE(a.mr.buf, 8, a.mr.lkey)
+keep = []
 def chain(bad_kind):
     w1 = send_wr(11, e.IBV_WR_RDMA_WRITE, [s]); w1.set_wr_rdma(b.mr.rkey, b.mr.buf)
     if bad_kind == "sges":
@@ -347,6 +348,9 @@ def chain(bad_kind):
     w3 = send_wr(13, e.IBV_WR_RDMA_WRITE, [s]); w3.set_wr_rdma(b.mr.rkey, b.mr.buf + 16)
     w1.next_wr = w2
     w2.next_wr = w3
+    # pyverbs' next_wr links the C structs but holds no reference: keep w2
+    # and w3 alive until post_send has read them.
+    keep.extend([w2, w3])
     return w1
 for kind in ("sges", "inline", "opcode"):
     bad = send_wr(0, e.IBV_WR_SEND, [s])

@@ -51,13 +51,12 @@ tsandir=${SOFTVERBS_TEST_TSAN_DIR:-build-ci-tsan}
 # stress runs (long, and checked in the normal lane), and the perftest
 # variants beyond one default pair per tool.
 asan_ci_skip="not test_soak and not test_stress and not (test_perftest and not default)"
-# Left out of the asan lane altogether until their owners fix them:
-#  - test_posting_errors: chain() keeps only the first SendWR; pyverbs'
-#    next_wr does not hold the next ones, so python frees them before
-#    post_send reads them (ASan: heap-use-after-free in the test's chain);
-#  - test_fault_injection (new): under ASan "a send neither completed nor
-#    failed" in test_stray_writes[cq-slots, srq-wqes, svc-request].
-asan_known_bad="not test_posting_errors and not test_fault_injection"
+# Left out of the asan lane (it runs in the normal lane):
+#  - test_fault_injection: under ASan three test_stray_writes cases
+#    (cq-slots, srq-wqes, svc-request) report a send that neither completed
+#    nor failed within 8 s; not yet investigated (ASan's slowdown against
+#    the test's bounds is the first suspect).
+asan_known_bad="not test_fault_injection"
 
 setup_dir() { # DIR OPTION...
 	local dir=$1
