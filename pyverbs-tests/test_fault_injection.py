@@ -88,19 +88,26 @@ class Victim:
                                   stderr=subprocess.PIPE, text=True,
                                   start_new_session=True)
         self.lines = []
+        self.pending = b""
         self.start = time.monotonic()
 
     def read_until(self, word, timeout):
+        # From the raw descriptor: select() cannot see lines a buffered
+        # reader already holds, and RUNNING would then be read only when
+        # the next output came, after the victims had finished.
+        fd = self.p.stdout.fileno()
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if any(l.startswith(word) for l in self.lines):
                 return True
-            r, _, _ = select.select([self.p.stdout], [], [], 0.2)
+            r, _, _ = select.select([fd], [], [], 0.2)
             if r:
-                line = self.p.stdout.readline()
-                if not line:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     return False
-                self.lines.append(line.strip())
+                self.pending += chunk
+                *done, self.pending = self.pending.split(b"\n")
+                self.lines += [l.decode(errors="replace").strip() for l in done]
         return False
 
     def finish(self, timeout):
@@ -110,10 +117,10 @@ class Victim:
         except subprocess.TimeoutExpired:
             os.killpg(self.p.pid, signal.SIGKILL)
             out, err = self.p.communicate()
-            self.lines += out.splitlines()
+            self.lines += (self.pending.decode(errors="replace") + out).splitlines()
             self.err = err
             return False
-        self.lines += out.splitlines()
+        self.lines += (self.pending.decode(errors="replace") + out).splitlines()
         self.err = err
         return True
 

@@ -64,21 +64,28 @@ class Proc:
         self.p = subprocess.Popen([str(a) for a in argv], env=env, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   bufsize=1)
+        self.buf = b""
 
     def line(self, timeout=20):
+        # Lines are split here from the raw descriptor: select() cannot see
+        # lines a buffered reader already holds, so a child that printed
+        # two lines at once would look silent until its next output.
         end = time.monotonic() + timeout
-        while True:
+        fd = self.p.stdout.fileno()
+        while b"\n" not in self.buf:
             left = end - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"no line from {self.p.args} in {timeout} s")
-            r, _, _ = select.select([self.p.stdout], [], [], left)
+            r, _, _ = select.select([fd], [], [], left)
             if r:
-                l = self.p.stdout.readline()
-                if not l:
+                chunk = os.read(fd, 65536)
+                if not chunk:
                     self.p.wait(timeout=10)
                     raise AssertionError(f"{self.p.args} ended ({self.p.returncode}): "
                                          f"{self.p.stderr.read()}")
-                return l.rstrip("\n")
+                self.buf += chunk
+        l, self.buf = self.buf.split(b"\n", 1)
+        return l.decode(errors="replace")
 
     def send(self, line):
         self.p.stdin.write(line + "\n")
