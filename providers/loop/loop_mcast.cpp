@@ -2,6 +2,7 @@
 // Multicast: the registry keeps each group's attached QPs; a UD send to the
 // group's LID/GID is delivered to every one of them.
 #include "loop.h"
+#include "objects.h"
 
 #include <cerrno>
 #include <cstring>
@@ -11,6 +12,8 @@ namespace loop {
 int loop_attach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("ibv_attach_mcast", qp, qp->life, kLifeQp);
 	if (qp->type != IBV_QPT_UD || gid->raw[0] != 0xff)
 		return EINVAL;
 	fabric &fab = *qp->ctx->fab;
@@ -41,6 +44,8 @@ int loop_attach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 int loop_detach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("ibv_detach_mcast", qp, qp->life, kLifeQp);
 	fabric &fab = *qp->ctx->fab;
 	registry_guard g(fab);
 	for (sv_mcast_rec &m : fab.reg()->mcast) {

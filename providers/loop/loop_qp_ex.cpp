@@ -9,6 +9,7 @@
 // Locking: the builder lock is held from wr_start to wr_complete/wr_abort,
 // so two threads building on one QP take turns, as with rdma-core's mlx5.
 #include "loop.h"
+#include "objects.h"
 
 #include <cerrno>
 #include <cstring>
@@ -63,8 +64,17 @@ void fail(wr_builder *b, int err)
 }
 
 // The WR the setters act on, or null (and the batch fails) if there is none.
+// Whether the QP behind qpx is live: a destroyed one (kept poisoned in the
+// quarantine, its builder gone) takes no part in a batch.
+bool live(ibv_qp_ex *qpx)
+{
+	return qp_of(qpx)->life.is(kLifeQp);
+}
+
 send_wr *cur(ibv_qp_ex *qpx)
 {
+	if (!live(qpx)) [[unlikely]]
+		return nullptr;
 	wr_builder *b = qp_of(qpx)->builder;
 	if (!b->active || b->err)
 		return nullptr;
@@ -77,6 +87,8 @@ send_wr *cur(ibv_qp_ex *qpx)
 
 send_wr *new_wr(ibv_qp_ex *qpx, uint64_t flag, ibv_wr_opcode op)
 {
+	if (!live(qpx)) [[unlikely]]
+		return nullptr;
 	loop_qp *qp = qp_of(qpx);
 	wr_builder *b = qp->builder;
 	if (!b->active || b->err)
@@ -294,7 +306,10 @@ void wr_set_ud_addr(ibv_qp_ex *qpx, ibv_ah *ah, uint32_t remote_qpn, uint32_t re
 	if (!w)
 		return;
 	loop_qp *qp = qp_of(qpx);
-	if (qp->type != IBV_QPT_UD || !ah) {
+	// An AH that is destroyed or of another context is refused, as the
+	// kernel refuses its handle.
+	if (qp->type != IBV_QPT_UD || !ah || !to_loop_ah(ah)->life.is(kLifeAh) ||
+	    ah->context != qpx->qp_base.context) {
 		fail(qp->builder, EINVAL);
 		return;
 	}
@@ -320,6 +335,8 @@ void wr_set_xrc_srqn(ibv_qp_ex *qpx, uint32_t srqn)
 
 void wr_start(ibv_qp_ex *qpx)
 {
+	if (!live(qpx)) [[unlikely]]
+		return; // wr_complete reports it
 	wr_builder *b = qp_of(qpx)->builder;
 	if (b->active && b->owner == std::this_thread::get_id()) {
 		fail(b, EINVAL); // wr_start twice: the open batch fails
@@ -345,6 +362,8 @@ void close_batch(wr_builder *b)
 int wr_complete(ibv_qp_ex *qpx)
 {
 	loop_qp *qp = qp_of(qpx);
+	if (!qp->life.is(kLifeQp)) [[unlikely]]
+		return life_bad("ibv_wr_complete", qp, qp->life, kLifeQp);
 	wr_builder *b = qp->builder;
 	if (!b->active || b->owner != std::this_thread::get_id())
 		return EINVAL;
@@ -361,6 +380,8 @@ int wr_complete(ibv_qp_ex *qpx)
 
 void wr_abort(ibv_qp_ex *qpx)
 {
+	if (!live(qpx)) [[unlikely]]
+		return;
 	wr_builder *b = qp_of(qpx)->builder;
 	if (b->active && b->owner == std::this_thread::get_id())
 		close_batch(b);

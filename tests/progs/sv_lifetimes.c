@@ -593,6 +593,47 @@ static void scenario_stale(struct svt_dev *d)
 	struct pair p;
 	pair_up(&p, d, cq);
 	struct ibv_qp *qa = p.a;
+
+	/* The ibv_wr_* API on a destroyed extended QP: the batch fails, and
+	 * nothing touches the QP's freed posting state. */
+	{
+		struct ibv_qp_init_attr_ex xa;
+		memset(&xa, 0, sizeof(xa));
+		xa.qp_type = IBV_QPT_RC;
+		xa.send_cq = cq;
+		xa.recv_cq = cq;
+		xa.cap.max_send_wr = 8;
+		xa.cap.max_recv_wr = 8;
+		xa.cap.max_send_sge = 1;
+		xa.cap.max_recv_sge = 1;
+		xa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+		xa.pd = d->pd;
+		xa.send_ops_flags = IBV_QP_EX_WITH_SEND;
+		struct ibv_qp *xq = ibv_create_qp_ex(d->ctx, &xa);
+		CHECK(xq);
+		struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(xq);
+		CHECK(qx);
+		CHECK_EQ(ibv_destroy_qp(xq), 0);
+		ibv_wr_start(qx);
+		ibv_wr_send(qx);
+		ibv_wr_set_sge(qx, 0, 0, 0);
+		CHECK_EQ(ibv_wr_complete(qx), EINVAL);
+		ibv_wr_abort(qx);
+	}
+
+	/* Multicast on a destroyed UD QP */
+	{
+		struct svt_qpopt uo = {IBV_QPT_UD, cq, cq, NULL, 0, 8, 8, 1, 0};
+		struct ibv_qp *uq = svt_qp(d, &uo);
+		CHECK_EQ(ibv_destroy_qp(uq), 0);
+		union ibv_gid mg;
+		memset(&mg, 0, sizeof(mg));
+		mg.raw[0] = 0xff;
+		mg.raw[15] = 1;
+		CHECK_EQ(ibv_attach_mcast(uq, &mg, 0xc001), EINVAL);
+		CHECK_EQ(ibv_detach_mcast(uq, &mg, 0xc001), EINVAL);
+	}
+
 	CHECK_EQ(ibv_destroy_qp(qa), 0);
 	struct ibv_qp_attr at;
 	struct ibv_qp_init_attr ia;
