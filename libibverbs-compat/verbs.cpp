@@ -649,6 +649,37 @@ EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ibv_a
 
 // ---- async events ----
 
+namespace {
+
+// Which object an async event names (ibv_async_event.element).
+enum class event_elem { none, cq, qp, srq, wq };
+
+event_elem event_element(ibv_event_type t)
+{
+	switch (t) {
+	case IBV_EVENT_CQ_ERR:
+		return event_elem::cq;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		return event_elem::qp;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		return event_elem::srq;
+	case IBV_EVENT_WQ_FATAL:
+		return event_elem::wq;
+	default:
+		return event_elem::none;
+	}
+}
+
+} // namespace
+
 EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
 {
 	if (!context || !event) {
@@ -668,22 +699,14 @@ EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_eve
 	if (ops->async_event)
 		ops->async_event(context, event);
 	// ibv_destroy_cq/qp/srq wait for the ack of what was handed out here.
-	switch (event->event_type) {
-	case IBV_EVENT_CQ_ERR:
+	switch (event_element(event->event_type)) {
+	case event_elem::cq:
 		core_async_reported(event->element.cq);
 		break;
-	case IBV_EVENT_QP_FATAL:
-	case IBV_EVENT_QP_REQ_ERR:
-	case IBV_EVENT_QP_ACCESS_ERR:
-	case IBV_EVENT_COMM_EST:
-	case IBV_EVENT_SQ_DRAINED:
-	case IBV_EVENT_PATH_MIG:
-	case IBV_EVENT_PATH_MIG_ERR:
-	case IBV_EVENT_QP_LAST_WQE_REACHED:
+	case event_elem::qp:
 		core_async_reported(event->element.qp);
 		break;
-	case IBV_EVENT_SRQ_ERR:
-	case IBV_EVENT_SRQ_LIMIT_REACHED:
+	case event_elem::srq:
 		core_async_reported(event->element.srq);
 		break;
 	default:
@@ -694,8 +717,8 @@ EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_eve
 
 EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 {
-	switch (event->event_type) {
-	case IBV_EVENT_CQ_ERR: {
+	switch (event_element(event->event_type)) {
+	case event_elem::cq: {
 		ibv_cq *cq = event->element.cq;
 		pthread_mutex_lock(&cq->mutex);
 		++cq->async_events_completed;
@@ -703,14 +726,7 @@ EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 		pthread_mutex_unlock(&cq->mutex);
 		return;
 	}
-	case IBV_EVENT_QP_FATAL:
-	case IBV_EVENT_QP_REQ_ERR:
-	case IBV_EVENT_QP_ACCESS_ERR:
-	case IBV_EVENT_COMM_EST:
-	case IBV_EVENT_SQ_DRAINED:
-	case IBV_EVENT_PATH_MIG:
-	case IBV_EVENT_PATH_MIG_ERR:
-	case IBV_EVENT_QP_LAST_WQE_REACHED: {
+	case event_elem::qp: {
 		ibv_qp *qp = event->element.qp;
 		pthread_mutex_lock(&qp->mutex);
 		++qp->events_completed;
@@ -718,8 +734,7 @@ EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 		pthread_mutex_unlock(&qp->mutex);
 		return;
 	}
-	case IBV_EVENT_SRQ_ERR:
-	case IBV_EVENT_SRQ_LIMIT_REACHED: {
+	case event_elem::srq: {
 		ibv_srq *srq = event->element.srq;
 		pthread_mutex_lock(&srq->mutex);
 		++srq->events_completed;
@@ -727,7 +742,7 @@ EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 		pthread_mutex_unlock(&srq->mutex);
 		return;
 	}
-	case IBV_EVENT_WQ_FATAL: {
+	case event_elem::wq: {
 		ibv_wq *wq = event->element.wq;
 		pthread_mutex_lock(&wq->mutex);
 		++wq->events_completed;
