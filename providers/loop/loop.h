@@ -468,6 +468,9 @@ ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr);
 // loop_mcast.cpp
 int loop_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
 int loop_detach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
+// Whether qp is attached to a multicast group; with detach, takes it out of
+// every group it is in.
+bool mcast_attached(loop_qp *qp, bool detach);
 
 // loop_progress.cpp
 void progress_add(loop_qp *qp);

@@ -41,6 +41,7 @@ ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 	}
 	ah->attr = *attr;
 	ah->parents = parents.keep();
+	owned_add(pd->context, ah, kOwnAh);
 	return &ah->base;
 }
 

@@ -589,6 +589,7 @@ loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
 	wire_channel(cq);
 	// Async events (IBV_EVENT_CQ_ERR) name the CQ by its registry slot.
 	objects_add(SV_OBJ_CQ, cq->ref.slot, &c);
+	owned_add(ctx, cq, kOwnCq);
 	return cq;
 }
 
@@ -613,8 +614,10 @@ int loop_destroy_cq(ibv_cq *ibcq)
 	// EBUSY while QPs or XRC SRQs complete into it.
 	if (int e = cq->life.begin_destroy(kLifeCq, "ibv_destroy_cq", cq))
 		return e;
-	// No more events for it; block until those handed out are acked.
-	verbs_cq_wait_events(ibcq);
+	// No more events for it; block until those handed out are acked
+	// (not when its context closes: the kernel's cleanup does not wait).
+	if (!owned_closing())
+		verbs_cq_wait_events(ibcq);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
 	queue_destroy(*cq->ctx->fab, cq->ref, cq->ring);
 	cq->ring = nullptr;

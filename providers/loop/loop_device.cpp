@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <vector>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -146,19 +147,41 @@ void context_opened(fabric *fab)
 	p.open++;
 }
 
+// Contexts closed with objects still live: kept, with the core's part, for
+// the life of the process (objects.h, "What a context owns").
+std::mutex g_kept_lock;
+std::vector<loop_context *> *g_kept_contexts;
+
 void loop_free_context(ibv_context *ctx)
 {
 	loop_context *lctx = to_loop_context(ctx);
+	// What the application left: destroyed, as the kernel does when the
+	// device file closes (before contexts().m: the destroys may need it).
+	const bool had_objects = owned_close(ctx) != 0;
 	process_contexts &p = contexts();
 	std::lock_guard<std::mutex> g(p.m);
 	if (!lctx->imported_from)
 		objects_remove(kObjCtx, lctx->identity);
 	if (lctx->async_fd >= 0)
 		close(lctx->async_fd);
+	lctx->async_fd = -1;
 	fabric *fab = lctx->fab;
-	verbs_uninit_context(&lctx->vctx);
-	lctx->~loop_context();
-	free(lctx);
+	if (had_objects) {
+		// The application may still hold its objects' pointers, and they
+		// point here: a later ibv_destroy_qp reaches the provider through
+		// this context and answers ENOENT.  Only the command fd goes.
+		if (ctx->cmd_fd >= 0)
+			close(ctx->cmd_fd);
+		ctx->cmd_fd = -1;
+		std::lock_guard<std::mutex> k(g_kept_lock);
+		if (!g_kept_contexts)
+			g_kept_contexts = new std::vector<loop_context *>;
+		g_kept_contexts->push_back(lctx);
+	} else {
+		verbs_uninit_context(&lctx->vctx);
+		lctx->~loop_context();
+		free(lctx);
+	}
 	if (p.pid == getpid() && p.open > 0 && --p.open == 0 && fab) {
 		service_stop();
 		fab->release_lease();

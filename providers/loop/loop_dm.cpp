@@ -85,6 +85,7 @@ ibv_dm *loop_alloc_dm(ibv_context *ctx, ibv_alloc_dm_attr *attr)
 	dm->base.comp_mask = 0;
 	dm->base.handle = g_next_handle.fetch_add(1);
 	objects_add(kObjDm, dm->base.handle, dm);
+	owned_add(ctx, dm, kOwnDm);
 	return &dm->base;
 }
 

@@ -25,14 +25,23 @@ ibv_pd *loop_import_pd(ibv_context *ctx, uint32_t handle)
 	pd->imported = true;
 	pd->base.context = ctx;
 	pd->base.handle = orig->pdn;
+	owned_add(ctx, pd, kOwnImportedPd);
 	return &pd->base;
 }
 
 void loop_unimport_pd(ibv_pd *ibpd)
 {
 	loop_pd *pd = to_loop_pd(ibpd);
-	if (pd->imported)
-		delete pd;
+	if (!pd->imported)
+		return;
+	// Objects made on the imported PD point at this copy: while they live
+	// it stays (and stays usable), as a PD with users is never freed.
+	if (pd->life.begin_destroy(kLifePd, "ibv_unimport_pd", pd))
+		return;
+	pd->life.end_destroy(kLifePd);
+	// Kept a while, like every destroyed object: a stale pointer reads the
+	// dead state rather than reused memory.
+	quarantine(pd);
 }
 
 ibv_mr *loop_import_mr(ibv_pd *pd, uint32_t handle)
@@ -69,14 +78,20 @@ ibv_mr *loop_import_mr(ibv_pd *pd, uint32_t handle)
 	m.length = rec.length;
 	m.lkey = m.rkey = handle;
 	m.handle = handle;
+	owned_add(pd->context, mr, kOwnImportedMr);
 	return &m;
 }
 
 void loop_unimport_mr(ibv_mr *ibmr)
 {
 	auto *vmr = reinterpret_cast<verbs_mr *>(ibmr);
-	if (vmr->mr_type == IBV_MR_TYPE_IMPORTED_MR)
-		delete to_loop_mr(ibmr);
+	if (vmr->mr_type != IBV_MR_TYPE_IMPORTED_MR)
+		return;
+	loop_mr *mr = to_loop_mr(ibmr);
+	if (mr->life.begin_destroy(kLifeMr, "ibv_unimport_mr", mr))
+		return;
+	mr->life.end_destroy(kLifeMr);
+	quarantine(mr);
 }
 
 } // namespace loop

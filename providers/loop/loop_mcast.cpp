@@ -32,6 +32,8 @@ int loop_attach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 		memcpy(grp->gid, gid->raw, 16);
 		grp->lid = lid;
 	}
+	if (grp->num_qps > SV_MAX_MCAST_QPS)
+		grp->num_qps = SV_MAX_MCAST_QPS; // Damaged by a peer: the slots there are
 	for (uint32_t i = 0; i < grp->num_qps; i++)
 		if (grp->qpns[i] == qp->qpn)
 			return 0;
@@ -51,6 +53,8 @@ int loop_detach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 	for (sv_mcast_rec &m : fab.reg()->mcast) {
 		if (!m.num_qps || memcmp(m.gid, gid->raw, 16) != 0 || m.lid != lid)
 			continue;
+		if (m.num_qps > SV_MAX_MCAST_QPS)
+			m.num_qps = SV_MAX_MCAST_QPS; // Damaged by a peer
 		for (uint32_t i = 0; i < m.num_qps; i++)
 			if (m.qpns[i] == qp->qpn) {
 				m.qpns[i] = m.qpns[--m.num_qps];
@@ -58,6 +62,28 @@ int loop_detach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 			}
 	}
 	return EINVAL;
+}
+
+bool mcast_attached(loop_qp *qp, bool detach)
+{
+	fabric &fab = *qp->ctx->fab;
+	registry_guard g(fab);
+	bool found = false;
+	for (sv_mcast_rec &m : fab.reg()->mcast) {
+		uint32_t n = m.num_qps < SV_MAX_MCAST_QPS ? m.num_qps : SV_MAX_MCAST_QPS;
+		for (uint32_t i = 0; i < n;) {
+			if (m.qpns[i] != qp->qpn) {
+				i++;
+				continue;
+			}
+			found = true;
+			if (!detach)
+				return true;
+			m.qpns[i] = m.qpns[--n];
+			m.num_qps = n;
+		}
+	}
+	return found;
 }
 
 } // namespace loop

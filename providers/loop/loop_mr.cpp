@@ -451,6 +451,7 @@ ibv_mr *publish_new_mr(ibv_pd *pd, loop_mr *mr, const mr_init &in, ibv_mr_type t
 	ibv_mr &m = mr->vmr.ibv_mr;
 	m.lkey = m.rkey = key;
 	m.handle = key;
+	owned_add(pd->context, mr, kOwnMr);
 	return &m;
 }
 
@@ -827,6 +828,7 @@ ibv_mw *loop_alloc_mw(ibv_pd *pd, ibv_mw_type type)
 	mw->base.rkey = key;
 	mw->base.handle = key;
 	mw->base.type = type;
+	owned_add(pd->context, mw, kOwnMw);
 	return &mw->base;
 }
 

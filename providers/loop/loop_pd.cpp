@@ -28,6 +28,7 @@ ibv_pd *loop_alloc_pd(ibv_context *ctx)
 	pd->pdn = next_pdn.fetch_add(1, std::memory_order_relaxed);
 	pd->base.handle = pd->pdn;
 	objects_add(kObjPd, pd->pdn, pd);
+	owned_add(ctx, pd, kOwnPd);
 	return &pd->base;
 }
 

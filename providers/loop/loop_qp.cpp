@@ -473,6 +473,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		qp_ex_init(qp, attr->send_ops_flags);
 	attr->cap = qp->cap;
 	qp->parents = parents.keep();
+	owned_add(ctx, qp, kOwnQp);
 	return &q;
 }
 
@@ -638,6 +639,14 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		quarantine(qp);
 		return 0;
 	}
+	// Attached to multicast groups: EBUSY, as the kernel answers until the
+	// application detaches them (closing the context detaches them).
+	if (qp->type == IBV_QPT_UD && mcast_attached(qp, owned_closing()) && !owned_closing()) {
+		qp->life.abort_destroy(kLifeQp);
+		debug_log("ibv_destroy_qp(%p): QP %#x is still attached to a multicast group: "
+			  "EBUSY until ibv_detach_mcast", static_cast<void *>(qp), qp->qpn);
+		return EBUSY;
+	}
 	progress_remove(qp);
 	{
 		registry_guard g(fab);
@@ -648,7 +657,8 @@ int loop_destroy_qp(ibv_qp *ibqp)
 	}
 	objects_remove(kObjQp, qp->slot);
 	// No event names it now; wait for the acks of those handed out.
-	verbs_qp_wait_events(ibqp);
+	if (!owned_closing())
+		verbs_qp_wait_events(ibqp);
 	cq_detach_sq(qp);
 	cq_clean(qp->rcq, qp->qpn);
 	if (qp->scq != qp->rcq)

@@ -140,6 +140,7 @@ ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
 	a.max_wr = entries;
 	a.max_sge = sge;
 	srq->parents = parents.keep();
+	owned_add(ctx, srq, kOwnSrq);
 	return &s;
 }
 
@@ -197,7 +198,8 @@ int loop_destroy_srq(ibv_srq *ibsrq)
 	fabric &fab = *srq->ctx->fab;
 	objects_remove(SV_OBJ_SRQ, srq->ref.slot);
 	// No event names it now; wait for the acks of those handed out.
-	verbs_srq_wait_events(ibsrq);
+	if (!owned_closing())
+		verbs_srq_wait_events(ibsrq);
 	queue_destroy(fab, srq->ref, srq->ring);
 	srq->ring = nullptr;
 	res_put(fab, srq->ctx->lease, SV_RES_SRQ);

@@ -58,6 +58,7 @@ ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr)
 		return nullptr;
 	}
 	td->base.context = ctx;
+	owned_add(ctx, td, kOwnTd);
 	return &td->base;
 }
 
@@ -119,6 +120,7 @@ ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *
 		p->free = attr->free;
 	}
 	p->parents = parents.keep();
+	owned_add(ctx, p, kOwnParentDomain);
 	return &p->pd.base;
 }
 

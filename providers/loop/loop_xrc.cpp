@@ -45,6 +45,7 @@ ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr)
 	x->vxrcd.handle = id;
 	x->vxrcd.comp_mask = 0;
 	x->vxrcd.xrcd.context = ctx;
+	owned_add(ctx, x, kOwnXrcd);
 	return &x->vxrcd.xrcd;
 }
 
@@ -121,6 +122,7 @@ ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr)
 	q.qp_type = IBV_QPT_XRC_RECV;
 	pthread_mutex_init(&q.mutex, nullptr);
 	pthread_cond_init(&q.cond, nullptr);
+	owned_add(ctx, qp, kOwnQp);
 	return &q;
 }
 

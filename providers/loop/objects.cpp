@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: MIT
 #include "objects.h"
 
+#include <infiniband/verbs.h>
+
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 namespace loop {
 
@@ -97,7 +102,9 @@ int obj_life::begin_destroy(uint32_t kind, const char *verb, const void *obj)
 	uint32_t s = life_live(kind);
 	if (!state.compare_exchange_strong(s, life_dying(kind), std::memory_order_seq_cst)) {
 		if (s == life_dead(kind) || s == life_dying(kind)) {
-			debug_log("%s(%p): this %s was destroyed already (double destroy)", verb, obj,
+			debug_log("%s(%p): this %s was destroyed already (double destroy, or "
+				  "its context was closed)",
+				  verb, obj,
 				  kind_name(kind));
 			return ENOENT;
 		}
@@ -169,8 +176,101 @@ void parent_refs::release()
 		}
 }
 
+namespace {
+
+struct owned_rec {
+	const void *ctx;
+	int order;
+};
+std::mutex g_own_lock;
+std::unordered_map<void *, owned_rec> g_owned;
+// What owned_close destroyed: never freed (see objects.h).
+std::vector<void *> g_kept;
+thread_local bool t_closing;
+
+bool owned_forget(void *obj)
+{
+	std::lock_guard<std::mutex> g(g_own_lock);
+	if (t_closing)
+		g_kept.push_back(obj);
+	g_owned.erase(obj);
+	return t_closing;
+}
+
+int owned_destroy(void *obj, int order)
+{
+	switch (order) {
+	case kOwnQp: return ibv_destroy_qp(static_cast<ibv_qp *>(obj));
+	case kOwnSrq: return ibv_destroy_srq(static_cast<ibv_srq *>(obj));
+	case kOwnMw: return ibv_dealloc_mw(static_cast<ibv_mw *>(obj));
+	case kOwnMr: return ibv_dereg_mr(static_cast<ibv_mr *>(obj));
+	case kOwnAh: return ibv_destroy_ah(static_cast<ibv_ah *>(obj));
+	case kOwnCq: return ibv_destroy_cq(static_cast<ibv_cq *>(obj));
+	case kOwnParentDomain:
+	case kOwnPd: return ibv_dealloc_pd(static_cast<ibv_pd *>(obj));
+	case kOwnTd: return ibv_dealloc_td(static_cast<ibv_td *>(obj));
+	case kOwnXrcd: return ibv_close_xrcd(static_cast<ibv_xrcd *>(obj));
+	case kOwnDm: return ibv_free_dm(static_cast<ibv_dm *>(obj));
+	case kOwnImportedMr: ibv_unimport_mr(static_cast<ibv_mr *>(obj)); return 0;
+	case kOwnImportedPd: ibv_unimport_pd(static_cast<ibv_pd *>(obj)); return 0;
+	default: return EINVAL;
+	}
+}
+
+} // namespace
+
+void owned_add(const void *ctx, void *obj, int order)
+{
+	std::lock_guard<std::mutex> g(g_own_lock);
+	try {
+		g_owned[obj] = {ctx, order};
+	} catch (...) {
+		// Out of memory: the object works, but closing its context
+		// will not destroy it.
+	}
+}
+
+bool owned_closing()
+{
+	return t_closing;
+}
+
+size_t owned_close(const void *ctx)
+{
+	std::vector<std::pair<int, void *>> mine;
+	{
+		std::lock_guard<std::mutex> g(g_own_lock);
+		for (auto &[obj, r] : g_owned)
+			if (r.ctx == ctx)
+				mine.emplace_back(r.order, obj);
+	}
+	if (mine.empty())
+		return 0;
+	std::sort(mine.begin(), mine.end());
+	const size_t found = mine.size();
+	debug_log("ibv_close_device: context %p still has %zu objects: destroying them, "
+		  "as closing the device file does", ctx, mine.size());
+	t_closing = true;
+	// Users before what they use; a second pass for what a dependency
+	// the order does not know (a type-2 window's MR...) held back.
+	for (int pass = 0; pass < 3 && !mine.empty(); pass++) {
+		std::vector<std::pair<int, void *>> left;
+		for (auto &[order, obj] : mine)
+			if (owned_destroy(obj, order) == EBUSY)
+				left.emplace_back(order, obj);
+		mine.swap(left);
+	}
+	t_closing = false;
+	for (auto &[order, obj] : mine)
+		debug_log("ibv_close_device: object %p (order %d) could not be destroyed", obj,
+			  order);
+	return found;
+}
+
 void quarantine(void *obj, void (*release)(void *))
 {
+	if (owned_forget(obj))
+		return; // Destroyed by closing its context: kept (objects.h)
 	held old;
 	{
 		std::lock_guard<std::mutex> g(g_q_lock);

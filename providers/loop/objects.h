@@ -139,6 +139,43 @@ template <typename T> void quarantine(T *obj)
 	quarantine(obj, [](void *p) { delete static_cast<T *>(p); });
 }
 
+// ---- What a context owns (docs/design.md, "Object lifetimes") ----
+//
+// ibv_close_device with objects still live destroys them, as the kernel
+// does when a uverbs file closes: a peer then sees the QPs and keys gone,
+// rather than a closed context's QPs still answering and its memory still
+// writable through its rkeys.  Each object is destroyed through the public
+// verb (so the core's own accounting, a completion channel's count, stays
+// right), users before what they use.  Their memory, and the context's, is
+// kept for the life of the process: the application may still hold the
+// pointers, and a later destroy then answers ENOENT instead of reading
+// freed memory.
+enum owned_order : int {
+	kOwnQp,
+	kOwnSrq,
+	kOwnMw,
+	kOwnMr,
+	kOwnAh,
+	kOwnCq,
+	kOwnParentDomain,
+	kOwnTd,
+	kOwnXrcd,
+	kOwnPd,
+	kOwnDm,
+	kOwnImportedMr,
+	kOwnImportedPd,
+	kOwnOrders
+};
+// Records obj (the verbs handle, the provider object's first member) as
+// owned by ctx; quarantine() forgets it.
+void owned_add(const void *ctx, void *obj, int order);
+// Destroys what ctx still owns; returns how many it found.
+size_t owned_close(const void *ctx);
+// Whether this thread is inside owned_close(): the destroys neither wait
+// for event acks nor refuse because of multicast attachments, as the
+// kernel's cleanup on close does not.
+bool owned_closing();
+
 // A message under SOFTVERBS_DEBUG (to stderr, prefixed "softverbs: ").
 void debug_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -849,10 +849,162 @@ static void scenario_foreign(struct svt_dev *d)
 	CHECK_EQ(ibv_close_device(e.ctx), 0);
 }
 
+/* ---- closing a context with live objects ---- */
+
+/* A UD QP attached to a multicast group: ibv_destroy_qp is EBUSY until it
+ * is detached, as the kernel answers. */
+static void scenario_mcast(struct svt_dev *d)
+{
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct svt_qpopt uo = {IBV_QPT_UD, cq, cq, NULL, 0, 8, 8, 1, 0};
+	struct ibv_qp *uq = svt_qp(d, &uo);
+	union ibv_gid mg;
+	memset(&mg, 0, sizeof(mg));
+	mg.raw[0] = 0xff;
+	mg.raw[15] = 7;
+	CHECK_EQ(ibv_attach_mcast(uq, &mg, 0xc007), 0);
+	CHECK_EQ(ibv_destroy_qp(uq), EBUSY);
+	/* Still a working QP. */
+	svt_ud_up(uq, 0x11);
+	CHECK_EQ(svt_state(uq), IBV_QPS_RTS);
+	CHECK_EQ(ibv_detach_mcast(uq, &mg, 0xc007), 0);
+	CHECK_EQ(ibv_detach_mcast(uq, &mg, 0xc007), EINVAL);
+	CHECK_EQ(ibv_destroy_qp(uq), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+}
+
+/* ibv_close_device with every kind of object still live: it destroys them
+ * (as closing the uverbs file does), the peer's traffic to them stops
+ * working, no event wait blocks the close, and the application's stale
+ * pointers answer ENOENT. */
+static void scenario_close(struct svt_dev *d)
+{
+	struct svt_dev e;
+	svt_open(&e, "loop0");
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(e.ctx);
+	CHECK(ch);
+	struct ibv_cq *ecq = ibv_create_cq(e.ctx, 16, NULL, ch, 0);
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(ecq && cq);
+	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = cq, .rcq = cq};
+	struct svt_qpopt eo = {.type = IBV_QPT_RC, .scq = ecq, .rcq = ecq};
+	struct svt_conn c = {.access = SVT_ALL_ACCESS, .min_rnr_timer = 1, .timeout = 10,
+			     .retry_cnt = 1, .rnr_retry = 1};
+	struct ibv_qp *qa = svt_qp(d, &o), *qe = svt_qp(&e, &eo);
+	svt_connect(qa, qe->qp_num, e.lid, &c);
+	svt_connect(qe, qa->qp_num, d->lid, &c);
+	struct ibv_mr *mr = svt_mr(d, 8192, SVT_ALL_ACCESS);
+	struct ibv_mr *emr = svt_mr(&e, 8192, SVT_ALL_ACCESS);
+	unsigned char *buf = mr->addr, *ebuf = emr->addr;
+
+	/* Traffic works before the close: a WRITE lands, a SEND arrives and
+	 * raises a completion event that is never acknowledged. */
+	svt_fill(buf, 4096, 5);
+	struct ibv_sge s = svt_sge(mr, 0, 4096);
+	CHECK_EQ(svt_post_send1(qa, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+				(uintptr_t)ebuf, emr->rkey),
+		 0);
+	CHECK_WC(svt_wait(cq, "write before close"), IBV_WC_SUCCESS);
+	CHECK(!memcmp(buf, ebuf, 4096));
+	CHECK_EQ(ibv_req_notify_cq(ecq, 0), 0);
+	struct ibv_sge es = svt_sge(emr, 4096, 64);
+	svt_post_recv1(qe, 2, &es, 1);
+	s = svt_sge(mr, 0, 64);
+	CHECK_EQ(svt_post_send1(qa, 3, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED, 0, 0), 0);
+	CHECK_WC(svt_wait(cq, "send before close"), IBV_WC_SUCCESS);
+	struct ibv_cq *evcq;
+	void *evctx;
+	CHECK_EQ(ibv_get_cq_event(ch, &evcq, &evctx), 0);
+	CHECK(evcq == ecq); /* not acknowledged: the close must not wait for it */
+
+	/* One of every other kind, on e. */
+	struct ibv_srq_init_attr sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 1;
+	struct ibv_srq *esrq = ibv_create_srq(e.pd, &sa);
+	struct ibv_ah *eah = ah_make(&e, e.pd);
+	struct ibv_mw *emw = ibv_alloc_mw(e.pd, IBV_MW_TYPE_2);
+	struct ibv_xrcd *ex = xrcd_open(e.ctx);
+	CHECK(esrq && eah && emw && ex);
+	struct ibv_srq *exsrq = srq_ex(e.ctx, e.pd, ex, ecq);
+	struct ibv_qp *extgt = xrc_tgt(e.ctx, ex);
+	CHECK(exsrq && extgt);
+	struct ibv_td_init_attr ta = {0};
+	struct ibv_td *etd = ibv_alloc_td(e.ctx, &ta);
+	CHECK(etd);
+	struct ibv_parent_domain_init_attr pa;
+	memset(&pa, 0, sizeof(pa));
+	pa.pd = e.pd;
+	pa.td = etd;
+	struct ibv_pd *epar = ibv_alloc_parent_domain(e.ctx, &pa);
+	CHECK(epar);
+	struct ibv_alloc_dm_attr da = {.length = 4096};
+	struct ibv_dm *edm = ibv_alloc_dm(e.ctx, &da);
+	CHECK(edm);
+	struct ibv_mr *dmmr = ibv_reg_dm_mr(e.pd, edm, 0, 4096,
+					    IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE);
+	CHECK(dmmr);
+	struct svt_qpopt uo = {IBV_QPT_UD, ecq, ecq, NULL, 0, 8, 8, 1, 0};
+	struct ibv_qp *euq = svt_qp(&e, &uo);
+	union ibv_gid mg;
+	memset(&mg, 0, sizeof(mg));
+	mg.raw[0] = 0xff;
+	mg.raw[15] = 9;
+	CHECK_EQ(ibv_attach_mcast(euq, &mg, 0xc009), 0);
+
+	CHECK_EQ(ibv_close_device(e.ctx), 0);
+
+	/* The peer's WRITE to the closed side's memory fails, and the memory
+	 * keeps its old bytes. */
+	unsigned char before[4096];
+	memcpy(before, ebuf, sizeof(before));
+	svt_fill(buf, 4096, 6);
+	s = svt_sge(mr, 0, 4096);
+	CHECK_EQ(svt_post_send1(qa, 4, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+				(uintptr_t)ebuf, emr->rkey),
+		 0);
+	struct ibv_wc wc = svt_wait(cq, "write after close");
+	if (wc.status == IBV_WC_SUCCESS)
+		FAIL("a WRITE to a closed context's MR completed SUCCESS");
+	CHECK(!memcmp(before, ebuf, sizeof(before)));
+
+	/* The stale pointers: ENOENT, never a crash or a hang. */
+	CHECK_EQ(ibv_destroy_qp(qe), ENOENT);
+	CHECK_EQ(ibv_destroy_qp(euq), ENOENT);
+	CHECK_EQ(ibv_destroy_qp(extgt), ENOENT);
+	CHECK_EQ(ibv_dereg_mr(emr), ENOENT);
+	CHECK_EQ(ibv_dereg_mr(dmmr), ENOENT);
+	CHECK_EQ(ibv_dealloc_mw(emw), ENOENT);
+	CHECK_EQ(ibv_destroy_srq(esrq), ENOENT);
+	CHECK_EQ(ibv_destroy_srq(exsrq), ENOENT);
+	CHECK_EQ(ibv_destroy_ah(eah), ENOENT);
+	CHECK_EQ(ibv_destroy_cq(ecq), ENOENT);
+	CHECK_EQ(ibv_dealloc_pd(epar), ENOENT);
+	CHECK_EQ(ibv_dealloc_pd(e.pd), ENOENT);
+	CHECK_EQ(ibv_close_xrcd(ex), ENOENT);
+	CHECK_EQ(ibv_free_dm(edm), ENOENT);
+	CHECK_EQ(ibv_dealloc_td(etd), ENOENT);
+	struct ibv_send_wr wr, *bad = NULL;
+	memset(&wr, 0, sizeof(wr));
+	wr.opcode = IBV_WR_SEND;
+	CHECK_EQ(ibv_post_send(qe, &wr, &bad), EINVAL);
+	/* The CQ that used the channel is gone, so the channel can go. */
+	ibv_ack_cq_events(ecq, 1);
+	CHECK_EQ(ibv_destroy_comp_channel(ch), 0);
+
+	CHECK_EQ(ibv_destroy_qp(qa), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	free(buf);
+	free(ebuf);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
-		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|async|stale|foreign\n", argv[0]);
+		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|async|stale|foreign|mcast|close\n", argv[0]);
 		return 2;
 	}
 	svt_watchdog(60);
@@ -875,6 +1027,10 @@ int main(int argc, char **argv)
 		scenario_stale(&d);
 	else if (!strcmp(s, "foreign"))
 		scenario_foreign(&d);
+	else if (!strcmp(s, "mcast"))
+		scenario_mcast(&d);
+	else if (!strcmp(s, "close"))
+		scenario_close(&d);
 	else
 		FAIL("unknown scenario %s", s);
 	CHECK_EQ(ibv_dealloc_pd(d.pd), 0);
