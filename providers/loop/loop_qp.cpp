@@ -250,8 +250,10 @@ bool qp_set_error(fabric &fab, uint32_t slot)
 	} while (!st.compare_exchange_weak(cur, IBV_QPS_ERR, std::memory_order_acq_rel));
 	// Flush the receive queue (not a shared SRQ) into the receive CQ.
 	if (!q.has_srq && q.qp_type != IBV_QPT_XRC_SEND) {
-		auto *rq = static_cast<sv_rq_ring *>(queue_map(fab, {q.rq_obj, q.rq_gen}, SV_OBJ_RQ));
-		auto *cq = static_cast<sv_cq_ring *>(queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ));
+		queue_hold rqh = queue_map(fab, {q.rq_obj, q.rq_gen}, SV_OBJ_RQ);
+		queue_hold cqh = queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ);
+		auto *rq = rqh.as<sv_rq_ring>();
+		auto *cq = cqh.as<sv_cq_ring>();
 		uint32_t qpn = ((q.generation & SV_QPN_SLOT_MASK) << SV_QPN_SLOT_BITS) | slot;
 		rq_flush(rq, cq, qpn);
 	}

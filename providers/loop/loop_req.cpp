@@ -311,7 +311,8 @@ void flush_deferred(loop_qp *qp)
 		return;
 	fabric &fab = *qp->ctx->fab;
 	for (const loop_qp::deferred_send &d : qp->deferred) {
-		auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, d.cq, SV_OBJ_CQ));
+		queue_hold h = queue_map(fab, d.cq, SV_OBJ_CQ);
+		auto *ring = h.as<sv_cq_ring>();
 		if (ring && cq_has_payload(ring))
 			cq_place_deferred(ring, d.index, d.dst, d.pid);
 	}
@@ -325,7 +326,8 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 	if (v.size() >= 256) {
 		fabric &fab = *qp->ctx->fab;
 		std::erase_if(v, [&](const loop_qp::deferred_send &d) {
-			auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, d.cq, SV_OBJ_CQ));
+			queue_hold h = queue_map(fab, d.cq, SV_OBJ_CQ);
+			auto *ring = h.as<sv_cq_ring>();
 			return !ring || std::atomic_ref<uint64_t>(ring->cons).load() > d.index;
 		});
 		if (v.size() >= 256)
@@ -348,7 +350,8 @@ int push_peer(fabric &fab, const peer &p, sv_cqe &e, bool solicited,
 		obj_ref ref = p.xrc_srq >= 0 ? obj_ref{r->objs[p.xrc_srq].cq_obj,
 						       r->objs[p.xrc_srq].cq_gen}
 					     : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
-		auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, ref, SV_OBJ_CQ));
+		queue_hold h = queue_map(fab, ref, SV_OBJ_CQ);
+		auto *ring = h.as<sv_cq_ring>();
 		if (!ring) {
 			// A resize may have replaced the ring between our reading the
 			// reference and mapping it: only a reference that stays the
@@ -420,7 +423,8 @@ bool pack_inline(const local_buf &lb, const sv_recv_wqe *wqe, const std::vector<
 void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type)
 {
 	sv_qp_rec &q = fab.reg()->qps[qp_slot];
-	auto *ring = static_cast<sv_cq_ring *>(queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ));
+	queue_hold h = queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ);
+	auto *ring = h.as<sv_cq_ring>();
 	if (!ring)
 		return;
 	sv_async_msg m{static_cast<uint32_t>(type), kObjQp, qp_slot, q.generation};
@@ -448,7 +452,8 @@ void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len
 bool take_recv(fabric &fab, const peer &p, std::vector<uint8_t> &buf, sv_recv_wqe *&wqe)
 {
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
-	auto *rq = static_cast<sv_rq_ring *>(queue_map(fab, {p.rec.rq_obj, p.rec.rq_gen}, kind));
+	queue_hold h = queue_map(fab, {p.rec.rq_obj, p.rec.rq_gen}, kind);
+	auto *rq = h.as<sv_rq_ring>();
 	queue_geom g;
 	if (!rq || !queue_geometry(rq, g))
 		return false;

@@ -20,14 +20,29 @@ namespace loop {
 
 namespace {
 
-struct cached_map {
+} // namespace
+
+// One mapping of a peer's queue segment; unmapped with its last holder.
+struct queue_mapping {
 	uint32_t gen;
 	void *addr;
 	size_t size;
+	queue_mapping(uint32_t g, void *a, size_t s) : gen(g), addr(a), size(s) {}
+	queue_mapping(const queue_mapping &) = delete;
+	queue_mapping &operator=(const queue_mapping &) = delete;
+	~queue_mapping()
+	{
+		queue_geom_forget(addr);
+		munmap(addr, size);
+	}
 };
 
+namespace {
+
 std::mutex g_map_lock;
-std::unordered_map<uint32_t, cached_map> g_maps; // slot -> mapping
+// slot -> mapping.  Never destroyed: a progress thread may still map at exit.
+std::unordered_map<uint32_t, std::shared_ptr<queue_mapping>> &g_maps =
+	*new std::unordered_map<uint32_t, std::shared_ptr<queue_mapping>>;
 
 // The largest queue segment anyone makes: a CQ of the most entries with its
 // payload array, with room to spare.  A bigger file is not one of ours.
@@ -214,12 +229,19 @@ void queue_destroy(fabric &fab, const obj_ref &ref, void *map)
 	size_t bytes = geom.size;
 	queue_geom_forget(map);
 	shm_unlink(queue_name(fab, ref).c_str());
+	std::shared_ptr<queue_mapping> cached;
 	{
+		// This process's peer-side mapping of the same queue (a QP of
+		// ours talking to another of ours), if any: it goes with its
+		// last holder.
 		std::lock_guard<std::mutex> g(g_map_lock);
 		auto it = g_maps.find(ref.slot);
-		if (it != g_maps.end() && it->second.addr == map)
+		if (it != g_maps.end() && it->second->gen == ref.gen) {
+			cached = std::move(it->second);
 			g_maps.erase(it);
+		}
 	}
+	cached.reset();
 	if (bytes)
 		munmap(map, bytes); // Else leaked rather than unmapping a guess
 	registry_guard g(fab);
@@ -228,44 +250,46 @@ void queue_destroy(fabric &fab, const obj_ref &ref, void *map)
 		o.in_use = 0;
 }
 
-void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
+queue_hold queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 {
 	if (ref.slot >= SV_MAX_OBJS)
-		return nullptr;
+		return {};
 	sv_obj_rec &o = fab.reg()->objs[ref.slot];
 	if (!std::atomic_ref<uint32_t>(o.in_use).load(std::memory_order_acquire) ||
 	    o.generation != ref.gen || o.kind != static_cast<uint32_t>(kind))
-		return nullptr;
+		return {};
+	std::shared_ptr<queue_mapping> old; // Released after the lock
 	std::lock_guard<std::mutex> g(g_map_lock);
 	auto it = g_maps.find(ref.slot);
 	if (it != g_maps.end()) {
-		if (it->second.gen == ref.gen)
-			return it->second.addr;
-		queue_geom_forget(it->second.addr);
-		munmap(it->second.addr, it->second.size);
+		if (it->second->gen == ref.gen)
+			return {it->second, it->second->addr};
+		// The slot holds a newer queue now: the cache lets the old
+		// mapping go; it is unmapped when its last holder does.
+		old = std::move(it->second);
 		g_maps.erase(it);
 	}
 	std::string name = queue_name(fab, ref);
 	int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
-		return nullptr;
+		return {};
 	// Owner, mode and size before anything is mapped.
 	std::string why;
 	if (check_segment(fd, sizeof(sv_queue_hdr), kMaxQueueBytes, why)) {
 		close(fd);
 		report_refused(name, why);
-		return nullptr;
+		return {};
 	}
 	struct stat st;
 	if (fstat(fd, &st) < 0) {
 		close(fd);
-		return nullptr;
+		return {};
 	}
 	size_t size = static_cast<size_t>(st.st_size);
 	void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (p == MAP_FAILED)
-		return nullptr;
+		return {};
 	auto *h = static_cast<sv_queue_hdr *>(p);
 	// Everything a peer wrote is checked before it is trusted, and the
 	// layout is copied out once checked: the header may change under us
@@ -299,11 +323,21 @@ void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 		munmap(p, size);
 		report_refused(name, "its header is not that of a valid queue (a damaged or "
 				     "foreign segment)");
-		return nullptr;
+		return {};
 	}
 	queue_geom_register(p, geom);
-	g_maps[ref.slot] = cached_map{ref.gen, p, size};
-	return p;
+	std::shared_ptr<queue_mapping> m;
+	try {
+		m = std::make_shared<queue_mapping>(ref.gen, p, size);
+		g_maps[ref.slot] = m;
+	} catch (...) {
+		if (!m) {
+			queue_geom_forget(p);
+			munmap(p, size);
+		}
+		return {}; // Out of memory: as if the queue could not be mapped
+	}
+	return {m, p};
 }
 
 } // namespace loop

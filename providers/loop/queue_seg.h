@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace loop {
@@ -26,11 +27,35 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 // Owner side: unmaps, unlinks and frees the slot.
 void queue_destroy(fabric &fab, const obj_ref &ref, void *map);
 
-// Peer side: the mapping of a live object, or nullptr if the object is gone
-// (its slot freed or reused) or the segment is not a valid queue of `kind`.
-// Mappings are cached per process; the generation check makes a stale cache
-// entry harmless.
-void *queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind);
+struct queue_mapping;
+// A peer's queue as this process maps it, held: the mapping stays while any
+// holder has it, even after the slot is reused and the cache moved on (the
+// same counting as peer_map's), so a thread still pushing through the old
+// pointer never touches unmapped memory.
+class queue_hold {
+public:
+	queue_hold() = default;
+	queue_hold(std::shared_ptr<queue_mapping> m, void *addr) : m_(std::move(m)), addr_(addr) {}
+	template <typename T> T *as() const
+	{
+		return static_cast<T *>(addr_);
+	}
+	explicit operator bool() const
+	{
+		return addr_ != nullptr;
+	}
+
+private:
+	std::shared_ptr<queue_mapping> m_;
+	void *addr_ = nullptr;
+};
+
+// Peer side: the mapping of a live object, or an empty hold if the object is
+// gone (its slot freed or reused) or the segment is not a valid queue of
+// `kind`.  Mappings are cached per process; the generation check makes a
+// stale cache entry harmless, and a replaced one is unmapped when its last
+// holder lets go.
+queue_hold queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind);
 
 size_t queue_bytes(uint32_t header_size, uint32_t entries, uint32_t entry_size);
 // The segment of a live object: <registry>-q<slot>.<gen>.<nonce>, the nonce

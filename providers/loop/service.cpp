@@ -309,7 +309,8 @@ int service_xfer(pid_t pid, const iovec *local, int nl, const iovec *remote, int
 	sv_lease l = reg->leases[lease];
 	if (!l.svc_gen)
 		return EPERM;
-	auto *r = static_cast<sv_svc_ring *>(queue_map(*fab, {l.svc_obj, l.svc_gen}, SV_OBJ_SVC));
+	queue_hold h = queue_map(*fab, {l.svc_obj, l.svc_gen}, SV_OBJ_SVC);
+	auto *r = h.as<sv_svc_ring>();
 	// The size mapped, as checked at mapping (not the header's seg_size,
 	// which the peer may have rewritten since).
 	queue_geom g;

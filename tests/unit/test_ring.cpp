@@ -544,3 +544,69 @@ TEST(RqRing, FlushCompletesEveryWqeInOrder)
 }
 
 } // namespace
+
+// ---- peer-side mappings (queue_map) ----
+
+namespace {
+
+// How many mappings of this process name a file whose path contains `name`.
+int mappings_of(const std::string &name)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	if (!f)
+		return -1;
+	char line[4096];
+	int n = 0;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, name.c_str()))
+			n++;
+	fclose(f);
+	return n;
+}
+
+} // namespace
+
+// A peer's queue stays mapped while a holder uses it, even after its owner
+// destroyed it and the cache let it go; it is unmapped with the last holder.
+// (Before queue_hold, a generation change unmapped the cached mapping under
+// a thread still pushing through the pointer it had been given.)
+TEST(QueueMap, HeldMappingOutlivesTheQueue)
+{
+	loop::config c;
+	c.fabric = "utqm" + std::to_string(getpid());
+	loop::device_config d;
+	d.name = "loop0";
+	c.devices = {d};
+	loop::fabric *fab = nullptr;
+	std::string err;
+	ASSERT_EQ(loop::fabric::open(c, fab, err), 0) << err;
+	int lease = fab->lease();
+	ASSERT_GE(lease, 0);
+	uint32_t entry = 64; // The smallest entry a queue may have (queue_geom_valid)
+	loop::obj_ref ref;
+	void *own = loop::queue_create(*fab, lease, SV_OBJ_RQ, 8, entry, sizeof(sv_rq_ring), 1, ref);
+	ASSERT_NE(own, nullptr) << strerror(errno);
+	std::string name = loop::queue_name(*fab, ref);
+	{
+		loop::queue_hold h = loop::queue_map(*fab, ref, SV_OBJ_RQ);
+		ASSERT_TRUE(h);
+		auto *ring = h.as<sv_rq_ring>();
+		ASSERT_NE(static_cast<void *>(ring), own); // A mapping of its own
+		EXPECT_EQ(mappings_of(name), 2);
+		loop::queue_hold again = loop::queue_map(*fab, ref, SV_OBJ_RQ);
+		EXPECT_EQ(again.as<sv_rq_ring>(), ring); // Cached
+		loop::queue_destroy(*fab, ref, own);
+		// Gone for new lookups, still there for the holders.
+		EXPECT_FALSE(loop::queue_map(*fab, ref, SV_OBJ_RQ));
+		EXPECT_EQ(ring->hdr.obj_slot, ref.slot);
+		EXPECT_EQ(ring->hdr.obj_gen, ref.gen);
+		std::atomic_ref<uint64_t>(ring->prod).fetch_add(1); // Writable
+		EXPECT_EQ(mappings_of(name), 1);
+		again = {};
+		EXPECT_EQ(mappings_of(name), 1);
+	}
+	EXPECT_EQ(mappings_of(name), 0); // The last holder unmapped it
+	fab->release_lease();
+	unlink(("/dev/shm" + loop::fabric::registry_name(c.fabric)).c_str());
+	delete fab;
+}
