@@ -375,3 +375,16 @@ def test_mapping_cache_eviction_under_threads(build_dir, env):
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
     m = re.search(r"OK sv_fdmaps mrs=600 threads=4 ops=(\d+)", p.stdout)
     assert m and int(m.group(1)) > 0, p.stdout
+
+
+def test_peer_shrinks_its_fd_mr_file(build_dir, env):
+    """The owner truncates the memfd behind its MR to 0 while the requester
+    holds a mapping of it: the requester's WRITE, READ and FETCH_ADD
+    complete REM_ACCESS_ERR (they succeeded before the truncate), and the
+    requester lives (it used to die of SIGBUS in its memcpy)."""
+    prog = build_dir / "tests" / "progs" / "sv_fdmaps"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs libibverbs-dev)")
+    p = run([str(prog), "-m", "1", "-t", "3", "-x"], env, timeout=120)
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+    assert p.stdout.strip() == "OK sv_fdmaps mrs=1 threads=3 ops=6", p.stdout

@@ -503,6 +503,17 @@ void responder_error(fabric &fab, const peer &p, ibv_event_type ev)
 // The 8 aligned bytes an atomic targets, checked for the QP's and the key's
 // `right`.  On failure the WR has completed in error (and the responder's
 // QP is in ERR): returns false.
+// Reads or writes an atomic's target word: in the peer (cross-memory attach,
+// or memcpy in-process), or in our mapping of a peer's fd-backed MR through
+// the kernel (a file shrunk under us is EFAULT, not SIGBUS); on-demand
+// memory takes a checked call even in-process.
+int atomic_word(const peer &p, const mr_hit &hit, uint64_t *v, xfer_dir dir)
+{
+	if (hit.mapped)
+		return xfer_mapped_word(hit.addr, v, dir);
+	return xfer_word(p.pid, p.self && !hit.odp, hit.addr, v, dir);
+}
+
 bool atomic_target(loop_qp *qp, const send_wr &w, const peer &p, uint32_t right, mr_hit &hit)
 {
 	fabric &fab = *qp->ctx->fab;
@@ -733,10 +744,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 		if (hit.kind != SV_MR_KIND_NULL) {
 			flush_deferred(qp);
 			atomic_guard g(fab, p.rec.owner_lease, hit.addr);
-			// A peer's fd-backed MR is mapped here; on-demand memory
-			// takes a checked call even in-process.
-			bool here = (p.self && !hit.odp) || hit.mapped;
-			err = xfer_word(p.pid, here, hit.addr, &old, xfer_dir::from_peer);
+			err = atomic_word(p, hit, &old, xfer_dir::from_peer);
 			if (!err) {
 				uint64_t nv = old;
 				bool store = true;
@@ -747,7 +755,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 				else
 					store = false;
 				if (store)
-					err = xfer_word(p.pid, here, hit.addr, &nv, xfer_dir::to_peer);
+					err = atomic_word(p, hit, &nv, xfer_dir::to_peer);
 			}
 		}
 		if (err == ESRCH)
@@ -780,10 +788,9 @@ step run_connected(loop_qp *qp, send_wr &w)
 		if (hit.kind != SV_MR_KIND_NULL) {
 			flush_deferred(qp);
 			atomic_guard g(fab, p.rec.owner_lease, hit.addr);
-			bool here = (p.self && !hit.odp) || hit.mapped;
 			uint64_t v;
 			memcpy(&v, w.inline_data, 8);
-			err = xfer_word(p.pid, here, hit.addr, &v, xfer_dir::to_peer);
+			err = atomic_word(p, hit, &v, xfer_dir::to_peer);
 		}
 		if (err == ESRCH)
 			return step::unreachable;

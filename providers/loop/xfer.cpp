@@ -92,6 +92,17 @@ int xfer(pid_t pid, bool same_process, const iovec *local, int nl, const iovec *
 
 namespace {
 
+int checked_self_copy(void *local, void *remote, size_t len, xfer_dir dir)
+{
+	iovec l{local, len};
+	iovec r{remote, len};
+	ssize_t n = dir == xfer_dir::to_peer ? process_vm_writev(getpid(), &l, 1, &r, 1, 0)
+					     : process_vm_readv(getpid(), &l, 1, &r, 1, 0);
+	if (n < 0)
+		return errno == ESRCH ? EFAULT : errno;
+	return static_cast<size_t>(n) == len ? 0 : EFAULT;
+}
+
 // One contiguous piece of a transfer: local bytes and where they go.
 struct piece {
 	char *local;
@@ -135,7 +146,16 @@ int run_pieces(pid_t pid, bool same_process, const std::vector<piece> &ps, xfer_
 			if (dir == xfer_dir::from_peer)
 				memset(p.local, 0, p.len);
 			break;
-		default: // mapped, or peer within this process
+		case seg_kind::mapped: {
+			// A peer's fd-backed object, mapped here: its owner may
+			// shrink the file under us, and a plain copy would then
+			// die of SIGBUS in this process.  The kernel's copy
+			// between two of our own addresses answers EFAULT.
+			if (int err = checked_self_copy(p.local, p.remote, p.len, dir))
+				return err;
+			break;
+		}
+		default: // peer within this process
 			if (dir == xfer_dir::to_peer)
 				memmove(p.remote, p.local, p.len);
 			else
@@ -191,6 +211,11 @@ int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rs
 		return run_pieces(pid, same_process, rev, dir);
 	}
 	return run_pieces(pid, same_process, ps, dir);
+}
+
+int xfer_mapped_word(uint64_t addr, uint64_t *value, xfer_dir dir)
+{
+	return checked_self_copy(value, reinterpret_cast<void *>(addr), sizeof(*value), dir);
 }
 
 int xfer_word(pid_t pid, bool same_process, uint64_t remote_addr, uint64_t *value, xfer_dir dir)

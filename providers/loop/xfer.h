@@ -54,6 +54,10 @@ inline constexpr size_t kRelaxedMinBytes = 64 * 1024;
 inline constexpr size_t kRelaxedChunk = 16 * 1024;
 
 // Reads or writes 8 bytes at a peer address (for atomics).
+// An 8-byte word of a peer's fd-backed object mapped into this process:
+// through the kernel, so that a file its owner shrank gives EFAULT rather
+// than SIGBUS here.
+int xfer_mapped_word(uint64_t addr, uint64_t *value, xfer_dir dir);
 int xfer_word(pid_t pid, bool same_process, uint64_t remote_addr, uint64_t *value, xfer_dir dir);
 
 } // namespace loop

@@ -15,7 +15,11 @@
  * READs it back, and compares every byte.  Prints
  * "OK sv_fdmaps mrs=M threads=T ops=N" when every op completed with
  * success and every byte matched; else a FAIL line and exit status 1.
- * The parent forks both processes before either touches verbs. */
+ * The parent forks both processes before either touches verbs.
+ *
+ * With -x (and -m 1 -t 3): the owner truncates the file behind its MR
+ * while the user holds a mapping of it; the user's WRITE, READ and atomic
+ * then complete REM_ACCESS_ERR instead of killing it with SIGBUS. */
 #include "svt.h"
 
 #include <dlfcn.h>
@@ -41,12 +45,14 @@ struct board {
 	uint32_t rkey[MAXMR];
 	uint64_t addr[MAXMR];
 	_Atomic uint64_t ops;
+	_Atomic int shrink_req, shrink_done; /* -x */
 };
 
 static struct {
 	int mrs, threads, seconds;
 	const char *dev;
-} opt = {600, 4, 5, "loop0"};
+	int shrink;
+} opt = {600, 4, 5, "loop0", 0};
 
 static struct board *B;
 
@@ -63,7 +69,8 @@ static void wait_flag(_Atomic int *f, int ms, const char *what)
 }
 
 static const struct svt_conn conn = {
-	.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE,
+	.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE |
+		  IBV_ACCESS_REMOTE_ATOMIC,
 	.min_rnr_timer = 1,
 	.timeout = 14,
 	.retry_cnt = 7,
@@ -72,6 +79,7 @@ static const struct svt_conn conn = {
 
 static void owner(void)
 {
+	int shrink_fd = -1;
 	struct svt_dev d;
 	svt_open(&d, opt.dev);
 	reg_mr_fd_fn reg = (reg_mr_fd_fn)dlsym(RTLD_DEFAULT, "softverbs_reg_mr_fd");
@@ -84,10 +92,13 @@ static void owner(void)
 		uint64_t iova = 0x10000000ULL + (uint64_t)i * 0x10000;
 		struct ibv_mr *mr = reg(d.pd, fd, 2 /* SOFTVERBS_FD_MEMFD */, 0, 4096, iova,
 					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-						IBV_ACCESS_REMOTE_READ);
+						IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
 		if (!mr)
 			FAIL("softverbs_reg_mr_fd #%d: %s", i, strerror(errno));
-		close(fd); /* The MR keeps its own reference */
+		if (opt.shrink)
+			shrink_fd = fd; /* -x: shrunk below once the user asks */
+		else
+			close(fd); /* The MR keeps its own reference */
 		B->rkey[i] = mr->rkey;
 		B->addr[i] = iova;
 	}
@@ -105,6 +116,12 @@ static void owner(void)
 	for (int t = 0; t < opt.threads; t++)
 		svt_connect(qp[t], B->user_qpn[t], B->lid, &conn);
 	atomic_store(&B->owner_ready, 2);
+	if (opt.shrink) {
+		/* The file behind the MR shrinks under the peer's mappings. */
+		wait_flag(&B->shrink_req, 60000, "the user's first pass");
+		CHECK(ftruncate(shrink_fd, 0) == 0);
+		atomic_store(&B->shrink_done, 1);
+	}
 	/* One-sided traffic: nothing to do but stay alive. */
 	wait_flag(&B->user_done, (opt.seconds + 60) * 1000, "the user to finish");
 	exit(0);
@@ -163,6 +180,53 @@ static void *work(void *arg)
 	return NULL;
 }
 
+/* -x: one WRITE, READ and FETCH_ADD (one QP each: an error takes its QP
+ * down) into MR 0, which succeed; then the owner truncates the file behind
+ * it to 0 bytes, and the same three, through the mapping this process has
+ * cached, must complete REM_ACCESS_ERR: never SIGBUS here. */
+static void shrink_pass(struct worker *w)
+{
+	static const enum ibv_wr_opcode ops[3] = {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ,
+						  IBV_WR_ATOMIC_FETCH_AND_ADD};
+	struct ibv_mr *mr = svt_mr(w[0].d, 2 * SLOT, IBV_ACCESS_LOCAL_WRITE);
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1) {
+			atomic_store(&B->shrink_req, 1);
+			wait_flag(&B->shrink_done, 60000, "the owner's ftruncate");
+		}
+		for (int t = 0; t < 3; t++) {
+			struct ibv_sge sge = {(uintptr_t)mr->addr, ops[t] == IBV_WR_ATOMIC_FETCH_AND_ADD
+								  ? 8
+								  : SLOT,
+					      mr->lkey};
+			struct ibv_send_wr wr, *bad;
+			memset(&wr, 0, sizeof(wr));
+			wr.wr_id = pass * 10 + t;
+			wr.sg_list = &sge;
+			wr.num_sge = 1;
+			wr.opcode = ops[t];
+			wr.send_flags = IBV_SEND_SIGNALED;
+			if (ops[t] == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+				wr.wr.atomic.remote_addr = B->addr[0] + 1024;
+				wr.wr.atomic.rkey = B->rkey[0];
+				wr.wr.atomic.compare_add = 1;
+			} else {
+				wr.wr.rdma.remote_addr = B->addr[0] + (uint64_t)t * SLOT;
+				wr.wr.rdma.rkey = B->rkey[0];
+			}
+			CHECK(ibv_post_send(w[t].qp, &wr, &bad) == 0);
+			struct ibv_wc wc;
+			if (!svt_poll(w[t].cq, &wc, 20000))
+				FAIL("pass %d: no completion for op %d", pass, t);
+			if (pass == 0)
+				CHECK_WC(wc, IBV_WC_SUCCESS);
+			else
+				CHECK_WC(wc, IBV_WC_REM_ACCESS_ERR);
+			atomic_fetch_add(&B->ops, 1);
+		}
+	}
+}
+
 static void user(void)
 {
 	wait_flag(&B->owner_ready, 60000, "the owner's MRs");
@@ -187,6 +251,11 @@ static void user(void)
 			FAIL("the owner never connected");
 		usleep(1000);
 	}
+	if (opt.shrink) {
+		shrink_pass(w);
+		atomic_store(&B->user_done, 1);
+		exit(0);
+	}
 	pthread_t th[MAXT];
 	for (int t = 0; t < opt.threads; t++)
 		CHECK(pthread_create(&th[t], NULL, work, &w[t]) == 0);
@@ -203,7 +272,7 @@ static void user(void)
 int main(int argc, char **argv)
 {
 	int c;
-	while ((c = getopt(argc, argv, "m:t:s:d:")) != -1) {
+	while ((c = getopt(argc, argv, "m:t:s:d:x")) != -1) {
 		switch (c) {
 		case 'm':
 			opt.mrs = atoi(optarg);
@@ -217,14 +286,18 @@ int main(int argc, char **argv)
 		case 'd':
 			opt.dev = optarg;
 			break;
+		case 'x':
+			opt.shrink = 1;
+			break;
 		default:
-			fprintf(stderr, "usage: sv_fdmaps [-m MRS] [-t THREADS] [-s SECONDS] [-d DEV]\n");
+			fprintf(stderr,
+				"usage: sv_fdmaps [-m MRS] [-t THREADS] [-s SECONDS] [-d DEV] [-x]\n");
 			return 2;
 		}
 	}
 	if (opt.mrs < 1 || opt.mrs > MAXMR || opt.threads < 1 || opt.threads > MAXT ||
-	    opt.seconds < 1)
-		FAIL("bad arguments");
+	    opt.seconds < 1 || (opt.shrink && (opt.mrs != 1 || opt.threads != 3)))
+		FAIL("bad arguments (-x needs -m 1 -t 3)");
 	svt_watchdog(opt.seconds + 120);
 	B = mmap(NULL, sizeof(*B), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	CHECK(B != MAP_FAILED);
