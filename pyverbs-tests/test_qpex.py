@@ -169,10 +169,19 @@ for i in range(8):
     a.wr_set_sge(SGE(ma.buf, 1, ma.lkey))
 a.wr_complete()
 got = poll(ca, 2)
-time.sleep(0.05)
-out({"send": [c["wr_id"] for c in got], "more": not empty(ca)})
+more = not empty(ca)
+# The time-free check that the unsignaled six never complete: a signaled
+# marker after them is the next completion.
+a.wr_start()
+a.wr_id = 48
+a.wr_flags = e.IBV_SEND_SIGNALED
+a.wr_rdma_write(mb.rkey, mb.buf + 8)
+a.wr_set_sge(SGE(ma.buf, 1, ma.lkey))
+a.wr_complete()
+out({"send": [c["wr_id"] for c in got], "more": more,
+     "marker": [c["wr_id"] for c in poll(ca, 1)]})
 """, env)
-    assert r == {"send": [43, 47], "more": False}
+    assert r == {"send": [43, 47], "more": False, "marker": [48]}
 
 
 def test_uc_send_and_write(env):
@@ -274,7 +283,8 @@ a.wr_send()  # A good WR first: it must not be posted either
 a.wr_set_sge(SGE(ma.buf, 4, ma.lkey))
 {body}
 err = errno_of(a.wr_complete)
-time.sleep(0.05)
+# Nothing now; and the time-free check: the next completions on both sides
+# are those of the good SEND below (poll(ca, 1), poll(cb, 1)).
 nothing = empty(ca) and empty(cb)
 # The QP still works.
 ma.write(b"after", 5)
@@ -314,7 +324,7 @@ after_abort = errno_of(a.wr_complete)
 a.wr_start()
 a.wr_start()
 double = errno_of(a.wr_complete)
-time.sleep(0.05)
+# Nothing now; the next completion is the good SEND's (poll(ca, 1) below).
 nothing = empty(ca) and empty(cb)
 a.wr_start()
 a.wr_id = 9

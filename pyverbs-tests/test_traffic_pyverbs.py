@@ -121,7 +121,9 @@ w.set_wr_rdma(b.mr.rkey, b.mr.buf + 10000)
 a.qp.post_send(w)
 r["write"] = wcd(poll(a.cq))
 r["write_ok"] = b.mr.read(5000, 10000) == data
-r["write_no_recv_cqe"] = empty(b.cq)
+# No receive completion: nothing now, and (below) the next completion on
+# b.cq is the WRITE_WITH_IMM's, for its receive 3 (a time-free check).
+r["write_no_recv_cqe"] = empty(b.cq, 0)
 # RDMA WRITE WITH IMM
 recv(b, 3, 0, 16)
 w = send_wr(13, e.IBV_WR_RDMA_WRITE_WITH_IMM, [SGE(a.mr.buf, 3000, a.mr.lkey)], imm=0x0a0b0c0d)
@@ -179,6 +181,7 @@ def test_rc_operations(env, devs):
     assert r["write"]["opcode"] == 1  # IBV_WC_RDMA_WRITE
     assert r["write_no_recv_cqe"]
     assert r["recv_write_imm"]["opcode"] == 129  # IBV_WC_RECV_RDMA_WITH_IMM
+    assert r["recv_write_imm"]["wr_id"] == 3
     assert r["recv_write_imm"]["imm"] == 0x0a0b0c0d and r["recv_write_imm"]["byte_len"] == 3000
     assert r["read"]["opcode"] == 2  # IBV_WC_RDMA_READ
     assert r["cas"]["opcode"] == 3 and r["faa"]["opcode"] == 4
@@ -221,14 +224,23 @@ w = send_wr(4, e.IBV_WR_SEND, [SGE(a.mr.buf, 16, a.mr.lkey)])
 w.set_wr_ud(ah_lid, b.qp.qp_num, 0x4321)
 a.qp.post_send(w)
 r["bad_qkey_send"] = wcd(poll(a.cq))
-r["bad_qkey_dropped"] = empty(b.cq, 0.1)
+r["bad_qkey_dropped"] = empty(b.cq, 0)
 # Larger than the port's MTU
 mtu = 128 << a.ctx.query_port(1).active_mtu
 w = send_wr(5, e.IBV_WR_SEND, [SGE(a.mr.buf, mtu + 1, a.mr.lkey)])
 w.set_wr_ud(ah_lid, b.qp.qp_num, 0x1234)
 a.qp.post_send(w)
 r["too_long"] = wcd(poll(a.cq))
-r["too_long_not_delivered"] = empty(b.cq, 0.1)
+r["too_long_not_delivered"] = empty(b.cq, 0)
+# The time-free check that neither was delivered: a good SEND of marked
+# bytes after them is what receive 3 (posted before both) gets.
+a.mr.write(b"MARKER-0123456789", 17, 4096)
+w = send_wr(6, e.IBV_WR_SEND, [SGE(a.mr.buf + 4096, 17, a.mr.lkey)])
+w.set_wr_ud(ah_lid, b.qp.qp_num, 0x1234)
+a.qp.post_send(w)
+r["marker_send"] = wcd(poll(a.cq))
+r["marker"] = wcd(poll(b.cq))
+r["marker_data"] = b.mr.read(17, 40) == b"MARKER-0123456789"
 r["gid_b"] = b.gid.gid
 r["gid_a"] = a.gid.gid
 out(r)
@@ -255,6 +267,9 @@ def test_ud(env, devs):
     assert r["bad_qkey_send"]["status"] == 0 and r["bad_qkey_dropped"]
     assert r["too_long"]["status"] == 1  # IBV_WC_LOC_LEN_ERR
     assert r["too_long_not_delivered"]
+    assert r["marker_send"]["status"] == 0
+    assert (r["marker"]["wr_id"], r["marker"]["status"], r["marker"]["byte_len"]) == (3, 0, 17 + 40)
+    assert r["marker_data"]
 
 
 ERRORS = r"""
@@ -359,15 +374,16 @@ for kind in ("sges", "inline", "opcode"):
         r[kind] = [0, None]
     except PyverbsRDMAError as x:
         r[kind] = [x.error_code, bad.wr_id]
+    # What completes before a signaled marker WRITE posted after the
+    # refused chain: exactly what was posted (completions come in order, so
+    # no wait for "nothing more" is needed).
+    m = send_wr(99, e.IBV_WR_RDMA_WRITE, [s]); m.set_wr_rdma(b.mr.rkey, b.mr.buf + 32)
+    a.qp.post_send(m)
     got = []
     while True:
-        n, wcs = a.cq.poll(1)
-        if not n:
-            time.sleep(0.05)
-            n, wcs = a.cq.poll(1)
-            if not n:
-                break
-        got.append(wcs[0].wr_id)
+        got.append(poll(a.cq).wr_id)
+        if got[-1] == 99:
+            break
     r[kind + "_done"] = got
 out(r)
 """
@@ -381,7 +397,7 @@ def test_posting_errors(env):
         err, bad = r[kind]
         assert err != 0, kind
         assert bad == 12, (kind, bad)
-        assert r[kind + "_done"] == [11], (kind, r[kind + "_done"])
+        assert r[kind + "_done"] == [11, 99], (kind, r[kind + "_done"])
 
 
 QUERY = r"""
