@@ -609,8 +609,8 @@ int fabric::reap_dead()
 
 int fabric::lease()
 {
-	if (lease_slot_ >= 0)
-		return lease_slot_;
+	if (int s = lease_slot_.load(std::memory_order_acquire); s >= 0)
+		return s;
 	uint32_t pid = static_cast<uint32_t>(getpid());
 	uint64_t start = process_start_time(getpid());
 	registry_guard g(*this);
@@ -618,7 +618,7 @@ int fabric::lease()
 	for (int i = 0; i < SV_MAX_PROCS; i++) {
 		sv_lease &l = reg_->leases[i];
 		if (l.pid == pid && l.start_time == start) {
-			lease_slot_ = i;
+			lease_slot_.store(i, std::memory_order_release);
 			return i;
 		}
 		// Whatever a dead process left is freed as soon as it is seen.
@@ -638,7 +638,7 @@ int fabric::lease()
 	l.svc_obj = 0;
 	l.svc_gen = 0;
 	memset(reg_->usage[free_slot], 0, sizeof(reg_->usage[free_slot]));
-	lease_slot_ = free_slot;
+	lease_slot_.store(free_slot, std::memory_order_release);
 	return free_slot;
 }
 
@@ -681,22 +681,22 @@ int check_segment(int fd, size_t min_size, size_t max_size, std::string &why)
 
 void fabric::release_lease()
 {
-	if (lease_slot_ < 0)
+	registry_guard g(*this);
+	// Under the lock, so that two releases (exit racing the last close)
+	// reap the slot once.
+	int slot = lease_slot_.exchange(-1, std::memory_order_acq_rel);
+	if (slot < 0 || slot >= SV_MAX_PROCS)
 		return;
-	{
-		registry_guard g(*this);
-		sv_lease &l = reg_->leases[lease_slot_];
-		auto pid = static_cast<uint32_t>(getpid());
-		if (l.pid == pid) {
-			// Everything the lease still owns goes as a dead process's
-			// would; the slot keeps its pid and flags for the tools.
-			reap_locked(lease_slot_);
-			l.svc_obj = 0;
-			l.svc_gen = 0;
-			l.last_pid = pid;
-		}
+	sv_lease &l = reg_->leases[slot];
+	auto pid = static_cast<uint32_t>(getpid());
+	if (l.pid == pid) {
+		// Everything the lease still owns goes as a dead process's
+		// would; the slot keeps its pid and flags for the tools.
+		reap_locked(slot);
+		l.svc_obj = 0;
+		l.svc_gen = 0;
+		l.last_pid = pid;
 	}
-	lease_slot_ = -1;
 }
 
 int process_fabric(fabric *&out, std::string &error)

@@ -7,6 +7,7 @@
 #include "../../kernel-abi/softverbs-abi.h"
 
 #include <pthread.h>
+#include <atomic>
 #include <string>
 
 namespace loop {
@@ -67,7 +68,10 @@ private:
 	config cfg_;
 	std::string path_;
 	sv_registry *reg_ = nullptr;
-	int lease_slot_ = -1;
+	// Read without the registry lock on every lease() (each verb that
+	// names an owner): atomic, since release_lease() may run in another
+	// thread (the last ibv_close_device, or exit).
+	std::atomic<int> lease_slot_{-1};
 	uint64_t lock_key_ = 0; // Names the registry for the lock's recursion count
 };
 

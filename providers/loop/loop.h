@@ -117,6 +117,10 @@ struct loop_cq {
 	uint32_t mask;
 	uint32_t capacity; // What the application asked for, rounded up
 	std::mutex lock;   // Polling
+	std::mutex arm_lock; // ibv_req_notify_cq against resize's swap of ring
+	// Threads of this process inside push_own with the ring's address:
+	// resize unmaps the old ring only once none is.
+	std::atomic<uint32_t> pushers{0};
 	// Extended polling: the entry start_poll/next_poll made current.
 	sv_cqe cur;
 	uint64_t wc_flags_ex;
@@ -196,6 +200,10 @@ struct send_wr {
 	uint64_t next_try_ns;
 };
 
+// Deferred SENDs a QP remembers (loop_req.cpp, note_deferred) before it
+// places them all itself.
+inline constexpr size_t kMaxDeferred = 256;
+
 struct loop_qp {
 	verbs_qp vqp; // Must be first
 	loop_context *ctx;
@@ -230,7 +238,7 @@ struct loop_qp {
 		void *dst;	// Receive buffer in the peer's address space
 		pid_t pid;
 	};
-	std::vector<deferred_send> deferred;
+	std::vector<deferred_send> deferred; // Room for kMaxDeferred + 1, reserved at creation
 	struct wr_builder *builder; // ibv_wr_* state (loop_qp_ex.cpp); null without send_ops_flags
 	obj_life life{kLifeQp};
 	parent_refs parents; // Its PD, CQs, SRQ, XRC domain
@@ -389,6 +397,13 @@ int loop_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
 bool qp_set_error(fabric &fab, uint32_t slot);
 // Flushes receive WQEs of ring into the CQ ring with WR_FLUSH_ERR.
 void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn);
+// The same, each flushed completion handed to sink (which retries across a
+// resize of the CQ, where pushing to one ring would lose it).
+using cqe_sink = int (*)(void *ctx, sv_cqe &e);
+void rq_flush(sv_rq_ring *rq, uint32_t qpn, cqe_sink sink, void *ctx);
+// Pushes a completion into a CQ of this process, across a concurrent
+// resize: 0, or ENOSPC when the CQ overflowed (or stayed closed).
+int push_own(loop_cq *cq, sv_cqe &e);
 // Takes one receive WQE from a ring, copying it into out (room for max_sge
 // SGEs; a WQE claiming more has num_sge 0xffffffff).  Returns false when the
 // ring is empty, or damaged (impossible indices, no trusted geometry: then

@@ -653,6 +653,10 @@ int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 		return life_bad("ibv_req_notify_cq", cq, cq->life, kLifeCq);
 	if (!ibcq->channel)
 		return EINVAL;
+	// Against a concurrent ibv_resize_cq, which replaces (and unmaps) the
+	// ring: the arm goes to the ring the CQ has, and moves with it.  Not
+	// cq->lock, which an extended CQ's open poll batch holds.
+	std::lock_guard<std::mutex> g(cq->arm_lock);
 	std::atomic_ref<uint32_t>(cq->ring->armed)
 		.store(solicited_only ? SV_CQ_ARM_SOLICITED : SV_CQ_ARM_ALL,
 		       std::memory_order_seq_cst);
@@ -707,7 +711,6 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	memcpy(nr->channel_addr, cq->ring->channel_addr, sizeof(nr->channel_addr));
 	nr->channel_len = cq->ring->channel_len;
 	nr->cookie = cq->ring->cookie;
-	nr->armed = cq->ring->armed;
 	nr->mod_count = cq->ring->mod_count;
 	// Close the old ring first: producers that find it closed (ESTALE) look
 	// the CQ up again, and keep doing so until the QPs name the new ring,
@@ -758,6 +761,13 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	}
 	nr->cons = 0;
 	cq->head = 0;
+	// The arm, as it is now that no producer can reach the old ring: one
+	// that fired there disarmed it.  ibv_req_notify_cq waits on arm_lock
+	// until the CQ names the new ring, so no arm lands on the old one.
+	std::unique_lock<std::mutex> arm(cq->arm_lock);
+	std::atomic_ref<uint32_t>(nr->armed).store(
+		std::atomic_ref<uint32_t>(cq->ring->armed).load(std::memory_order_seq_cst),
+		std::memory_order_seq_cst);
 	std::atomic_ref<uint64_t>(nr->prod).store(moved, std::memory_order_release);
 	// Now producers may find the new ring: every QP and XRC SRQ that
 	// completes into this CQ names it.
@@ -784,13 +794,21 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 		verbs_comp_channel_lost_word(ibcq, &nr->lost_events);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
 	objects_add(SV_OBJ_CQ, nref.slot, ibcq);
-	queue_destroy(fab, cq->ref, cq->ring);
+	obj_ref oref = cq->ref;
+	sv_cq_ring *old = cq->ring;
 	cq->ref = nref;
-	cq->ring = nr;
 	cq->slots = ns;
 	cq->mask = entries - 1;
 	cq->capacity = entries;
+	std::atomic_ref<sv_cq_ring *>(cq->ring).store(nr, std::memory_order_seq_cst);
+	arm.unlock();
 	ibcq->cqe = static_cast<int>(entries);
+	// A thread of ours that loaded the old ring's address before the swap
+	// (push_own) may still be in it, finding it closed: unmap it only once
+	// none is.  They never block inside, so this wait is short.
+	while (cq->pushers.load(std::memory_order_seq_cst))
+		sched_yield();
+	queue_destroy(fab, oref, old);
 	return 0;
 }
 

@@ -136,7 +136,7 @@ int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
 
 } // namespace
 
-void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn)
+void rq_flush(sv_rq_ring *rq, uint32_t qpn, cqe_sink sink, void *ctx)
 {
 	queue_geom g;
 	if (!rq || !queue_geometry(rq, g))
@@ -145,16 +145,66 @@ void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn)
 	// a ring whose indices a peer damaged ends the flush, not the process.
 	sv_recv_wqe w[1];
 	for (uint64_t n = 0; n < 2 * uint64_t(g.entries) && rq_take(rq, w, 0); n++) {
-		if (!cq)
+		if (!sink)
 			continue;
 		sv_cqe e{};
 		e.wr_id = w->wr_id;
 		e.status = IBV_WC_WR_FLUSH_ERR;
 		e.opcode = IBV_WC_RECV;
 		e.qp_num = qpn;
-		cq_push(cq, e, false);
+		sink(ctx, e);
 	}
 }
+
+void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn)
+{
+	rq_flush(
+		rq, qpn, cq ? [](void *c, sv_cqe &e) {
+			return cq_push(static_cast<sv_cq_ring *>(c), e, false);
+		} : cqe_sink{nullptr},
+		cq);
+}
+
+namespace {
+
+// The receive CQ of a QP of any process, named afresh from the registry on
+// each try: a resize closes the old ring (ESTALE) and then points the QP at
+// the new one.
+struct qp_rcq {
+	fabric *fab;
+	uint32_t slot;
+};
+
+int push_qp_rcq(void *c, sv_cqe &e)
+{
+	auto *t = static_cast<qp_rcq *>(c);
+	sv_qp_rec &q = t->fab->reg()->qps[t->slot];
+	uint64_t deadline = 0;
+	for (;;) {
+		obj_ref ref{q.rcq_obj, q.rcq_gen};
+		queue_hold h = queue_map(*t->fab, ref, SV_OBJ_CQ);
+		int err = ESTALE;
+		if (auto *ring = h.as<sv_cq_ring>())
+			err = cq_push(ring, e, false);
+		else if (q.rcq_obj == ref.slot && q.rcq_gen == ref.gen)
+			return 0; // The CQ is gone
+		if (err != ESTALE)
+			return err;
+		uint64_t now = now_ns();
+		if (!deadline)
+			deadline = now + kResizeWaitNs + 1000000000ULL;
+		else if (now > deadline)
+			return ENOSPC;
+		sched_yield();
+	}
+}
+
+int push_own_sink(void *c, sv_cqe &e)
+{
+	return push_own(static_cast<loop_cq *>(c), e);
+}
+
+} // namespace
 
 bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged)
 {
@@ -251,11 +301,9 @@ bool qp_set_error(fabric &fab, uint32_t slot)
 	// Flush the receive queue (not a shared SRQ) into the receive CQ.
 	if (!q.has_srq && q.qp_type != IBV_QPT_XRC_SEND) {
 		queue_hold rqh = queue_map(fab, {q.rq_obj, q.rq_gen}, SV_OBJ_RQ);
-		queue_hold cqh = queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ);
-		auto *rq = rqh.as<sv_rq_ring>();
-		auto *cq = cqh.as<sv_cq_ring>();
 		uint32_t qpn = ((q.generation & SV_QPN_SLOT_MASK) << SV_QPN_SLOT_BITS) | slot;
-		rq_flush(rq, cq, qpn);
+		qp_rcq target{&fab, slot};
+		rq_flush(rqh.as<sv_rq_ring>(), qpn, push_qp_rcq, &target);
 	}
 	return true;
 }
@@ -355,6 +403,16 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		return nullptr;
 	}
 	auto *qp = new (std::nothrow) loop_qp{};
+	if (qp) {
+		// The deferred-SEND list never allocates once a SEND is
+		// published (note_deferred): its room is taken now.
+		try {
+			qp->deferred.reserve(kMaxDeferred + 1);
+		} catch (...) {
+			delete qp;
+			qp = nullptr;
+		}
+	}
 	if (!qp) {
 		res_put(fab, lctx->lease, SV_RES_QP);
 		errno = ENOMEM;
@@ -696,7 +754,7 @@ int loop_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad)
 	int ret = rq_post(qp->rq, qp->cap.max_recv_sge, wr, bad);
 	// Receives posted to a QP in ERR complete at once as flushed.
 	if (!ret && qp_state_ref(rec).load(std::memory_order_acquire) == IBV_QPS_ERR)
-		rq_flush(qp->rq, qp->rcq ? qp->rcq->ring : nullptr, qp->qpn);
+		rq_flush(qp->rq, qp->qpn, qp->rcq ? push_own_sink : nullptr, qp->rcq);
 	return ret;
 }
 

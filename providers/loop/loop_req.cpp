@@ -260,6 +260,8 @@ ibv_wc_status scatter_remote(loop_context *lctx, const peer &p, const sv_recv_wq
 
 // Pushes a completion into our own CQ.  Returns 0 or ENOSPC (the CQ
 // overflowed: its owner, us, got IBV_EVENT_CQ_ERR).
+} // namespace
+
 int push_own(loop_cq *cq, sv_cqe &e)
 {
 	if (!cq)
@@ -268,8 +270,13 @@ int push_own(loop_cq *cq, sv_cqe &e)
 	// for as long as a resize may take.
 	uint64_t deadline = 0;
 	for (;;) {
-		sv_cq_ring *ring = std::atomic_ref<sv_cq_ring *>(cq->ring).load(std::memory_order_acquire);
+		// Counted while the ring's address is in hand: a resize unmaps the
+		// ring it replaced only once no thread here is inside (the counter
+		// and the ring pointer are both seq_cst, as in Dekker's protocol).
+		cq->pushers.fetch_add(1, std::memory_order_seq_cst);
+		sv_cq_ring *ring = std::atomic_ref<sv_cq_ring *>(cq->ring).load(std::memory_order_seq_cst);
 		int err = cq_push(ring, e, false);
+		cq->pushers.fetch_sub(1, std::memory_order_release);
 		if (err != ESTALE)
 			return err;
 		uint64_t now = now_ns();
@@ -280,6 +287,8 @@ int push_own(loop_cq *cq, sv_cqe &e)
 		sched_yield();
 	}
 }
+
+namespace {
 
 void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type);
 
@@ -323,17 +332,26 @@ void flush_deferred(loop_qp *qp)
 void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pid_t pid)
 {
 	auto &v = qp->deferred;
-	if (v.size() >= 256) {
+	if (v.size() >= kMaxDeferred) {
 		fabric &fab = *qp->ctx->fab;
 		std::erase_if(v, [&](const loop_qp::deferred_send &d) {
 			queue_hold h = queue_map(fab, d.cq, SV_OBJ_CQ);
 			auto *ring = h.as<sv_cq_ring>();
 			return !ring || std::atomic_ref<uint64_t>(ring->cons).load() > d.index;
 		});
-		if (v.size() >= 256)
+		if (v.size() >= kMaxDeferred)
 			flush_deferred(qp);
 	}
-	v.push_back({cq, index, dst, pid});
+	// Never allocates (the room was reserved when the QP was made): the
+	// SEND is published already, and an exception here would lose it.
+	if (v.size() < v.capacity()) {
+		v.push_back({cq, index, dst, pid});
+		return;
+	}
+	// No room (cannot happen while the reservation holds): place it now.
+	queue_hold h = queue_map(*qp->ctx->fab, cq, SV_OBJ_CQ);
+	if (auto *ring = h.as<sv_cq_ring>(); ring && cq_has_payload(ring))
+		cq_place_deferred(ring, index, dst, pid);
 }
 
 // Returns 0, or ENOSPC when the responder's CQ overflowed (its QP is then
