@@ -1,0 +1,2185 @@
+// SPDX-License-Identifier: MIT
+// librdmacm.so.1 without a kernel: the RDMA connection manager in user space,
+// on a softverbs fabric.  See docs/rdmacm.md for the design, the address
+// rules and what is not implemented.
+//
+// CM messages (REQ, REP, RTU, REJ, DREQ, DREP, SIDR REQ/REP) travel over
+// AF_UNIX SOCK_SEQPACKET sockets in the abstract namespace.  A bound id owns
+// a socket named after (uid, fabric, port space, address, port): bind()
+// gives EADDRINUSE, a dead process frees its names, and a peer's death reads
+// as end-of-file.  One thread per process (started by the first id) waits on
+// every socket with epoll and turns messages into events; an event channel
+// is an eventfd (EFD_SEMAPHORE) counting queued events, so poll/epoll and
+// O_NONBLOCK work on channel->fd as they do on the kernel's.
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <infiniband/ib.h>
+#include <infiniband/verbs.h>
+
+#include "../providers/loop/config.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define SV_API __attribute__((visibility("default")))
+
+namespace {
+
+int fail(int e)
+{
+	errno = e;
+	return -1;
+}
+
+// ---------------------------------------------------------------- wire ---
+
+constexpr uint32_t kMagic = 0x53564d43; // "SVMC"
+constexpr uint16_t kWireVersion = 1;
+
+enum msg_type : uint8_t {
+	M_REQ = 1,
+	M_REP,
+	M_RTU,
+	M_REJ,
+	M_DREQ,
+	M_DREP,
+	M_SIDR_REQ,
+	M_SIDR_REP,
+};
+
+// Private data limits of the IB CM less the rdma_cm header, as the kernel's.
+constexpr int kReqPdata = 56, kRepPdata = 196, kRejPdata = 148;
+constexpr int kSidrReqPdata = 180, kSidrRepPdata = 136;
+constexpr int kRejInvalidServiceId = 8, kRejConsumer = 28;
+
+struct wire_msg {
+	uint32_t magic;
+	uint16_t version;
+	uint8_t type;
+	uint8_t pdata_len;
+	uint32_t qpn, psn, qkey, status;
+	uint8_t resp_res, init_depth, flow_control, retry_count;
+	uint8_t rnr_retry, srq, mtu, port;
+	uint16_t lid;
+	uint8_t eth, pad;
+	uint8_t sgid[16]; // sender's GID
+	uint8_t dgid[16]; // the GID the sender addressed
+	char dev[64];     // the device the sender resolved the address to
+	sockaddr_storage src, dst;
+	uint32_t ece_vendor, ece_options;
+	uint8_t pdata[224];
+};
+
+// ------------------------------------------------------------- devices ---
+
+struct dev_entry {
+	ibv_context *ctx = nullptr;
+	ibv_pd *pd = nullptr; // rdma_create_qp's default PD
+	std::string name;
+	ibv_device_attr attr{};
+};
+
+struct channel_priv;
+struct cm_id;
+
+struct event_priv {
+	rdma_cm_event ev; // what the user sees: first member
+	cm_id *counted = nullptr; // the id whose acks destroy waits for
+	cm_id *about = nullptr;   // ev.id
+	bool dead = false;
+	bool conn_resp = false;
+	uint8_t pdata[256];
+};
+
+struct channel_priv {
+	rdma_event_channel ch; // first member
+	std::deque<event_priv *> q;
+};
+
+enum class st {
+	idle,
+	bound,
+	addr_resolved,
+	route_resolved,
+	connect,      // REQ sent, waiting for REP
+	rep_rcvd,     // REP received, no QP: the user calls rdma_establish
+	listen,
+	pending_req,  // accepted socket, REQ not read yet (not visible)
+	req_rcvd,     // CONNECT_REQUEST delivered
+	accepted,     // REP sent, waiting for RTU
+	established,
+	disc_sent,
+	disconnected,
+	rejected,
+	error,
+};
+
+struct cm_id {
+	rdma_cm_id id; // first member
+	uint64_t serial = 0;
+	st state = st::idle;
+	bool sync = false;
+	bool destroying = false;
+	channel_priv *chan = nullptr;
+	int bind_fd = -1, conn_fd = -1;
+	dev_entry *dev = nullptr;
+	// Local port.
+	uint16_t lid = 0;
+	ibv_gid gid{};
+	int gid_index = 0;
+	bool eth = false;
+	ibv_mtu mtu = IBV_MTU_1024;
+	// Peer, from REQ or REP.
+	bool have_remote = false;
+	uint32_t rqpn = 0, rpsn = 0, rqkey = 0;
+	uint16_t rlid = 0;
+	ibv_gid rgid{};
+	ibv_mtu rmtu = IBV_MTU_1024;
+	uint8_t r_resp = 0, r_init = 0, r_rnr = 7, r_retry = 7;
+	uint32_t psn = 0;
+	uint8_t resp_res = 1, init_depth = 1, retry = 7, rnr_retry = 7;
+	ibv_sa_path_rec path{};
+	cm_id *listener = nullptr;
+	std::vector<cm_id *> children;
+	event_priv *req_event = nullptr; // CONNECT_REQUEST not retrieved yet
+	bool peer_gone = false;
+	int reported = 0, acked = 0;
+	uint8_t tos = 0, ack_timeout = 14;
+	int afonly = 0, reuseaddr = 0;
+	bool own_cqs = false;
+	ibv_qp_init_attr_ex *ep_qp_attr = nullptr; // rdma_create_ep's, for rdma_get_request
+	ibv_ece local_ece{}, remote_ece{};
+};
+
+struct global {
+	std::mutex mu;
+	std::condition_variable cv;
+	bool inited = false;
+	int init_err = 0;
+	std::vector<dev_entry *> devs;
+	std::map<uint64_t, cm_id *> ids;
+	uint64_t next_serial = 1;
+	int ep = -1;
+	std::string fabric_key;
+};
+
+global &G()
+{
+	static global *g = new global; // never destroyed: the thread outlives exit
+	return *g;
+}
+
+void log_msg(const char *fmt, const char *what)
+{
+	fprintf(stderr, "softverbs: rdma_cm: ");
+	fprintf(stderr, fmt, what);
+	fputc('\n', stderr);
+}
+
+// ----------------------------------------------------------- helpers ---
+
+uint32_t rand24()
+{
+	uint32_t v = 0;
+	if (getrandom(&v, sizeof(v), 0) != sizeof(v))
+		v = static_cast<uint32_t>(random());
+	return v & 0xffffff;
+}
+
+socklen_t addr_len(const sockaddr *a)
+{
+	switch (a->sa_family) {
+	case AF_INET: return sizeof(sockaddr_in);
+	case AF_INET6: return sizeof(sockaddr_in6);
+	case AF_IB: return sizeof(sockaddr_ib);
+	default: return 0;
+	}
+}
+
+uint16_t get_port(const sockaddr *a)
+{
+	switch (a->sa_family) {
+	case AF_INET: return ntohs(reinterpret_cast<const sockaddr_in *>(a)->sin_port);
+	case AF_INET6: return ntohs(reinterpret_cast<const sockaddr_in6 *>(a)->sin6_port);
+	case AF_IB:
+		return static_cast<uint16_t>(be64toh(reinterpret_cast<const sockaddr_ib *>(a)->sib_sid) & 0xffff);
+	default: return 0;
+	}
+}
+
+void set_port(sockaddr *a, uint16_t port)
+{
+	switch (a->sa_family) {
+	case AF_INET: reinterpret_cast<sockaddr_in *>(a)->sin_port = htons(port); break;
+	case AF_INET6: reinterpret_cast<sockaddr_in6 *>(a)->sin6_port = htons(port); break;
+	case AF_IB: {
+		auto *s = reinterpret_cast<sockaddr_ib *>(a);
+		uint64_t sid = be64toh(s->sib_sid);
+		if (!sid)
+			sid = RDMA_IB_IP_PS_TCP;
+		s->sib_sid = htobe64((sid & ~0xffffULL) | port);
+		s->sib_sid_mask = htobe64(~0ULL);
+		break;
+	}
+	default: break;
+	}
+}
+
+bool is_any(const sockaddr *a)
+{
+	switch (a->sa_family) {
+	case AF_INET: return reinterpret_cast<const sockaddr_in *>(a)->sin_addr.s_addr == htonl(INADDR_ANY);
+	case AF_INET6: return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6 *>(a)->sin6_addr);
+	case AF_IB: return ib_addr_any(&reinterpret_cast<const sockaddr_ib *>(a)->sib_addr);
+	default: return false;
+	}
+}
+
+// The text an address contributes to a socket name.
+std::string addr_text(const sockaddr *a)
+{
+	char buf[INET6_ADDRSTRLEN + 8] = "";
+	if (is_any(a))
+		return a->sa_family == AF_INET ? "any4" : a->sa_family == AF_INET6 ? "any6" : "anyib";
+	if (a->sa_family == AF_INET)
+		inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in *>(a)->sin_addr, buf, sizeof(buf));
+	else if (a->sa_family == AF_INET6)
+		inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6 *>(a)->sin6_addr, buf, sizeof(buf));
+	else if (a->sa_family == AF_IB)
+		inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_ib *>(a)->sib_addr, buf, sizeof(buf));
+	return buf;
+}
+
+// The abstract socket name of (port space, address, port) on our fabric.
+sockaddr_un sock_name(int ps, const std::string &addr, uint16_t port, socklen_t &len)
+{
+	sockaddr_un un{};
+	un.sun_family = AF_UNIX;
+	int n = snprintf(un.sun_path + 1, sizeof(un.sun_path) - 1, "softverbs-cm/%u/%s/%x/%s/%u",
+			 static_cast<unsigned>(getuid()), G().fabric_key.c_str(), ps, addr.c_str(), port);
+	if (n < 0 || n >= static_cast<int>(sizeof(un.sun_path) - 1))
+		n = sizeof(un.sun_path) - 2;
+	len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+	return un;
+}
+
+// Is the IP address one of this host's (or loopback)?  A UDP bind answers.
+bool ip_is_local(const sockaddr *a)
+{
+	if (a->sa_family != AF_INET && a->sa_family != AF_INET6)
+		return false;
+	if (is_any(a))
+		return true;
+	int s = socket(a->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return false;
+	sockaddr_storage ss{};
+	memcpy(&ss, a, addr_len(a));
+	set_port(reinterpret_cast<sockaddr *>(&ss), 0);
+	bool ok = bind(s, reinterpret_cast<sockaddr *>(&ss), addr_len(a)) == 0;
+	close(s);
+	return ok;
+}
+
+bool addr_gid(const sockaddr *a, ibv_gid &g)
+{
+	memset(&g, 0, sizeof(g));
+	if (a->sa_family == AF_INET) {
+		g.raw[10] = g.raw[11] = 0xff;
+		memcpy(&g.raw[12], &reinterpret_cast<const sockaddr_in *>(a)->sin_addr, 4);
+		return true;
+	}
+	if (a->sa_family == AF_INET6) {
+		memcpy(g.raw, &reinterpret_cast<const sockaddr_in6 *>(a)->sin6_addr, 16);
+		return true;
+	}
+	if (a->sa_family == AF_IB) {
+		memcpy(g.raw, &reinterpret_cast<const sockaddr_ib *>(a)->sib_addr, 16);
+		return true;
+	}
+	return false;
+}
+
+int fabric_init_locked()
+{
+	global &g = G();
+	if (g.inited)
+		return g.init_err;
+	g.inited = true;
+	loop::config cfg;
+	std::string err;
+	std::string fab = "default";
+	if (loop::load_config(cfg, err))
+		fab = cfg.fabric;
+	else if (const char *e = getenv("SOFTVERBS_FABRIC"))
+		fab = e;
+	g.fabric_key = fab;
+	int n = 0;
+	ibv_device **list = ibv_get_device_list(&n);
+	if (!list) {
+		g.init_err = errno ? errno : ENODEV;
+		return g.init_err;
+	}
+	for (int i = 0; i < n; i++) {
+		ibv_context *ctx = ibv_open_device(list[i]);
+		if (!ctx)
+			continue;
+		auto *d = new dev_entry;
+		d->ctx = ctx;
+		d->name = ibv_get_device_name(list[i]);
+		if (ibv_query_device(ctx, &d->attr))
+			memset(&d->attr, 0, sizeof(d->attr));
+		g.devs.push_back(d);
+	}
+	ibv_free_device_list(list);
+	if (g.devs.empty())
+		g.init_err = ENODEV;
+	return g.init_err;
+}
+
+dev_entry *dev_by_name(const char *name)
+{
+	for (dev_entry *d : G().devs)
+		if (d->name == name)
+			return d;
+	return nullptr;
+}
+
+struct port_pick {
+	dev_entry *dev = nullptr;
+	uint8_t port = 0;
+	int gid_index = 0;
+	ibv_gid gid{};
+	uint16_t lid = 0;
+	bool eth = false;
+	ibv_mtu mtu = IBV_MTU_1024;
+};
+
+bool fill_port(dev_entry *d, uint8_t port, port_pick &p)
+{
+	ibv_port_attr pa;
+	if (ibv_query_port(d->ctx, port, &pa))
+		return false;
+	p.dev = d;
+	p.port = port;
+	p.lid = pa.lid;
+	p.eth = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
+	p.mtu = pa.active_mtu;
+	return true;
+}
+
+int gid_index_of(dev_entry *d, uint8_t port, const ibv_gid &want)
+{
+	ibv_port_attr pa;
+	if (ibv_query_port(d->ctx, port, &pa))
+		return -1;
+	for (int i = 0; i < pa.gid_tbl_len; i++) {
+		ibv_gid g;
+		if (ibv_query_gid(d->ctx, port, i, &g))
+			break;
+		if (memcmp(&g, &want, sizeof(g)) == 0)
+			return i;
+	}
+	return -1;
+}
+
+// Address resolution (docs/rdmacm.md, "Which device an address names"):
+// 1. a GID of a port (RoCE: the netdev's addresses, AF_IB: any GID) names
+//    that port, devices and ports taken in order;
+// 2. otherwise a local IP address names the first active InfiniBand port.
+bool resolve_local(const sockaddr *a, port_pick &out)
+{
+	ibv_gid want;
+	if (!addr_gid(a, want))
+		return false;
+	bool v4any = a->sa_family == AF_INET && is_any(a);
+	if (v4any) // INADDR_ANY as a destination means this host: 127.0.0.1
+		inet_pton(AF_INET6, "::ffff:127.0.0.1", want.raw);
+	for (dev_entry *d : G().devs) {
+		for (uint8_t port = 1; port <= d->attr.phys_port_cnt; port++) {
+			port_pick p;
+			if (!fill_port(d, port, p))
+				continue;
+			if (!p.eth && a->sa_family != AF_IB)
+				continue;
+			int idx = gid_index_of(d, port, want);
+			if (idx < 0)
+				continue;
+			p.gid_index = idx;
+			p.gid = want;
+			out = p;
+			return true;
+		}
+	}
+	if (a->sa_family == AF_IB || !ip_is_local(a))
+		return false;
+	for (dev_entry *d : G().devs) {
+		for (uint8_t port = 1; port <= d->attr.phys_port_cnt; port++) {
+			port_pick p;
+			ibv_port_attr pa;
+			if (ibv_query_port(d->ctx, port, &pa) || pa.state != IBV_PORT_ACTIVE ||
+			    pa.link_layer == IBV_LINK_LAYER_ETHERNET || !fill_port(d, port, p))
+				continue;
+			p.gid_index = 0;
+			if (ibv_query_gid(d->ctx, port, 0, &p.gid))
+				continue;
+			out = p;
+			return true;
+		}
+	}
+	return false;
+}
+
+void apply_pick(cm_id *p, const port_pick &pk)
+{
+	p->dev = pk.dev;
+	p->id.verbs = pk.dev->ctx;
+	p->id.port_num = pk.port;
+	p->lid = pk.lid;
+	p->gid = pk.gid;
+	p->gid_index = pk.gid_index;
+	p->eth = pk.eth;
+	p->mtu = pk.mtu;
+	p->id.route.addr.addr.ibaddr.sgid = pk.gid;
+	p->id.route.addr.addr.ibaddr.pkey = htobe16(0xffff);
+}
+
+// ------------------------------------------------------------ events ---
+
+cm_id *to_priv(rdma_cm_id *id) { return reinterpret_cast<cm_id *>(id); }
+channel_priv *to_chan(rdma_event_channel *c) { return reinterpret_cast<channel_priv *>(c); }
+
+event_priv *new_event(cm_id *about, rdma_cm_event_type type, int status)
+{
+	auto *e = new event_priv;
+	memset(&e->ev, 0, sizeof(e->ev));
+	memset(e->pdata, 0, sizeof(e->pdata));
+	e->ev.id = &about->id;
+	e->ev.event = type;
+	e->ev.status = status;
+	e->about = about;
+	e->counted = about;
+	return e;
+}
+
+void push_event(channel_priv *c, event_priv *e)
+{
+	c->q.push_back(e);
+	uint64_t one = 1;
+	if (write(c->ch.fd, &one, sizeof(one)) != sizeof(one))
+		log_msg("%s", "cannot signal an event channel");
+}
+
+void push(cm_id *p, rdma_cm_event_type type, int status)
+{
+	push_event(p->chan, new_event(p, type, status));
+}
+
+void set_conn_pdata(event_priv *e, const wire_msg &m, int maxlen)
+{
+	int n = std::min<int>(m.pdata_len, maxlen);
+	memcpy(e->pdata, m.pdata, n);
+	e->ev.param.conn.private_data = e->pdata;
+	e->ev.param.conn.private_data_len = static_cast<uint8_t>(maxlen);
+}
+
+// ------------------------------------------------------------ sockets ---
+
+bool send_msg(int fd, wire_msg &m)
+{
+	m.magic = kMagic;
+	m.version = kWireVersion;
+	return fd >= 0 && send(fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof(m);
+}
+
+wire_msg base_msg(cm_id *p, uint8_t type)
+{
+	wire_msg m;
+	memset(&m, 0, sizeof(m));
+	m.type = type;
+	m.lid = p->lid;
+	m.port = p->id.port_num;
+	m.eth = p->eth;
+	m.mtu = static_cast<uint8_t>(p->mtu);
+	memcpy(m.sgid, p->gid.raw, 16);
+	memcpy(m.dgid, p->rgid.raw, 16);
+	if (p->dev)
+		snprintf(m.dev, sizeof(m.dev), "%s", p->dev->name.c_str());
+	memcpy(&m.src, &p->id.route.addr.src_storage, sizeof(m.src));
+	memcpy(&m.dst, &p->id.route.addr.dst_storage, sizeof(m.dst));
+	m.ece_vendor = p->local_ece.vendor_id;
+	m.ece_options = p->local_ece.options;
+	return m;
+}
+
+void epoll_add(int fd, uint64_t key)
+{
+	epoll_event ev{};
+	ev.events = EPOLLIN;
+	ev.data.u64 = key;
+	epoll_ctl(G().ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void close_conn(cm_id *p)
+{
+	if (p->conn_fd >= 0) {
+		epoll_ctl(G().ep, EPOLL_CTL_DEL, p->conn_fd, nullptr);
+		close(p->conn_fd);
+		p->conn_fd = -1;
+	}
+}
+
+void remember_remote(cm_id *p, const wire_msg &m)
+{
+	p->have_remote = true;
+	p->rqpn = m.qpn & 0xffffff;
+	p->rpsn = m.psn & 0xffffff;
+	p->rqkey = m.qkey;
+	p->rlid = m.lid;
+	memcpy(p->rgid.raw, m.sgid, 16);
+	p->rmtu = (m.mtu >= IBV_MTU_256 && m.mtu <= IBV_MTU_4096) ? static_cast<ibv_mtu>(m.mtu) : IBV_MTU_1024;
+	p->r_resp = m.resp_res;
+	p->r_init = m.init_depth;
+	p->r_rnr = m.rnr_retry;
+	p->r_retry = m.retry_count;
+	p->remote_ece.vendor_id = m.ece_vendor;
+	p->remote_ece.options = m.ece_options;
+	p->id.route.addr.addr.ibaddr.dgid = p->rgid;
+}
+
+void fill_path(cm_id *p)
+{
+	ibv_sa_path_rec &r = p->path;
+	memset(&r, 0, sizeof(r));
+	r.sgid = p->gid;
+	r.dgid = p->have_remote ? p->rgid : p->gid;
+	r.slid = htobe16(p->lid);
+	r.dlid = htobe16(p->have_remote ? p->rlid : p->lid);
+	r.reversible = 1;
+	r.numb_path = 1;
+	r.pkey = htobe16(0xffff);
+	r.mtu_selector = 2;
+	r.mtu = static_cast<uint8_t>(p->have_remote ? std::min(p->mtu, p->rmtu) : p->mtu);
+	r.rate_selector = 2;
+	r.rate = 7; // 40 Gb/s
+	r.packet_life_time_selector = 2;
+	r.packet_life_time = 14;
+	r.hop_limit = p->eth ? 64 : 0;
+	r.traffic_class = p->tos;
+	p->id.route.path_rec = &p->path;
+	p->id.route.num_paths = 1;
+}
+
+void ah_to_peer(cm_id *p, ibv_ah_attr &ah)
+{
+	memset(&ah, 0, sizeof(ah));
+	ah.port_num = p->id.port_num;
+	ah.dlid = p->eth ? 0 : p->rlid;
+	if (p->eth) {
+		ah.is_global = 1;
+		ah.grh.dgid = p->rgid;
+		ah.grh.sgid_index = static_cast<uint8_t>(p->gid_index);
+		ah.grh.hop_limit = 64;
+		ah.grh.traffic_class = p->tos;
+	}
+}
+
+void destroy_locked(cm_id *p);
+
+void on_eof(cm_id *p, bool garbage)
+{
+	close_conn(p);
+	switch (p->state) {
+	case st::connect:
+		p->state = st::error;
+		push(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+		break;
+	case st::accepted:
+		p->state = st::error;
+		push(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+		break;
+	case st::req_rcvd:
+		p->peer_gone = true;
+		break;
+	case st::pending_req: {
+		// Never seen by the user: forget it.
+		destroy_locked(p);
+		break;
+	}
+	case st::rep_rcvd:
+	case st::established:
+	case st::disc_sent:
+		p->state = st::disconnected;
+		push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+		break;
+	default:
+		break;
+	}
+	(void)garbage;
+}
+
+bool valid_type_for(st s, uint8_t t)
+{
+	switch (s) {
+	case st::pending_req: return t == M_REQ || t == M_SIDR_REQ;
+	case st::connect: return t == M_REP || t == M_REJ || t == M_SIDR_REP;
+	case st::accepted: return t == M_RTU || t == M_DREQ;
+	case st::rep_rcvd:
+	case st::established: return t == M_DREQ;
+	case st::disc_sent: return t == M_DREQ || t == M_DREP;
+	default: return false;
+	}
+}
+
+void on_request(cm_id *p, const wire_msg &m)
+{
+	cm_id *l = p->listener;
+	char name[sizeof(m.dev) + 1];
+	memcpy(name, m.dev, sizeof(m.dev));
+	name[sizeof(m.dev)] = 0;
+	dev_entry *d = dev_by_name(name);
+	port_pick pk;
+	if (!l || !d || m.port < 1 || m.port > d->attr.phys_port_cnt || !fill_port(d, m.port, pk)) {
+		wire_msg r = base_msg(p, m.type == M_REQ ? M_REJ : M_SIDR_REP);
+		r.status = m.type == M_REQ ? kRejInvalidServiceId : 2;
+		send_msg(p->conn_fd, r);
+		destroy_locked(p);
+		return;
+	}
+	ibv_gid dg;
+	memcpy(dg.raw, m.dgid, 16);
+	int idx = gid_index_of(d, m.port, dg);
+	pk.gid_index = idx < 0 ? 0 : idx;
+	if (ibv_query_gid(d->ctx, m.port, pk.gid_index, &pk.gid))
+		memset(&pk.gid, 0, sizeof(pk.gid));
+	apply_pick(p, pk);
+	remember_remote(p, m);
+	memcpy(&p->id.route.addr.dst_storage, &m.src, sizeof(m.src));
+	memcpy(&p->id.route.addr.src_storage, &m.dst, sizeof(m.dst));
+	p->id.ps = l->id.ps;
+	p->id.qp_type = m.type == M_REQ ? IBV_QPT_RC : IBV_QPT_UD;
+	fill_path(p);
+	p->state = st::req_rcvd;
+	auto *e = new_event(p, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+	e->ev.listen_id = &l->id;
+	e->counted = l;
+	if (m.type == M_REQ) {
+		set_conn_pdata(e, m, kReqPdata);
+		// From the receiver's side: the peer's initiator depth is our
+		// responder resources and the other way round.
+		e->ev.param.conn.responder_resources = m.init_depth;
+		e->ev.param.conn.initiator_depth = m.resp_res;
+		e->ev.param.conn.flow_control = m.flow_control;
+		e->ev.param.conn.retry_count = m.retry_count;
+		e->ev.param.conn.rnr_retry_count = m.rnr_retry;
+		e->ev.param.conn.srq = m.srq;
+		e->ev.param.conn.qp_num = m.qpn;
+	} else {
+		int n = std::min<int>(m.pdata_len, kSidrReqPdata);
+		memcpy(e->pdata, m.pdata, n);
+		e->ev.param.ud.private_data = e->pdata;
+		e->ev.param.ud.private_data_len = kSidrReqPdata;
+		ah_to_peer(p, e->ev.param.ud.ah_attr);
+		e->ev.param.ud.qp_num = m.qpn;
+		e->ev.param.ud.qkey = m.qkey;
+	}
+	p->req_event = e;
+	push_event(l->chan, e);
+}
+
+void on_message(cm_id *p, const wire_msg &m)
+{
+	switch (m.type) {
+	case M_REQ:
+	case M_SIDR_REQ:
+		on_request(p, m);
+		return;
+	case M_REP: {
+		remember_remote(p, m);
+		fill_path(p);
+		p->state = st::rep_rcvd;
+		auto *e = new_event(p, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
+		set_conn_pdata(e, m, kRepPdata);
+		e->ev.param.conn.responder_resources = m.init_depth;
+		e->ev.param.conn.initiator_depth = m.resp_res;
+		e->ev.param.conn.flow_control = m.flow_control;
+		e->ev.param.conn.rnr_retry_count = m.rnr_retry;
+		e->ev.param.conn.srq = m.srq;
+		e->ev.param.conn.qp_num = m.qpn;
+		e->conn_resp = true;
+		push_event(p->chan, e);
+		return;
+	}
+	case M_REJ: {
+		p->state = st::rejected;
+		auto *e = new_event(p, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.status));
+		set_conn_pdata(e, m, kRejPdata);
+		push_event(p->chan, e);
+		close_conn(p);
+		return;
+	}
+	case M_SIDR_REP: {
+		close_conn(p);
+		if (m.status) {
+			p->state = st::rejected;
+			auto *e = new_event(p, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED);
+			push_event(p->chan, e);
+			return;
+		}
+		remember_remote(p, m);
+		fill_path(p);
+		p->state = st::established;
+		auto *e = new_event(p, RDMA_CM_EVENT_ESTABLISHED, 0);
+		int n = std::min<int>(m.pdata_len, kSidrRepPdata);
+		memcpy(e->pdata, m.pdata, n);
+		e->ev.param.ud.private_data = e->pdata;
+		e->ev.param.ud.private_data_len = kSidrRepPdata;
+		ah_to_peer(p, e->ev.param.ud.ah_attr);
+		e->ev.param.ud.qp_num = m.qpn & 0xffffff;
+		e->ev.param.ud.qkey = m.qkey;
+		push_event(p->chan, e);
+		return;
+	}
+	case M_RTU:
+		p->state = st::established;
+		push(p, RDMA_CM_EVENT_ESTABLISHED, 0);
+		return;
+	case M_DREQ: {
+		wire_msg r = base_msg(p, M_DREP);
+		send_msg(p->conn_fd, r);
+		if (p->state == st::accepted) // DREQ overtook nothing: RTU came first
+			p->state = st::established;
+		p->state = st::disconnected;
+		push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+		close_conn(p);
+		return;
+	}
+	case M_DREP:
+		p->state = st::disconnected;
+		push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+		close_conn(p);
+		return;
+	default:
+		return;
+	}
+}
+
+void on_listener(cm_id *l)
+{
+	for (;;) {
+		int fd = accept4(l->bind_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0)
+			return;
+		ucred cr{};
+		socklen_t cl = sizeof(cr);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || cr.uid != getuid()) {
+			log_msg("%s", "refused a connection from another user");
+			close(fd);
+			continue;
+		}
+		auto *c = new cm_id;
+		memset(&c->id, 0, sizeof(c->id));
+		c->serial = G().next_serial++;
+		c->state = st::pending_req;
+		c->listener = l;
+		c->sync = l->sync;
+		c->id.context = l->id.context;
+		c->id.ps = l->id.ps;
+		c->tos = l->tos;
+		if (l->sync) {
+			auto *ch = new channel_priv;
+			ch->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+			c->chan = ch;
+		} else {
+			c->chan = l->chan;
+		}
+		c->id.channel = &c->chan->ch;
+		c->conn_fd = fd;
+		l->children.push_back(c);
+		G().ids[c->serial] = c;
+		epoll_add(fd, c->serial << 1 | 1);
+	}
+}
+
+void on_conn(cm_id *p)
+{
+	wire_msg m;
+	for (;;) {
+		if (p->conn_fd < 0)
+			return;
+		ssize_t r = recv(p->conn_fd, &m, sizeof(m), MSG_DONTWAIT | MSG_TRUNC);
+		if (r < 0 && (errno == EAGAIN || errno == EINTR))
+			return;
+		if (r <= 0) {
+			on_eof(p, false);
+			return;
+		}
+		if (r != sizeof(m) || m.magic != kMagic || m.version != kWireVersion) {
+			fprintf(stderr, "softverbs: rdma_cm: malformed CM message from a peer (%zd bytes), connection dropped\n", r);
+			on_eof(p, true);
+			return;
+		}
+		if (!valid_type_for(p->state, m.type)) {
+			fprintf(stderr, "softverbs: rdma_cm: unexpected CM message type %u from a peer, connection dropped\n",
+				m.type);
+			on_eof(p, true);
+			return;
+		}
+		st before = p->state;
+		on_message(p, m);
+		if (before == st::pending_req)
+			return; // p may be gone
+	}
+}
+
+void cm_thread()
+{
+	epoll_event evs[16];
+	for (;;) {
+		int n = epoll_wait(G().ep, evs, 16, -1);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return;
+		}
+		std::lock_guard<std::mutex> lk(G().mu);
+		for (int i = 0; i < n; i++) {
+			uint64_t key = evs[i].data.u64;
+			auto it = G().ids.find(key >> 1);
+			if (it == G().ids.end())
+				continue;
+			cm_id *p = it->second;
+			if (key & 1)
+				on_conn(p);
+			else if (p->state == st::listen)
+				on_listener(p);
+		}
+	}
+}
+
+int ensure_started_locked()
+{
+	global &g = G();
+	if (int e = fabric_init_locked())
+		return e;
+	if (g.ep < 0) {
+		g.ep = epoll_create1(EPOLL_CLOEXEC);
+		if (g.ep < 0)
+			return errno;
+		std::thread(cm_thread).detach();
+	}
+	return 0;
+}
+
+// ------------------------------------------------------- QP attributes ---
+
+int qp_attr_locked(cm_id *p, ibv_qp_attr *a, int *mask)
+{
+	ibv_qp_state want = a->qp_state;
+	memset(a, 0, sizeof(*a));
+	a->qp_state = want;
+	if (!p->dev)
+		return EINVAL;
+	bool ud = p->id.qp_type == IBV_QPT_UD;
+	switch (want) {
+	case IBV_QPS_INIT:
+		a->pkey_index = 0;
+		a->port_num = p->id.port_num;
+		*mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+		if (ud) {
+			a->qkey = p->id.ps == RDMA_PS_UDP ? RDMA_UDP_QKEY : RDMA_UDP_QKEY;
+			*mask |= IBV_QP_QKEY;
+		} else {
+			a->qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+					     IBV_ACCESS_REMOTE_ATOMIC;
+			*mask |= IBV_QP_ACCESS_FLAGS;
+		}
+		return 0;
+	case IBV_QPS_RTR:
+		*mask = IBV_QP_STATE;
+		if (ud)
+			return 0;
+		if (!p->have_remote)
+			return EINVAL;
+		a->path_mtu = std::min(p->mtu, p->rmtu);
+		a->dest_qp_num = p->rqpn;
+		a->rq_psn = p->rpsn;
+		ah_to_peer(p, a->ah_attr);
+		*mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+		if (p->id.qp_type == IBV_QPT_RC) {
+			a->max_dest_rd_atomic = p->resp_res;
+			a->min_rnr_timer = 12;
+			*mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+		}
+		return 0;
+	case IBV_QPS_RTS:
+		a->sq_psn = p->psn;
+		*mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+		if (ud || !p->have_remote)
+			return ud ? 0 : EINVAL;
+		if (p->id.qp_type == IBV_QPT_RC) {
+			a->timeout = p->ack_timeout;
+			a->retry_cnt = p->retry;
+			a->rnr_retry = p->rnr_retry;
+			a->max_rd_atomic = p->init_depth;
+			*mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+		}
+		return 0;
+	default:
+		return EINVAL;
+	}
+}
+
+int modify_locked(cm_id *p, ibv_qp_state s)
+{
+	ibv_qp_attr a;
+	int mask = 0;
+	a.qp_state = s;
+	if (int e = qp_attr_locked(p, &a, &mask))
+		return e;
+	return ibv_modify_qp(p->id.qp, &a, mask);
+}
+
+void qp_to_err(cm_id *p)
+{
+	if (!p->id.qp)
+		return;
+	ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_ERR;
+	ibv_modify_qp(p->id.qp, &a, IBV_QP_STATE);
+}
+
+uint8_t cap(uint8_t v, int max)
+{
+	if (max <= 0)
+		return v;
+	return static_cast<uint8_t>(std::min<int>(v, max));
+}
+
+// ----------------------------------------------------- id lifecycle ---
+
+void destroy_locked(cm_id *p)
+{
+	global &g = G();
+	g.ids.erase(p->serial);
+	close_conn(p);
+	if (p->bind_fd >= 0) {
+		epoll_ctl(g.ep, EPOLL_CTL_DEL, p->bind_fd, nullptr);
+		close(p->bind_fd);
+		p->bind_fd = -1;
+	}
+	// Children the user never saw (or whose request is still queued) go
+	// with their listener; peers see the socket close.
+	for (cm_id *c : std::vector<cm_id *>(p->children)) {
+		if (c->state == st::pending_req || c->req_event) {
+			if (c->req_event)
+				c->req_event->dead = true;
+			c->req_event = nullptr;
+			c->listener = nullptr;
+			destroy_locked(c);
+		} else {
+			c->listener = nullptr;
+		}
+	}
+	p->children.clear();
+	if (p->listener) {
+		auto &v = p->listener->children;
+		v.erase(std::remove(v.begin(), v.end(), p), v.end());
+	}
+	for (event_priv *e : p->chan->q)
+		if (e->about == p || e->counted == p)
+			e->dead = true;
+	if (p->sync) {
+		for (event_priv *e : p->chan->q)
+			delete e;
+		p->chan->q.clear();
+		close(p->chan->ch.fd);
+		delete p->chan;
+	}
+	delete p->ep_qp_attr;
+	delete p;
+}
+
+int bind_name_locked(cm_id *p, const sockaddr *addr)
+{
+	sockaddr_storage ss{};
+	memcpy(&ss, addr, addr_len(addr));
+	auto *sa = reinterpret_cast<sockaddr *>(&ss);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return errno;
+	uint16_t port = get_port(sa);
+	std::string text = addr_text(sa);
+	int err = 0;
+	if (port) {
+		socklen_t len;
+		sockaddr_un un = sock_name(p->id.ps, text, port, len);
+		if (bind(fd, reinterpret_cast<sockaddr *>(&un), len))
+			err = errno == EADDRINUSE ? EADDRINUSE : errno;
+	} else {
+		err = EADDRINUSE;
+		for (int tries = 0; tries < 2000 && err == EADDRINUSE; tries++) {
+			port = static_cast<uint16_t>(32768 + rand24() % (60999 - 32768 + 1));
+			socklen_t len;
+			sockaddr_un un = sock_name(p->id.ps, text, port, len);
+			err = bind(fd, reinterpret_cast<sockaddr *>(&un), len) ? errno : 0;
+		}
+	}
+	if (err) {
+		close(fd);
+		return err;
+	}
+	set_port(sa, port);
+	p->bind_fd = fd;
+	memset(&p->id.route.addr.src_storage, 0, sizeof(p->id.route.addr.src_storage));
+	memcpy(&p->id.route.addr.src_storage, sa, addr_len(sa));
+	return 0;
+}
+
+int bind_locked(cm_id *p, const sockaddr *addr)
+{
+	if (!addr || !addr_len(addr))
+		return addr ? EAFNOSUPPORT : EINVAL;
+	if (p->state != st::idle)
+		return EINVAL;
+	if (addr->sa_family != AF_IB && !ip_is_local(addr))
+		return EADDRNOTAVAIL;
+	port_pick pk;
+	bool have_dev = !is_any(addr) && resolve_local(addr, pk);
+	if (addr->sa_family == AF_IB && !is_any(addr) && !have_dev)
+		return EADDRNOTAVAIL;
+	if (int e = bind_name_locked(p, addr))
+		return e;
+	if (have_dev)
+		apply_pick(p, pk);
+	p->state = st::bound;
+	return 0;
+}
+
+cm_id *new_id(channel_priv *chan, void *context, rdma_port_space ps, ibv_qp_type qpt)
+{
+	auto *p = new cm_id;
+	memset(&p->id, 0, sizeof(p->id));
+	p->serial = G().next_serial++;
+	p->id.context = context;
+	p->id.ps = ps;
+	p->id.qp_type = qpt;
+	p->chan = chan;
+	p->id.channel = &chan->ch;
+	G().ids[p->serial] = p;
+	return p;
+}
+
+channel_priv *new_channel()
+{
+	int fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+	if (fd < 0)
+		return nullptr;
+	auto *c = new channel_priv;
+	c->ch.fd = fd;
+	return c;
+}
+
+// Synchronous ids: wait for the event the operation produces.
+int sync_wait(cm_id *p, rdma_cm_event_type expect)
+{
+	if (p->id.event) {
+		rdma_ack_cm_event(p->id.event);
+		p->id.event = nullptr;
+	}
+	rdma_cm_event *ev;
+	if (rdma_get_cm_event(&p->chan->ch, &ev))
+		return -1;
+	p->id.event = ev;
+	if (ev->status) {
+		if (ev->event == RDMA_CM_EVENT_REJECTED)
+			return fail(ECONNREFUSED);
+		return fail(ev->status < 0 ? -ev->status : ev->status);
+	}
+	if (ev->event != expect)
+		return fail(EINVAL);
+	return 0;
+}
+
+int check_pdata(const void *data, int len, int max)
+{
+	if (len < 0 || len > max || (len && !data))
+		return EINVAL;
+	return 0;
+}
+
+void put_pdata(wire_msg &m, const void *data, int len)
+{
+	if (data && len > 0) {
+		memcpy(m.pdata, data, len);
+		m.pdata_len = static_cast<uint8_t>(len);
+	}
+}
+
+// Connects to the listener of (ps, dst): the exact address first, then the
+// wildcard of its family, then (IPv4) the IPv6 wildcard.
+int connect_listener(cm_id *p, const sockaddr *dst)
+{
+	std::vector<std::string> names = {addr_text(dst)};
+	if (dst->sa_family == AF_INET)
+		names = {names[0], "any4", "any6"};
+	else if (dst->sa_family == AF_INET6)
+		names = {names[0], "any6"};
+	else
+		names = {names[0], "anyib"};
+	for (const std::string &n : names) {
+		int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		if (fd < 0)
+			return -errno;
+		socklen_t len;
+		sockaddr_un un = sock_name(p->id.ps, n, get_port(dst), len);
+		int tries = 0;
+		for (;;) {
+			if (connect(fd, reinterpret_cast<sockaddr *>(&un), len) == 0)
+				return fd;
+			if (errno == EAGAIN && tries++ < 200) { // backlog full: wait a little
+				usleep(5000);
+				continue;
+			}
+			break;
+		}
+		close(fd);
+	}
+	return -ECONNREFUSED;
+}
+
+int create_cqs(cm_id *p, ibv_qp_init_attr_ex *a)
+{
+	if (!a->recv_cq) {
+		p->id.recv_cq_channel = ibv_create_comp_channel(p->id.verbs);
+		if (!p->id.recv_cq_channel)
+			return errno;
+		p->id.recv_cq = ibv_create_cq(p->id.verbs, std::max<uint32_t>(a->cap.max_recv_wr, 1), p,
+					      p->id.recv_cq_channel, 0);
+		if (!p->id.recv_cq)
+			return errno;
+		a->recv_cq = p->id.recv_cq;
+	}
+	if (!a->send_cq) {
+		p->id.send_cq_channel = ibv_create_comp_channel(p->id.verbs);
+		if (!p->id.send_cq_channel)
+			return errno;
+		p->id.send_cq = ibv_create_cq(p->id.verbs, std::max<uint32_t>(a->cap.max_send_wr, 1), p,
+					      p->id.send_cq_channel, 0);
+		if (!p->id.send_cq)
+			return errno;
+		a->send_cq = p->id.send_cq;
+	}
+	p->own_cqs = true;
+	return 0;
+}
+
+void destroy_cqs(cm_id *p)
+{
+	if (!p->own_cqs)
+		return;
+	if (p->id.send_cq)
+		ibv_destroy_cq(p->id.send_cq);
+	if (p->id.recv_cq)
+		ibv_destroy_cq(p->id.recv_cq);
+	if (p->id.send_cq_channel)
+		ibv_destroy_comp_channel(p->id.send_cq_channel);
+	if (p->id.recv_cq_channel)
+		ibv_destroy_comp_channel(p->id.recv_cq_channel);
+	p->id.send_cq = p->id.recv_cq = nullptr;
+	p->id.send_cq_channel = p->id.recv_cq_channel = nullptr;
+	p->own_cqs = false;
+}
+
+} // namespace
+
+// ================================================================ API ===
+
+SV_API rdma_event_channel *rdma_create_event_channel(void)
+{
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (int e = ensure_started_locked()) {
+		errno = e;
+		return nullptr;
+	}
+	channel_priv *c = new_channel();
+	return c ? &c->ch : nullptr;
+}
+
+SV_API void rdma_destroy_event_channel(rdma_event_channel *channel)
+{
+	if (!channel)
+		return;
+	channel_priv *c = to_chan(channel);
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		for (event_priv *e : c->q)
+			delete e;
+		c->q.clear();
+	}
+	close(c->ch.fd);
+	delete c;
+}
+
+SV_API int rdma_create_id(rdma_event_channel *channel, rdma_cm_id **id, void *context,
+			  rdma_port_space ps)
+{
+	if (!id)
+		return fail(EINVAL);
+	ibv_qp_type qpt;
+	switch (ps) {
+	case RDMA_PS_TCP: qpt = IBV_QPT_RC; break;
+	case RDMA_PS_UDP: case RDMA_PS_IPOIB: qpt = IBV_QPT_UD; break;
+	case RDMA_PS_IB: qpt = IBV_QPT_RC; break;
+	default: return fail(EINVAL);
+	}
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (int e = ensure_started_locked())
+		return fail(e);
+	channel_priv *c = channel ? to_chan(channel) : new_channel();
+	if (!c)
+		return -1;
+	cm_id *p = new_id(c, context, ps, qpt);
+	p->sync = !channel;
+	*id = &p->id;
+	return 0;
+}
+
+SV_API int rdma_destroy_id(rdma_cm_id *id)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	if (p->id.event) {
+		rdma_ack_cm_event(p->id.event);
+		p->id.event = nullptr;
+	}
+	std::unique_lock<std::mutex> lk(G().mu);
+	p->destroying = true;
+	G().cv.wait(lk, [p] { return p->reported == p->acked; });
+	destroy_locked(p);
+	return 0;
+}
+
+SV_API int rdma_bind_addr(rdma_cm_id *id, sockaddr *addr)
+{
+	if (!id)
+		return fail(EINVAL);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (int e = bind_locked(to_priv(id), addr))
+		return fail(e);
+	return 0;
+}
+
+SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_addr, int timeout_ms)
+{
+	(void)timeout_ms;
+	if (!id || !dst_addr || !addr_len(dst_addr))
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (p->state != st::idle && p->state != st::bound)
+			return fail(EINVAL);
+		if (src_addr && src_addr->sa_family && src_addr->sa_family != dst_addr->sa_family &&
+		    dst_addr->sa_family != AF_IB)
+			return fail(EINVAL);
+		memset(&p->id.route.addr.dst_storage, 0, sizeof(p->id.route.addr.dst_storage));
+		memcpy(&p->id.route.addr.dst_storage, dst_addr, addr_len(dst_addr));
+		port_pick pk;
+		if (!resolve_local(dst_addr, pk)) {
+			push(p, RDMA_CM_EVENT_ADDR_ERROR, -EHOSTUNREACH);
+		} else {
+			if (p->state == st::idle) {
+				// The source: the given one, or the destination's own
+				// address (on one host the two are the same).
+				sockaddr_storage ss{};
+				if (src_addr && src_addr->sa_family)
+					memcpy(&ss, src_addr, addr_len(src_addr));
+				else {
+					memcpy(&ss, dst_addr, addr_len(dst_addr));
+					set_port(reinterpret_cast<sockaddr *>(&ss), 0);
+				}
+				if (int e = bind_name_locked(p, reinterpret_cast<sockaddr *>(&ss)))
+					return fail(e);
+			}
+			apply_pick(p, pk);
+			p->rgid = pk.gid;
+			p->rlid = pk.lid;
+			p->state = st::addr_resolved;
+			push(p, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+		}
+	}
+	if (p->sync)
+		return sync_wait(p, RDMA_CM_EVENT_ADDR_RESOLVED);
+	return 0;
+}
+
+SV_API int rdma_resolve_route(rdma_cm_id *id, int timeout_ms)
+{
+	(void)timeout_ms;
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (p->state != st::addr_resolved)
+			return fail(EINVAL);
+		// The path to the port the destination resolved to.
+		p->path = {};
+		ibv_sa_path_rec &r = p->path;
+		r.sgid = p->gid;
+		r.dgid = p->rgid;
+		r.slid = htobe16(p->lid);
+		r.dlid = htobe16(p->rlid);
+		r.reversible = 1;
+		r.numb_path = 1;
+		r.pkey = htobe16(0xffff);
+		r.mtu_selector = 2;
+		r.mtu = static_cast<uint8_t>(p->mtu);
+		r.rate_selector = 2;
+		r.rate = 7;
+		r.packet_life_time_selector = 2;
+		r.packet_life_time = 14;
+		r.hop_limit = p->eth ? 64 : 0;
+		r.traffic_class = p->tos;
+		p->id.route.path_rec = &p->path;
+		p->id.route.num_paths = 1;
+		p->state = st::route_resolved;
+		push(p, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+	}
+	if (p->sync)
+		return sync_wait(p, RDMA_CM_EVENT_ROUTE_RESOLVED);
+	return 0;
+}
+
+SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
+{
+	if (!id || !attr)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (!p->dev || p->id.qp)
+		return fail(EINVAL);
+	if (attr->qp_type != p->id.qp_type &&
+	    !(p->id.qp_type == IBV_QPT_RC && (attr->qp_type == IBV_QPT_UC || attr->qp_type == IBV_QPT_RC)))
+		return fail(EINVAL);
+	p->id.qp_type = attr->qp_type;
+	ibv_qp_init_attr_ex a = *attr;
+	if (!(a.comp_mask & IBV_QP_INIT_ATTR_PD) || !a.pd) {
+		if (!p->id.pd) {
+			if (!p->dev->pd)
+				p->dev->pd = ibv_alloc_pd(p->dev->ctx);
+			if (!p->dev->pd)
+				return -1;
+		}
+		a.pd = p->id.pd ? p->id.pd : p->dev->pd;
+		a.comp_mask |= IBV_QP_INIT_ATTR_PD;
+	}
+	if (a.pd->context != p->id.verbs)
+		return fail(EINVAL);
+	if (!a.srq && p->id.srq)
+		a.srq = p->id.srq;
+	if (!a.send_cq || !a.recv_cq) {
+		if (int e = create_cqs(p, &a)) {
+			destroy_cqs(p);
+			return fail(e);
+		}
+	}
+	ibv_qp *qp = ibv_create_qp_ex(p->id.verbs, &a);
+	if (!qp) {
+		int e = errno;
+		destroy_cqs(p);
+		return fail(e);
+	}
+	p->id.qp = qp;
+	int e = modify_locked(p, IBV_QPS_INIT);
+	if (!e && a.qp_type == IBV_QPT_UD) {
+		e = modify_locked(p, IBV_QPS_RTR);
+		if (!e)
+			e = modify_locked(p, IBV_QPS_RTS);
+	}
+	if (e) {
+		ibv_destroy_qp(qp);
+		p->id.qp = nullptr;
+		destroy_cqs(p);
+		return fail(e);
+	}
+	attr->cap = a.cap;
+	return 0;
+}
+
+SV_API int rdma_create_qp(rdma_cm_id *id, ibv_pd *pd, ibv_qp_init_attr *qp_init_attr)
+{
+	if (!id || !qp_init_attr)
+		return fail(EINVAL);
+	ibv_qp_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	memcpy(&a, qp_init_attr, sizeof(*qp_init_attr));
+	a.comp_mask = pd ? IBV_QP_INIT_ATTR_PD : 0;
+	a.pd = pd;
+	if (rdma_create_qp_ex(id, &a))
+		return -1;
+	qp_init_attr->cap = a.cap;
+	qp_init_attr->send_cq = id->send_cq ? id->send_cq : qp_init_attr->send_cq;
+	qp_init_attr->recv_cq = id->recv_cq ? id->recv_cq : qp_init_attr->recv_cq;
+	return 0;
+}
+
+SV_API void rdma_destroy_qp(rdma_cm_id *id)
+{
+	if (!id)
+		return;
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (p->id.qp)
+		ibv_destroy_qp(p->id.qp);
+	p->id.qp = nullptr;
+	destroy_cqs(p);
+}
+
+SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (p->state != st::route_resolved)
+			return fail(EINVAL);
+		bool ud = p->id.qp_type == IBV_QPT_UD;
+		int maxp = ud ? kSidrReqPdata : kReqPdata;
+		if (conn_param && check_pdata(conn_param->private_data, conn_param->private_data_len, maxp))
+			return fail(EINVAL);
+		if (!p->id.qp && !ud && (!conn_param || !conn_param->qp_num))
+			return fail(EINVAL);
+		wire_msg m = base_msg(p, ud ? M_SIDR_REQ : M_REQ);
+		p->psn = rand24();
+		if (conn_param) {
+			p->resp_res = cap(conn_param->responder_resources, p->dev->attr.max_qp_rd_atom);
+			p->init_depth = cap(conn_param->initiator_depth, p->dev->attr.max_qp_init_rd_atom);
+			p->retry = std::min<uint8_t>(conn_param->retry_count, 7);
+			p->rnr_retry = std::min<uint8_t>(conn_param->rnr_retry_count, 7);
+			put_pdata(m, conn_param->private_data, conn_param->private_data_len);
+			m.flow_control = conn_param->flow_control;
+			m.srq = conn_param->srq;
+		}
+		m.qpn = p->id.qp ? p->id.qp->qp_num : (conn_param ? conn_param->qp_num : 0);
+		m.psn = p->psn;
+		m.qkey = RDMA_UDP_QKEY;
+		m.resp_res = p->resp_res;
+		m.init_depth = p->init_depth;
+		m.retry_count = p->retry;
+		m.rnr_retry = p->rnr_retry;
+		int fd = connect_listener(p, &p->id.route.addr.dst_addr);
+		if (fd < 0) {
+			p->state = st::rejected;
+			if (ud)
+				push(p, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED);
+			else
+				push(p, RDMA_CM_EVENT_REJECTED, kRejInvalidServiceId);
+		} else {
+			p->conn_fd = fd;
+			if (!send_msg(fd, m)) {
+				close_conn(p);
+				p->state = st::rejected;
+				push(p, ud ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_REJECTED,
+				     ud ? -ECONNREFUSED : kRejInvalidServiceId);
+			} else {
+				p->state = st::connect;
+				epoll_add(fd, p->serial << 1 | 1);
+			}
+		}
+	}
+	if (p->sync)
+		return sync_wait(p, RDMA_CM_EVENT_ESTABLISHED);
+	return 0;
+}
+
+SV_API int rdma_establish(rdma_cm_id *id)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (p->state != st::rep_rcvd)
+		return fail(EINVAL);
+	wire_msg m = base_msg(p, M_RTU);
+	if (!send_msg(p->conn_fd, m))
+		return fail(ECONNRESET);
+	p->state = st::established;
+	return 0;
+}
+
+SV_API int rdma_listen(rdma_cm_id *id, int backlog)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (p->state == st::listen)
+		return 0;
+	if (p->state == st::idle) {
+		sockaddr_in any{};
+		any.sin_family = AF_INET;
+		if (int e = bind_locked(p, reinterpret_cast<sockaddr *>(&any)))
+			return fail(e);
+	}
+	if (p->state != st::bound)
+		return fail(EINVAL);
+	if (listen(p->bind_fd, backlog > 0 ? backlog : 128))
+		return -1;
+	p->state = st::listen;
+	epoll_add(p->bind_fd, p->serial << 1);
+	return 0;
+}
+
+SV_API int rdma_get_request(rdma_cm_id *listen, rdma_cm_id **id)
+{
+	if (!listen || !id)
+		return fail(EINVAL);
+	cm_id *l = to_priv(listen);
+	if (!l->sync || l->state != st::listen)
+		return fail(EINVAL);
+	if (l->id.event) {
+		rdma_ack_cm_event(l->id.event);
+		l->id.event = nullptr;
+	}
+	rdma_cm_event *ev;
+	for (;;) {
+		if (rdma_get_cm_event(&l->chan->ch, &ev))
+			return -1;
+		if (ev->status) {
+			int s = ev->status;
+			rdma_ack_cm_event(ev);
+			return fail(s < 0 ? -s : s);
+		}
+		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)
+			break;
+		rdma_ack_cm_event(ev);
+	}
+	cm_id *c = to_priv(ev->id);
+	c->id.event = ev;
+	*id = ev->id;
+	if (l->ep_qp_attr) {
+		ibv_qp_init_attr_ex a = *l->ep_qp_attr;
+		if (l->id.pd) {
+			a.pd = l->id.pd;
+			a.comp_mask |= IBV_QP_INIT_ATTR_PD;
+		}
+		if (rdma_create_qp_ex(*id, &a)) {
+			int e = errno;
+			rdma_reject(*id, nullptr, 0);
+			rdma_destroy_id(*id);
+			return fail(e);
+		}
+	}
+	return 0;
+}
+
+SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	bool ud = p->id.qp_type == IBV_QPT_UD;
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (p->state != st::req_rcvd)
+			return fail(EINVAL);
+		int maxp = ud ? kSidrRepPdata : kRepPdata;
+		if (conn_param && check_pdata(conn_param->private_data, conn_param->private_data_len, maxp))
+			return fail(EINVAL);
+		if (!p->id.qp && !ud && (!conn_param || !conn_param->qp_num))
+			return fail(EINVAL);
+		if (p->peer_gone) {
+			p->state = st::error;
+			push(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+		} else {
+			wire_msg m = base_msg(p, ud ? M_SIDR_REP : M_REP);
+			p->psn = rand24();
+			p->resp_res = cap(conn_param ? conn_param->responder_resources : uint8_t(RDMA_MAX_RESP_RES),
+					  p->dev->attr.max_qp_rd_atom);
+			p->init_depth = cap(conn_param ? conn_param->initiator_depth : uint8_t(RDMA_MAX_INIT_DEPTH),
+					    p->dev->attr.max_qp_init_rd_atom);
+			if (conn_param) {
+				p->rnr_retry = std::min<uint8_t>(conn_param->rnr_retry_count, 7);
+				put_pdata(m, conn_param->private_data, conn_param->private_data_len);
+				m.flow_control = conn_param->flow_control;
+				m.srq = conn_param->srq;
+			}
+			p->retry = std::min<uint8_t>(p->r_retry, 7);
+			if (p->id.qp && !ud) {
+				int e = modify_locked(p, IBV_QPS_RTR);
+				if (!e)
+					e = modify_locked(p, IBV_QPS_RTS);
+				if (e)
+					return fail(e);
+			}
+			m.qpn = p->id.qp ? p->id.qp->qp_num : (conn_param ? conn_param->qp_num : 0);
+			m.psn = p->psn;
+			m.qkey = RDMA_UDP_QKEY;
+			m.resp_res = p->resp_res;
+			m.init_depth = p->init_depth;
+			m.rnr_retry = p->rnr_retry;
+			if (!send_msg(p->conn_fd, m)) {
+				close_conn(p);
+				if (ud)
+					return fail(ECONNRESET);
+				p->state = st::error;
+				push(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+			} else if (ud) {
+				p->state = st::established;
+				close_conn(p);
+			} else {
+				p->state = st::accepted;
+			}
+		}
+	}
+	if (p->sync && !ud)
+		return sync_wait(p, RDMA_CM_EVENT_ESTABLISHED);
+	return 0;
+}
+
+SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (p->state != st::req_rcvd)
+		return fail(EINVAL);
+	bool ud = p->id.qp_type == IBV_QPT_UD;
+	if (check_pdata(private_data, private_data_len, ud ? kSidrRepPdata : kRejPdata))
+		return fail(EINVAL);
+	wire_msg m = base_msg(p, ud ? M_SIDR_REP : M_REJ);
+	m.status = ud ? 1 : kRejConsumer;
+	put_pdata(m, private_data, private_data_len);
+	send_msg(p->conn_fd, m);
+	close_conn(p);
+	p->state = st::rejected;
+	return 0;
+}
+
+SV_API int rdma_reject_ece(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+	return rdma_reject(id, private_data, private_data_len);
+}
+
+SV_API int rdma_notify(rdma_cm_id *id, ibv_event_type event)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (!p->dev)
+		return fail(EINVAL);
+	// Communication established before the RTU: the RTU is as good as here.
+	if (event == IBV_EVENT_COMM_EST && p->state == st::accepted) {
+		p->state = st::established;
+		push(p, RDMA_CM_EVENT_ESTABLISHED, 0);
+	}
+	return 0;
+}
+
+SV_API int rdma_disconnect(rdma_cm_id *id)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	switch (p->state) {
+	case st::connect:
+	case st::rep_rcvd:
+	case st::accepted:
+	case st::established: {
+		qp_to_err(p);
+		wire_msg m = base_msg(p, M_DREQ);
+		if (!send_msg(p->conn_fd, m)) {
+			close_conn(p);
+			p->state = st::disconnected;
+			push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+		} else {
+			p->state = st::disc_sent;
+		}
+		return 0;
+	}
+	case st::disc_sent:
+	case st::disconnected:
+	case st::error:
+	case st::rejected:
+		qp_to_err(p);
+		return 0;
+	default:
+		return fail(EINVAL);
+	}
+}
+
+SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
+{
+	if (!channel || !event)
+		return fail(EINVAL);
+	channel_priv *c = to_chan(channel);
+	for (;;) {
+		uint64_t v;
+		ssize_t r = read(c->ch.fd, &v, sizeof(v));
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (c->q.empty())
+			continue;
+		event_priv *e = c->q.front();
+		c->q.pop_front();
+		if (e->dead) {
+			delete e;
+			continue;
+		}
+		e->counted->reported++;
+		cm_id *p = e->about;
+		if (p->req_event == e)
+			p->req_event = nullptr;
+		if (e->conn_resp && p->id.qp && p->state == st::rep_rcvd) {
+			int err = modify_locked(p, IBV_QPS_RTR);
+			if (!err)
+				err = modify_locked(p, IBV_QPS_RTS);
+			wire_msg m = base_msg(p, err ? M_REJ : M_RTU);
+			m.status = kRejConsumer;
+			if (!err && send_msg(p->conn_fd, m)) {
+				p->state = st::established;
+				e->ev.event = RDMA_CM_EVENT_ESTABLISHED;
+			} else {
+				if (err)
+					send_msg(p->conn_fd, m);
+				close_conn(p);
+				p->state = st::error;
+				e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
+				e->ev.status = err ? -err : -ECONNRESET;
+			}
+		}
+		*event = &e->ev;
+		return 0;
+	}
+}
+
+SV_API int rdma_ack_cm_event(rdma_cm_event *event)
+{
+	if (!event)
+		return fail(EINVAL);
+	auto *e = reinterpret_cast<event_priv *>(event);
+	std::lock_guard<std::mutex> lk(G().mu);
+	e->counted->acked++;
+	G().cv.notify_all();
+	delete e;
+	return 0;
+}
+
+SV_API ibv_context **rdma_get_devices(int *num_devices)
+{
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (int e = ensure_started_locked()) {
+		if (num_devices)
+			*num_devices = 0;
+		errno = e;
+		return nullptr;
+	}
+	size_t n = G().devs.size();
+	auto **list = static_cast<ibv_context **>(calloc(n + 1, sizeof(ibv_context *)));
+	if (!list) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	for (size_t i = 0; i < n; i++)
+		list[i] = G().devs[i]->ctx;
+	if (num_devices)
+		*num_devices = static_cast<int>(n);
+	return list;
+}
+
+SV_API void rdma_free_devices(ibv_context **list)
+{
+	free(list);
+}
+
+SV_API const char *rdma_event_str(rdma_cm_event_type event)
+{
+	switch (event) {
+	case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
+	case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
+	case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+	case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
+	case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
+	case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+	case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
+	case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
+	case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
+	case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
+	case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
+	case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+	case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
+	case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
+	case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
+	case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+	default: return "UNKNOWN EVENT";
+	}
+}
+
+SV_API __be16 rdma_get_src_port(rdma_cm_id *id)
+{
+	return id ? htons(get_port(&id->route.addr.src_addr)) : 0;
+}
+
+SV_API __be16 rdma_get_dst_port(rdma_cm_id *id)
+{
+	return id ? htons(get_port(&id->route.addr.dst_addr)) : 0;
+}
+
+SV_API int rdma_set_option(rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
+{
+	if (!id || !optval)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (level == RDMA_OPTION_ID) {
+		switch (optname) {
+		case RDMA_OPTION_ID_TOS:
+			if (optlen != sizeof(uint8_t))
+				return fail(EINVAL);
+			p->tos = *static_cast<uint8_t *>(optval);
+			return 0;
+		case RDMA_OPTION_ID_REUSEADDR:
+			if (optlen != sizeof(int))
+				return fail(EINVAL);
+			p->reuseaddr = *static_cast<int *>(optval);
+			return 0;
+		case RDMA_OPTION_ID_AFONLY:
+			if (optlen != sizeof(int))
+				return fail(EINVAL);
+			if (p->state != st::idle)
+				return fail(EINVAL);
+			p->afonly = *static_cast<int *>(optval);
+			return 0;
+		case RDMA_OPTION_ID_ACK_TIMEOUT:
+			if (optlen != sizeof(uint8_t))
+				return fail(EINVAL);
+			p->ack_timeout = std::min<uint8_t>(*static_cast<uint8_t *>(optval), 31);
+			return 0;
+		default:
+			return fail(ENOSYS);
+		}
+	}
+	if (level == RDMA_OPTION_IB && optname == RDMA_OPTION_IB_PATH) {
+		if (!optlen || optlen % sizeof(ibv_path_data))
+			return fail(EINVAL);
+		if (p->state != st::addr_resolved)
+			return fail(EINVAL);
+		// The path is made up from the fabric (docs/rdmacm.md): accept
+		// the user's record and resolve the route as we would.
+		p->state = st::route_resolved;
+		fill_path(p);
+		return 0;
+	}
+	return fail(ENOSYS);
+}
+
+SV_API int rdma_migrate_id(rdma_cm_id *id, rdma_event_channel *channel)
+{
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::unique_lock<std::mutex> lk(G().mu);
+	channel_priv *to = channel ? to_chan(channel) : new_channel();
+	if (!to)
+		return -1;
+	G().cv.wait(lk, [p] { return p->reported == p->acked; });
+	channel_priv *from = p->chan;
+	// Queued events of the id move with it.
+	for (event_priv *e : from->q) {
+		if (e->dead || e->about != p || e->counted != p)
+			continue;
+		auto *n = new event_priv(*e);
+		if (n->ev.param.conn.private_data)
+			n->ev.param.conn.private_data = n->pdata;
+		e->dead = true;
+		push_event(to, n);
+	}
+	bool was_sync = p->sync;
+	p->chan = to;
+	p->id.channel = &to->ch;
+	p->sync = !channel;
+	if (was_sync) {
+		for (event_priv *e : from->q)
+			delete e;
+		close(from->ch.fd);
+		delete from;
+	}
+	return 0;
+}
+
+// ---------------------------------------------------------- addrinfo ---
+
+SV_API int rdma_getaddrinfo(const char *node, const char *service, const rdma_addrinfo *hints,
+			    rdma_addrinfo **res)
+{
+	if (!res)
+		return fail(EINVAL);
+	if (!node && !service && !(hints && (hints->ai_src_addr || hints->ai_dst_addr)))
+		return fail(EINVAL);
+	auto *r = static_cast<rdma_addrinfo *>(calloc(1, sizeof(rdma_addrinfo)));
+	if (!r)
+		return fail(ENOMEM);
+	if (hints) {
+		r->ai_flags = hints->ai_flags;
+		r->ai_family = hints->ai_family;
+		r->ai_qp_type = hints->ai_qp_type;
+		r->ai_port_space = hints->ai_port_space;
+	}
+	if (!r->ai_port_space)
+		r->ai_port_space = r->ai_qp_type == IBV_QPT_UD ? RDMA_PS_UDP : RDMA_PS_TCP;
+	if (!r->ai_qp_type)
+		r->ai_qp_type = r->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
+	auto copy_addr = [](const sockaddr *a, socklen_t len, sockaddr **out, socklen_t *outlen) {
+		*out = static_cast<sockaddr *>(malloc(len));
+		if (!*out)
+			return false;
+		memcpy(*out, a, len);
+		*outlen = len;
+		return true;
+	};
+	if (node || service) {
+		if (r->ai_family == AF_IB) {
+			free(r);
+			return EAI_FAMILY;
+		}
+		addrinfo h{}, *ai = nullptr;
+		h.ai_family = r->ai_family;
+		h.ai_socktype = SOCK_STREAM;
+		if (r->ai_flags & RAI_PASSIVE)
+			h.ai_flags |= AI_PASSIVE;
+		if (r->ai_flags & RAI_NUMERICHOST)
+			h.ai_flags |= AI_NUMERICHOST;
+		int ret = getaddrinfo(node, service, &h, &ai);
+		if (ret) {
+			free(r);
+			return ret;
+		}
+		r->ai_family = ai->ai_family;
+		bool ok;
+		if (r->ai_flags & RAI_PASSIVE)
+			ok = copy_addr(ai->ai_addr, ai->ai_addrlen, &r->ai_src_addr, &r->ai_src_len);
+		else
+			ok = copy_addr(ai->ai_addr, ai->ai_addrlen, &r->ai_dst_addr, &r->ai_dst_len);
+		if (ok && ai->ai_canonname) {
+			char *cn = strdup(ai->ai_canonname);
+			if (r->ai_flags & RAI_PASSIVE)
+				r->ai_src_canonname = cn;
+			else
+				r->ai_dst_canonname = cn;
+		}
+		freeaddrinfo(ai);
+		if (!ok) {
+			rdma_freeaddrinfo(r);
+			return fail(ENOMEM);
+		}
+	}
+	if (hints && hints->ai_src_addr && !r->ai_src_addr &&
+	    !copy_addr(hints->ai_src_addr, hints->ai_src_len, &r->ai_src_addr, &r->ai_src_len)) {
+		rdma_freeaddrinfo(r);
+		return fail(ENOMEM);
+	}
+	if (hints && hints->ai_dst_addr && !r->ai_dst_addr &&
+	    !copy_addr(hints->ai_dst_addr, hints->ai_dst_len, &r->ai_dst_addr, &r->ai_dst_len)) {
+		rdma_freeaddrinfo(r);
+		return fail(ENOMEM);
+	}
+	*res = r;
+	return 0;
+}
+
+SV_API void rdma_freeaddrinfo(rdma_addrinfo *res)
+{
+	while (res) {
+		rdma_addrinfo *next = res->ai_next;
+		free(res->ai_src_addr);
+		free(res->ai_dst_addr);
+		free(res->ai_src_canonname);
+		free(res->ai_dst_canonname);
+		free(res->ai_route);
+		free(res->ai_connect);
+		free(res);
+		res = next;
+	}
+}
+
+SV_API int rdma_create_ep(rdma_cm_id **id, rdma_addrinfo *res, ibv_pd *pd, ibv_qp_init_attr *qp_init_attr)
+{
+	if (!id || !res)
+		return fail(EINVAL);
+	rdma_cm_id *cid;
+	if (rdma_create_id(nullptr, &cid, nullptr, static_cast<rdma_port_space>(res->ai_port_space)))
+		return -1;
+	cid->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
+	cid->pd = pd;
+	int ret;
+	if (res->ai_flags & RAI_PASSIVE) {
+		ret = rdma_bind_addr(cid, res->ai_src_addr);
+		if (!ret && qp_init_attr) {
+			auto *a = new ibv_qp_init_attr_ex;
+			memset(a, 0, sizeof(*a));
+			memcpy(a, qp_init_attr, sizeof(*qp_init_attr));
+			to_priv(cid)->ep_qp_attr = a;
+		}
+	} else {
+		ret = rdma_resolve_addr(cid, res->ai_src_addr, res->ai_dst_addr, 2000);
+		if (!ret)
+			ret = rdma_resolve_route(cid, 2000);
+		if (!ret && qp_init_attr)
+			ret = rdma_create_qp(cid, pd, qp_init_attr);
+	}
+	if (ret) {
+		int e = errno;
+		rdma_destroy_id(cid);
+		return fail(e);
+	}
+	*id = cid;
+	return 0;
+}
+
+SV_API void rdma_destroy_ep(rdma_cm_id *id)
+{
+	if (!id)
+		return;
+	if (id->qp)
+		rdma_destroy_qp(id);
+	if (id->srq)
+		rdma_destroy_srq(id);
+	rdma_destroy_id(id);
+}
+
+SV_API int rdma_create_srq_ex(rdma_cm_id *id, ibv_srq_init_attr_ex *attr)
+{
+	if (!id || !attr || !id->verbs)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	ibv_srq_init_attr_ex a = *attr;
+	if (!(a.comp_mask & IBV_SRQ_INIT_ATTR_PD) || !a.pd) {
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (!p->id.pd && !p->dev->pd)
+			p->dev->pd = ibv_alloc_pd(p->dev->ctx);
+		a.pd = p->id.pd ? p->id.pd : p->dev->pd;
+		if (!a.pd)
+			return -1;
+		a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+	}
+	if (!(a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE))
+		a.srq_type = IBV_SRQT_BASIC, a.comp_mask |= IBV_SRQ_INIT_ATTR_TYPE;
+	if (a.srq_type != IBV_SRQT_BASIC)
+		return fail(ENOSYS); // XRC SRQs through rdma_cm: not implemented
+	ibv_srq *srq = ibv_create_srq_ex(id->verbs, &a);
+	if (!srq)
+		return -1;
+	attr->attr = a.attr;
+	id->srq = srq;
+	return 0;
+}
+
+SV_API int rdma_create_srq(rdma_cm_id *id, ibv_pd *pd, ibv_srq_init_attr *attr)
+{
+	if (!id || !attr)
+		return fail(EINVAL);
+	ibv_srq_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	a.srq_context = attr->srq_context;
+	a.attr = attr->attr;
+	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | (pd ? IBV_SRQ_INIT_ATTR_PD : 0);
+	a.srq_type = IBV_SRQT_BASIC;
+	a.pd = pd;
+	if (rdma_create_srq_ex(id, &a))
+		return -1;
+	attr->attr = a.attr;
+	return 0;
+}
+
+SV_API void rdma_destroy_srq(rdma_cm_id *id)
+{
+	if (!id || !id->srq)
+		return;
+	ibv_destroy_srq(id->srq);
+	id->srq = nullptr;
+}
+
+SV_API int rdma_init_qp_attr(rdma_cm_id *id, ibv_qp_attr *qp_attr, int *qp_attr_mask)
+{
+	if (!id || !qp_attr || !qp_attr_mask)
+		return fail(EINVAL);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (int e = qp_attr_locked(to_priv(id), qp_attr, qp_attr_mask))
+		return fail(e);
+	return 0;
+}
+
+// ----------------------------------------------------------- multicast ---
+// Not implemented yet (docs/rdmacm.md): honest failures.
+
+SV_API int rdma_join_multicast(rdma_cm_id *id, sockaddr *addr, void *context)
+{
+	(void)id, (void)addr, (void)context;
+	return fail(ENOSYS);
+}
+
+SV_API int rdma_join_multicast_ex(rdma_cm_id *id, rdma_cm_join_mc_attr_ex *mc_join_attr, void *context)
+{
+	(void)id, (void)mc_join_attr, (void)context;
+	return fail(ENOSYS);
+}
+
+SV_API int rdma_leave_multicast(rdma_cm_id *id, sockaddr *addr)
+{
+	(void)id, (void)addr;
+	return fail(EADDRNOTAVAIL); // nothing can have been joined
+}
+
+// ----------------------------------------------------------------- ECE ---
+// Carried in REQ and REP: what rdma_set_local_ece sets, the peer reads.
+
+SV_API int rdma_set_local_ece(rdma_cm_id *id, ibv_ece *ece)
+{
+	if (!id || !ece || ece->comp_mask)
+		return fail(EINVAL);
+	std::lock_guard<std::mutex> lk(G().mu);
+	to_priv(id)->local_ece = *ece;
+	return 0;
+}
+
+SV_API int rdma_get_remote_ece(rdma_cm_id *id, ibv_ece *ece)
+{
+	if (!id || !ece)
+		return fail(EINVAL);
+	std::lock_guard<std::mutex> lk(G().mu);
+	*ece = to_priv(id)->remote_ece;
+	return 0;
+}
