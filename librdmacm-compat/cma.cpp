@@ -1911,6 +1911,11 @@ SV_API int rdma_migrate_id(rdma_cm_id *id, rdma_event_channel *channel)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
+	// A synchronous id holds its last event: it goes first, as in rdma-core.
+	if (p->sync && p->id.event) {
+		rdma_ack_cm_event(p->id.event);
+		p->id.event = nullptr;
+	}
 	std::unique_lock<std::mutex> lk(G().mu);
 	channel_priv *to = channel ? to_chan(channel) : new_channel();
 	if (!to)
