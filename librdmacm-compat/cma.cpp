@@ -464,6 +464,12 @@ void apply_pick(cm_id *p, const port_pick &pk)
 	p->mtu = pk.mtu;
 	p->id.route.addr.addr.ibaddr.sgid = pk.gid;
 	p->id.route.addr.addr.ibaddr.pkey = htobe16(0xffff);
+	// As in rdma-core, an id on a device carries the device's PD (one per
+	// device and process, allocated at first use) unless the user set one.
+	if (!pk.dev->pd)
+		pk.dev->pd = ibv_alloc_pd(pk.dev->ctx);
+	if (!p->id.pd || p->id.pd->context != pk.dev->ctx)
+		p->id.pd = pk.dev->pd;
 }
 
 // ------------------------------------------------------------ events ---

@@ -1,0 +1,558 @@
+# SPDX-License-Identifier: MIT
+"""Our librdmacm.so.1 (librdmacm-compat/, docs/rdmacm.md): unmodified Debian
+rdma_cm programs between two processes on loop0, through softverbs-run, on
+an InfiniBand port and on a RoCE port (netdev lo); then the error paths,
+driven through ctypes against the library itself.
+
+Every case runs on a fabric of its own (the `env` fixture), so the CM's
+socket names (which carry the fabric) never meet another test's; every
+process has a timeout and is killed whatever the outcome.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+import svtest
+
+TIMEOUT = 60
+_port = iter(range(30000 + (os.getpid() % 400) * 50, 65000))
+
+ROCE_CONF = "loop0.link_layer = ethernet\nloop0.netdev = lo\n"
+
+
+def need(tool):
+    if not shutil.which(tool):
+        pytest.skip(f"{tool} not installed")
+
+
+@pytest.fixture(params=["ib", "roce"])
+def link(request, env):
+    """The link layer of loop0 for this case: writes the test's config."""
+    if request.param == "roce":
+        with open(env["SOFTVERBS_CONFIG"], "w") as f:
+            f.write(ROCE_CONF)
+    return request.param
+
+
+@pytest.fixture
+def run_env(env):
+    """For softverbs-run, which sets LD_LIBRARY_PATH itself."""
+    e = dict(env)
+    del e["LD_LIBRARY_PATH"]
+    return e
+
+
+def cm_listening(port):
+    """Whether some id of ours is bound to CM port `port` (any address)."""
+    with open("/proc/net/unix") as f:
+        for line in f:
+            name = line.split()[-1] if len(line.split()) >= 8 else ""
+            if name.startswith("@softverbs-cm/") and name.endswith(f"/{port}"):
+                return True
+    return False
+
+
+def kill_group(p):
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def start(argv, env):
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def wait_listen(srv, ready, what):
+    deadline = time.monotonic() + 15
+    while not ready():
+        if srv.poll() is not None or time.monotonic() > deadline:
+            kill_group(srv)
+            out = srv.stdout.read() if srv.stdout else ""
+            raise AssertionError(f"{what} server never listened:\n{out}")
+        time.sleep(0.02)
+
+
+def pair(server, client, env, ready, timeout=TIMEOUT):
+    """Runs server, waits for ready(), runs client; (rc, out) of both."""
+    procs = []
+    try:
+        srv = start(server, env)
+        procs.append(srv)
+        wait_listen(srv, ready, server[1] if len(server) > 1 else server[0])
+        cli = start(client, env)
+        procs.append(cli)
+        end = time.monotonic() + timeout
+        try:
+            cout = cli.communicate(timeout=timeout)[0]
+            sout = srv.communicate(timeout=max(1, end - time.monotonic()))[0]
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                kill_group(p)
+            raise AssertionError(f"{client} timed out after {timeout}s\nserver:\n"
+                                 f"{srv.stdout.read()}\nclient:\n{cli.stdout.read()}")
+        return (srv.returncode, sout), (cli.returncode, cout)
+    finally:
+        for p in procs:
+            kill_group(p)
+
+
+def check_pair(res, what):
+    (src, sout), (crc, cout) = res
+    assert src == 0 and crc == 0, (f"{what}: server exit {src}, client exit {crc}\n"
+                                   f"server:\n{sout}\nclient:\n{cout}")
+    return sout, cout
+
+
+# ------------------------------------------------------ Debian's tools ---
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
+def test_rping_verify(link, run_env, softverbs_run, addr):
+    """rping -V: 1000 RDMA READ/WRITE round trips, each buffer compared."""
+    need("rping")
+    port = next(_port)
+    res = pair([softverbs_run, "rping", "-s", "-a", addr, "-p", str(port), "-C", "1000", "-V"],
+               [softverbs_run, "rping", "-c", "-a", addr, "-p", str(port), "-C", "1000", "-V", "-v"],
+               run_env, lambda: cm_listening(port))
+    sout, cout = check_pair(res, "rping")
+    lines = [l for l in cout.splitlines() if l.startswith("ping data: rdma-ping-")]
+    assert len(lines) == 1000, cout[-2000:]
+    assert lines[-1].startswith("ping data: rdma-ping-999: ")
+    assert "mismatch" not in cout + sout
+    assert "DISCONNECT EVENT" in sout
+
+
+def test_rping_nobody_listens(link, run_env, softverbs_run):
+    """Connecting to a port nobody listens on: REJECTED, reason 8."""
+    need("rping")
+    port = next(_port)
+    p = svtest.run([softverbs_run, "rping", "-c", "-a", "127.0.0.1", "-p", str(port), "-C", "1"],
+                   run_env, timeout=30)
+    assert p.returncode != 0
+    assert "RDMA_CM_EVENT_REJECTED, error 8" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "::1"])
+def test_ucmatose(link, run_env, softverbs_run, addr):
+    need("ucmatose")
+    port = next(_port)
+    res = pair([softverbs_run, "ucmatose", "-b", addr, "-p", str(port), "-c", "4", "-C", "50"],
+               [softverbs_run, "ucmatose", "-s", addr, "-p", str(port), "-c", "4", "-C", "50"],
+               run_env, lambda: cm_listening(port))
+    sout, cout = check_pair(res, "ucmatose")
+    for out in (sout, cout):
+        assert "test complete" in out and "return status 0" in out, out
+    assert "disconnected" in sout
+
+
+def test_udaddy(link, run_env, softverbs_run):
+    need("udaddy")
+    port = next(_port)
+    res = pair([softverbs_run, "udaddy", "-b", "127.0.0.1", "-p", str(port), "-c", "3", "-C", "20"],
+               [softverbs_run, "udaddy", "-s", "127.0.0.1", "-p", str(port), "-c", "3", "-C", "20"],
+               run_env, lambda: cm_listening(port))
+    sout, cout = check_pair(res, "udaddy")
+    for out in (sout, cout):
+        assert "data transfers complete" in out and "return status 0" in out, out
+
+
+@pytest.mark.parametrize("tool", ["ib_send_bw", "ib_write_bw", "ib_read_lat"])
+def test_perftest_rdma_cm(link, run_env, softverbs_run, tool):
+    need(tool)
+    port = next(_port)
+    common = [softverbs_run, tool, "-R", "-d", "loop0", "-p", str(port), "-n", "500"]
+    res = pair(common, common + ["127.0.0.1"], run_env, lambda: cm_listening(port))
+    sout, cout = check_pair(res, tool)
+    assert "#bytes" in cout, cout
+    assert "Data ex. method : rdma_cm" in cout
+
+
+def test_qperf_cm(link, run_env, softverbs_run):
+    need("qperf")
+    lport = next(_port)
+    srv = start([softverbs_run, "qperf", "-lp", str(lport)], run_env)
+    try:
+        import test_perftest
+        wait_listen(srv, lambda: test_perftest.listening(lport), "qperf")
+        p = svtest.run([softverbs_run, "qperf", "-lp", str(lport), "-cm1", "127.0.0.1",
+                        "-t", "1", "rc_bw", "rc_lat"], run_env, timeout=TIMEOUT)
+    finally:
+        kill_group(srv)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rc_bw:" in p.stdout and "bw  =" in p.stdout, p.stdout
+    assert "rc_lat:" in p.stdout and "latency  =" in p.stdout, p.stdout
+
+
+def test_fi_pingpong_verbs(link, run_env, softverbs_run):
+    need("fi_pingpong")
+    port = next(_port)
+    import test_perftest
+    common = [softverbs_run, "fi_pingpong", "-p", "verbs", "-e", "msg", "-I", "100"]
+    res = pair(common + ["-B", str(port)], common + ["-P", str(port), "127.0.0.1"],
+               run_env, lambda: test_perftest.listening(port))
+    sout, cout = check_pair(res, "fi_pingpong")
+    for out in (sout, cout):
+        rows = [l for l in out.splitlines() if l and l[0].isdigit()]
+        assert rows and all("=100" in r for r in rows), out
+
+
+# ----------------------------------------------------------- peer death ---
+
+@pytest.mark.parametrize("victim", ["client", "server"])
+def test_rping_peer_killed(run_env, softverbs_run, victim):
+    """A peer killed mid-run: the survivor learns it and exits, no hang."""
+    need("rping")
+    port = next(_port)
+    srv = start([softverbs_run, "rping", "-s", "-a", "127.0.0.1", "-p", str(port), "-C", "0"],
+                run_env)
+    procs = [srv]
+    try:
+        wait_listen(srv, lambda: cm_listening(port), "rping")
+        cli = start([softverbs_run, "rping", "-c", "-a", "127.0.0.1", "-p", str(port), "-C", "0"],
+                    run_env)
+        procs.append(cli)
+        time.sleep(1.5)
+        assert srv.poll() is None and cli.poll() is None, "rping ended before the kill"
+        dead, alive = (cli, srv) if victim == "client" else (srv, cli)
+        os.killpg(dead.pid, signal.SIGKILL)
+        try:
+            out = alive.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the surviving rping ({'server' if victim == 'client' else 'client'})"
+                                 " did not notice its peer's death within 30 s")
+        assert alive.returncode is not None
+        if victim == "client":
+            assert "DISCONNECT EVENT" in out, out
+    finally:
+        for p in procs:
+            kill_group(p)
+
+
+# -------------------------------------------------- the API, by ctypes ---
+
+CTYPES = textwrap.dedent(r'''
+    import ctypes, errno, json, os, socket, struct, sys
+    cm = ctypes.CDLL("librdmacm.so.1", use_errno=True)
+    path = [l.split()[-1] for l in open("/proc/self/maps") if "librdmacm" in l][0]
+    assert "libibverbs-compat" in path, path
+    P = ctypes.c_void_p
+    for f in ("rdma_create_event_channel",):
+        getattr(cm, f).restype = P
+    cm.rdma_event_str.restype = ctypes.c_char_p
+    cm.rdma_event_str.argtypes = [ctypes.c_int]
+
+    class ConnParam(ctypes.Structure):
+        _fields_ = [("private_data", P), ("private_data_len", ctypes.c_uint8),
+                    ("responder_resources", ctypes.c_uint8), ("initiator_depth", ctypes.c_uint8),
+                    ("flow_control", ctypes.c_uint8), ("retry_count", ctypes.c_uint8),
+                    ("rnr_retry_count", ctypes.c_uint8), ("srq", ctypes.c_uint8),
+                    ("qp_num", ctypes.c_uint32)]
+
+    class Event(ctypes.Structure):
+        _fields_ = [("id", P), ("listen_id", P), ("event", ctypes.c_int), ("status", ctypes.c_int),
+                    ("private_data", P), ("private_data_len", ctypes.c_uint8)]
+
+    for f in ("rdma_create_id", "rdma_bind_addr", "rdma_resolve_addr", "rdma_resolve_route",
+              "rdma_connect", "rdma_accept", "rdma_reject", "rdma_disconnect", "rdma_listen",
+              "rdma_destroy_id", "rdma_get_cm_event", "rdma_ack_cm_event", "rdma_establish",
+              "rdma_join_multicast", "rdma_migrate_id", "rdma_set_option", "rdma_notify"):
+        getattr(cm, f).restype = ctypes.c_int
+
+    def sin(ip, port):
+        if ":" in ip:
+            b = struct.pack("=HHI16sI", socket.AF_INET6, socket.htons(port), 0,
+                            socket.inet_pton(socket.AF_INET6, ip), 0)
+        else:
+            b = struct.pack("=HH4s8x", socket.AF_INET, socket.htons(port), socket.inet_aton(ip))
+        return ctypes.create_string_buffer(b, 128)
+
+    def err(ret):
+        return 0 if ret == 0 else errno.errorcode.get(ctypes.get_errno(), ctypes.get_errno())
+
+    def new_id(ch, ps=0x0106):
+        i = P()
+        assert cm.rdma_create_id(P(ch), ctypes.byref(i), None, ps) == 0, err(-1)
+        return i
+
+    def get_event(ch):
+        ev = ctypes.POINTER(Event)()
+        assert cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) == 0, err(-1)
+        e = ev.contents
+        r = (cm.rdma_event_str(e.event).decode(), e.status, e.id, e.listen_id)
+        cm.rdma_ack_cm_event(ev)
+        return r
+''')
+
+
+def cm_child(code, env, timeout=TIMEOUT):
+    """Runs CTYPES + code in a child python on our library; its last JSON line."""
+    p = svtest.run([svtest.PYTHON, "-c", CTYPES + textwrap.dedent(code)], env, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError(f"child exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    lines = [l for l in p.stdout.splitlines() if l.strip()]
+    import json
+    return json.loads(lines[-1]), p.stderr
+
+
+def test_unknown_address(env):
+    """A destination that is no local address: ADDR_ERROR, and a
+    synchronous id fails with the same error."""
+    r, _ = cm_child('''
+        ch = cm.rdma_create_event_channel()
+        i = new_id(ch)
+        ret = cm.rdma_resolve_addr(i, None, sin("192.0.2.1", 7000), 1000)
+        ev = get_event(ch)
+        s = P()
+        assert cm.rdma_create_id(None, ctypes.byref(s), None, 0x0106) == 0
+        sret = cm.rdma_resolve_addr(s, None, sin("192.0.2.1", 7000), 1000)
+        print(json.dumps([ret, ev[0], ev[1], sret, err(sret)]))
+    ''', env)
+    assert r == [0, "RDMA_CM_EVENT_ADDR_ERROR", -113, -1, "EHOSTUNREACH"]
+
+
+def test_out_of_order_calls(env):
+    r, _ = cm_child('''
+        ch = cm.rdma_create_event_channel()
+        i = new_id(ch)
+        out = {}
+        out["route_before_addr"] = err(cm.rdma_resolve_route(i, 1000))
+        out["connect_before_route"] = err(cm.rdma_connect(i, None))
+        out["accept_not_request"] = err(cm.rdma_accept(i, None))
+        out["reject_not_request"] = err(cm.rdma_reject(i, None, 0))
+        out["disconnect_idle"] = err(cm.rdma_disconnect(i))
+        out["establish_idle"] = err(cm.rdma_establish(i))
+        out["bind"] = err(cm.rdma_bind_addr(i, sin("127.0.0.1", 0)))
+        out["bind_twice"] = err(cm.rdma_bind_addr(i, sin("127.0.0.1", 0)))
+        j = new_id(ch)
+        out["resolve"] = err(cm.rdma_resolve_addr(j, None, sin("127.0.0.1", 9), 1000))
+        out["resolve_twice"] = err(cm.rdma_resolve_addr(j, None, sin("127.0.0.1", 9), 1000))
+        out["ev"] = get_event(ch)[0]
+        out["route"] = err(cm.rdma_resolve_route(j, 1000))
+        out["ev2"] = get_event(ch)[0]
+        out["listen_after_route"] = err(cm.rdma_listen(j, 1))
+        out["connect_no_qp"] = err(cm.rdma_connect(j, None))
+        out["bind_nonlocal"] = err(cm.rdma_bind_addr(new_id(ch), sin("192.0.2.1", 0)))
+        out["bad_ps"] = err(cm.rdma_create_id(P(ch), ctypes.byref(P()), None, 0x7777))
+        out["mcast"] = err(cm.rdma_join_multicast(j, sin("224.0.0.1", 0), None))
+        print(json.dumps(out))
+    ''', env)
+    assert r == {
+        "route_before_addr": "EINVAL", "connect_before_route": "EINVAL",
+        "accept_not_request": "EINVAL", "reject_not_request": "EINVAL",
+        "disconnect_idle": "EINVAL", "establish_idle": "EINVAL",
+        "bind": 0, "bind_twice": "EINVAL",
+        "resolve": 0, "resolve_twice": "EINVAL", "ev": "RDMA_CM_EVENT_ADDR_RESOLVED",
+        "route": 0, "ev2": "RDMA_CM_EVENT_ROUTE_RESOLVED",
+        "listen_after_route": "EINVAL", "connect_no_qp": "EINVAL",
+        "bind_nonlocal": "EADDRNOTAVAIL", "bad_ps": "EINVAL",
+        "mcast": "ENOSYS",
+    }
+
+
+def test_port_in_use_and_ephemeral(env):
+    r, _ = cm_child('''
+        ch = cm.rdma_create_event_channel()
+        a, b, c = new_id(ch), new_id(ch), new_id(ch)
+        out = [err(cm.rdma_bind_addr(a, sin("127.0.0.1", 0)))]
+        port = cm.rdma_get_src_port(a)
+        out.append(socket.ntohs(port) >= 32768)
+        out.append(err(cm.rdma_bind_addr(b, sin("127.0.0.1", socket.ntohs(port)))))
+        out.append(err(cm.rdma_listen(a, 4)))
+        # Another process's port is in use too; a destroyed id frees its port.
+        cm.rdma_destroy_id(a)
+        out.append(err(cm.rdma_bind_addr(c, sin("127.0.0.1", socket.ntohs(port)))))
+        print(json.dumps(out))
+    ''', env)
+    assert r == [0, True, "EADDRINUSE", 0, 0]
+
+
+def test_private_data_and_reject(env):
+    """Private data limits (56 REQ, 196 REP, 148 REJ) and a consumer reject:
+    REJECTED with reason 28 and the rejecter's private data."""
+    r, _ = cm_child('''
+        ch = cm.rdma_create_event_channel()
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = new_id(ch)
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_ADDR_RESOLVED"
+        assert cm.rdma_resolve_route(c, 1000) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_ROUTE_RESOLVED"
+        out = {}
+        big = ctypes.create_string_buffer(b"x" * 256)
+        p = ConnParam(ctypes.cast(big, P), 57, 1, 1, 0, 7, 7, 0, 0x123)
+        out["req57"] = err(cm.rdma_connect(c, ctypes.byref(p)))
+        hello = ctypes.create_string_buffer(b"hello from the client")
+        p = ConnParam(ctypes.cast(hello, P), 22, 1, 1, 0, 7, 7, 0, 0x123)
+        out["req"] = err(cm.rdma_connect(c, ctypes.byref(p)))
+        ev = ctypes.POINTER(Event)()
+        assert cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) == 0
+        e = ev.contents
+        out["ev"] = cm.rdma_event_str(e.event).decode()
+        out["listen_id"] = e.listen_id == l.value
+        out["pdata"] = ctypes.string_at(e.private_data, 21).decode()
+        out["pdata_len"] = e.private_data_len
+        child = P(e.id)
+        cm.rdma_ack_cm_event(ev)
+        a = ConnParam(ctypes.cast(big, P), 197, 1, 1, 0, 7, 7, 0, 0x456)
+        out["rep197"] = err(cm.rdma_accept(child, ctypes.byref(a)))
+        out["rej149"] = err(cm.rdma_reject(child, big, 149))
+        no = ctypes.create_string_buffer(b"go away")
+        out["rej"] = err(cm.rdma_reject(child, no, 7))
+        out["rej_again"] = err(cm.rdma_reject(child, no, 7))
+        assert cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) == 0
+        e = ev.contents
+        out["cev"] = [cm.rdma_event_str(e.event).decode(), e.status,
+                      ctypes.string_at(e.private_data, 7).decode(), e.private_data_len]
+        cm.rdma_ack_cm_event(ev)
+        for i in (child, c, l):
+            assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    ''', env)
+    assert r == {
+        "req57": "EINVAL", "req": 0, "ev": "RDMA_CM_EVENT_CONNECT_REQUEST", "listen_id": True,
+        "pdata": "hello from the client", "pdata_len": 56,
+        "rep197": "EINVAL", "rej149": "EINVAL", "rej": 0, "rej_again": "EINVAL",
+        "cev": ["RDMA_CM_EVENT_REJECTED", 28, "go away", 148],
+    }
+
+
+def test_channel_fd_poll_and_nonblock(env):
+    """channel->fd works with poll and O_NONBLOCK: EAGAIN when empty,
+    readable when an event waits."""
+    r, _ = cm_child('''
+        import fcntl, select
+        ch = cm.rdma_create_event_channel()
+        fd = ctypes.cast(ch, ctypes.POINTER(ctypes.c_int))[0]
+        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+        ev = ctypes.POINTER(Event)()
+        out = [err(cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)))]
+        pl = select.poll(); pl.register(fd, select.POLLIN)
+        out.append(pl.poll(0))
+        i = new_id(ch)
+        cm.rdma_resolve_addr(i, None, sin("127.0.0.1", 5), 1000)
+        out.append(len(pl.poll(1000)))
+        out.append(get_event(ch)[0])
+        out.append(pl.poll(0))
+        print(json.dumps(out))
+    ''', env)
+    assert r == ["EAGAIN", [], 1, "RDMA_CM_EVENT_ADDR_RESOLVED", []]
+
+
+def test_garbage_from_peer_refused(env):
+    """Bytes that are no CM message, sent to a listener: a message, the
+    connection dropped, the listener keeps working."""
+    r, stderr = cm_child('''
+        import threading, time
+        ch = cm.rdma_create_event_channel()
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        name = [x.split()[-1] for x in open("/proc/net/unix")
+                if x.split()[-1].startswith("@softverbs-cm/") and x.split()[-1].endswith("/%d" % port)][0]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect("\\0" + name[1:])
+        s.send(b"\\xff" * 40)
+        s.settimeout(5)
+        eof = s.recv(100) == b""
+        fd = ctypes.cast(ch, ctypes.POINTER(ctypes.c_int))[0]
+        import select
+        pl = select.poll(); pl.register(fd, select.POLLIN)
+        print(json.dumps([eof, pl.poll(200)]))
+    ''', env)
+    assert r == [True, []]
+    assert "malformed CM message" in stderr
+
+
+def test_destroy_waits_for_ack(env):
+    """rdma_destroy_id returns only once the id's retrieved events are acked."""
+    r, _ = cm_child('''
+        import threading, time
+        ch = cm.rdma_create_event_channel()
+        i = new_id(ch)
+        cm.rdma_resolve_addr(i, None, sin("127.0.0.1", 5), 1000)
+        ev = ctypes.POINTER(Event)()
+        assert cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) == 0
+        done = []
+        t = threading.Thread(target=lambda: done.append(cm.rdma_destroy_id(i)))
+        t.start()
+        time.sleep(0.5)
+        before = list(done)
+        cm.rdma_ack_cm_event(ev)
+        t.join(10)
+        print(json.dumps([before, done]))
+    ''', env)
+    assert r == [[], [0]]
+
+
+def test_pyverbs_cmid(env):
+    """Debian's pyverbs.cmid (CMID, AddrInfo, CMEventChannel) on our library:
+    a synchronous RC connection and a SEND both ways."""
+    port = next(_port)
+    srv_code = f'''
+        from pyverbs.cmid import CMID, AddrInfo
+        from pyverbs.qp import QPInitAttr, QPCap
+        import pyverbs.cm_enums as ce
+        from pyverbs.mr import MR
+        import pyverbs.enums as e
+        ai = AddrInfo(src="127.0.0.1", src_service="{port}", port_space=ce.RDMA_PS_TCP,
+                      flags=ce.RAI_PASSIVE)
+        cap = QPCap(max_send_wr=4, max_recv_wr=4)
+        srv = CMID(creator=ai, qp_init_attr=QPInitAttr(qp_type=e.IBV_QPT_RC, cap=cap))
+        srv.listen()
+        print("listening", flush=True)
+        conn = srv.get_request()
+        mr = conn.reg_msgs(64)
+        conn.post_recv(mr, 64)
+        conn.accept()
+        wc = conn.get_recv_comp()
+        print("server got", mr.read(5, 0).decode(), flush=True)
+        mr.write(b"pong!", 5)
+        conn.post_send(mr, 0, 5)
+        conn.get_send_comp()
+        conn.disconnect()
+        print("server done", flush=True)
+    '''
+    cli_code = f'''
+        from pyverbs.cmid import CMID, AddrInfo
+        from pyverbs.qp import QPInitAttr, QPCap
+        import pyverbs.cm_enums as ce
+        import pyverbs.enums as e
+        ai = AddrInfo(dst="127.0.0.1", dst_service="{port}", port_space=ce.RDMA_PS_TCP)
+        cap = QPCap(max_send_wr=4, max_recv_wr=4)
+        cli = CMID(creator=ai, qp_init_attr=QPInitAttr(qp_type=e.IBV_QPT_RC, cap=cap))
+        mr = cli.reg_msgs(64)
+        cli.post_recv(mr, 64)
+        cli.connect()
+        mr.write(b"ping!", 5)
+        cli.post_send(mr, 0, 5)
+        cli.get_send_comp()
+        cli.get_recv_comp()
+        print("client got", mr.read(5, 0).decode(), flush=True)
+        cli.disconnect()
+    '''
+    srv = start([svtest.PYTHON, "-c", textwrap.dedent(srv_code)], env)
+    try:
+        wait_listen(srv, lambda: cm_listening(port), "pyverbs")
+        p = svtest.run([svtest.PYTHON, "-c", textwrap.dedent(cli_code)], env, timeout=TIMEOUT)
+        sout = srv.communicate(timeout=TIMEOUT)[0]
+    finally:
+        kill_group(srv)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "client got pong!" in p.stdout
+    assert srv.returncode == 0 and "server got ping!" in sout and "server done" in sout, sout
