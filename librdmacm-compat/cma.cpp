@@ -1146,7 +1146,25 @@ void put_pdata(wire_msg &m, const void *data, int len)
 
 // Connects to the listener of (ps, dst): the exact address first, then the
 // wildcard of its family, then (IPv4) the IPv6 wildcard.
+int connect_listener_once(cm_id *p, const sockaddr *dst);
+
+// A listener may be between two binds of its port (perftest -R closes the
+// id that took its control connection and listens again for the data
+// connection): a REQ refused is retried for up to kReqRetryMs before it
+// counts as rejected.
+constexpr int kReqRetryMs = 1000;
+
 int connect_listener(cm_id *p, const sockaddr *dst)
+{
+	for (int waited = 0;; waited += 10) {
+		int fd = connect_listener_once(p, dst);
+		if (fd >= 0 || fd != -ECONNREFUSED || waited >= kReqRetryMs)
+			return fd;
+		usleep(10000);
+	}
+}
+
+int connect_listener_once(cm_id *p, const sockaddr *dst)
 {
 	std::vector<std::string> names = {addr_text(dst)};
 	if (dst->sa_family == AF_INET)
@@ -1471,6 +1489,8 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
+	wire_msg m;
+	sockaddr_storage dst;
 	{
 		std::lock_guard<std::mutex> lk(G().mu);
 		if (p->state != st::route_resolved)
@@ -1481,7 +1501,7 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 			return fail(EINVAL);
 		if (!p->id.qp && !ud && (!conn_param || !conn_param->qp_num))
 			return fail(EINVAL);
-		wire_msg m = base_msg(p, ud ? M_SIDR_REQ : M_REQ);
+		m = base_msg(p, ud ? M_SIDR_REQ : M_REQ);
 		p->psn = rand24();
 		if (conn_param) {
 			p->resp_res = cap(conn_param->responder_resources, p->dev->attr.max_qp_rd_atom);
@@ -1499,7 +1519,15 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 		m.init_depth = p->init_depth;
 		m.retry_count = p->retry;
 		m.rnr_retry = p->rnr_retry;
-		int fd = connect_listener(p, &p->id.route.addr.dst_addr);
+		memcpy(&dst, &p->id.route.addr.dst_storage, sizeof(dst));
+		p->state = st::connect; // further calls see a connecting id
+	}
+	// Without the lock: a refused REQ is retried for a while (see
+	// docs/rdmacm.md, "Known differences").
+	int fd = connect_listener(p, reinterpret_cast<sockaddr *>(&dst));
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		bool ud = p->id.qp_type == IBV_QPT_UD;
 		if (fd < 0) {
 			p->state = st::rejected;
 			if (ud)
@@ -1514,7 +1542,6 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 				push(p, ud ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_REJECTED,
 				     ud ? -ECONNREFUSED : kRejInvalidServiceId);
 			} else {
-				p->state = st::connect;
 				epoll_add(fd, p->serial << 1 | 1);
 			}
 		}

@@ -48,11 +48,17 @@ def run_env(env):
 
 
 def cm_listening(port):
-    """Whether some id of ours is bound to CM port `port` (any address)."""
+    """Whether some id of ours listens on CM port `port` (any address): a
+    socket of that name with __SO_ACCEPTCON (0x10000) in its flags."""
     with open("/proc/net/unix") as f:
+        next(f)
         for line in f:
-            name = line.split()[-1] if len(line.split()) >= 8 else ""
-            if name.startswith("@softverbs-cm/") and name.endswith(f"/{port}"):
+            fields = line.split()
+            if len(fields) < 8:
+                continue
+            name = fields[-1]
+            if (name.startswith("@softverbs-cm/") and name.endswith(f"/{port}")
+                    and int(fields[3], 16) & 0x10000):
                 return True
     return False
 
@@ -98,10 +104,15 @@ def pair(server, client, env, ready, timeout=TIMEOUT):
             cout = cli.communicate(timeout=timeout)[0]
             sout = srv.communicate(timeout=max(1, end - time.monotonic()))[0]
         except subprocess.TimeoutExpired:
+            outs = []
             for p in procs:
                 kill_group(p)
+                try:
+                    outs.append(p.communicate(timeout=5)[0])
+                except (subprocess.TimeoutExpired, ValueError):
+                    outs.append("")
             raise AssertionError(f"{client} timed out after {timeout}s\nserver:\n"
-                                 f"{srv.stdout.read()}\nclient:\n{cli.stdout.read()}")
+                                 f"{outs[0]}\nclient:\n{outs[1]}")
         return (srv.returncode, sout), (cli.returncode, cout)
     finally:
         for p in procs:
@@ -158,9 +169,9 @@ def test_ucmatose(link, run_env, softverbs_run, addr):
 
 def test_udaddy(link, run_env, softverbs_run):
     need("udaddy")
-    port = next(_port)
-    res = pair([softverbs_run, "udaddy", "-b", "127.0.0.1", "-p", str(port), "-c", "3", "-C", "20"],
-               [softverbs_run, "udaddy", "-s", "127.0.0.1", "-p", str(port), "-c", "3", "-C", "20"],
+    port = 7174  # udaddy's fixed port (-p is its port space); the fabric is the test's own
+    res = pair([softverbs_run, "udaddy", "-b", "127.0.0.1", "-c", "3", "-C", "20"],
+               [softverbs_run, "udaddy", "-s", "127.0.0.1", "-c", "3", "-C", "20"],
                run_env, lambda: cm_listening(port))
     sout, cout = check_pair(res, "udaddy")
     for out in (sout, cout):

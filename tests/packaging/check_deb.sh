@@ -95,7 +95,15 @@ if readelf -d "$lib" | grep -qE 'RPATH|RUNPATH'; then
 else
 	pass "no RPATH"
 fi
-stray=$(listing softverbs | grep -E 'libibverbs\.so' | grep -v "^$privdir/" || true)
+cm=$work/root/$privdir/librdmacm.so.1
+if [[ -L $cm && -f $(readlink -f "$cm") ]]; then
+	pass "$privdir/librdmacm.so.1 -> $(readlink "$cm")"
+else
+	fail "$privdir/librdmacm.so.1 missing or not a symlink to the library"
+fi
+cmso=$(readelf -d "$cm" 2>/dev/null | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[[ $cmso == librdmacm.so.1 ]] && pass "soname $cmso" || fail "librdmacm soname '$cmso'"
+stray=$(listing softverbs | grep -E 'libibverbs\.so|librdmacm\.so' | grep -v "^$privdir/" || true)
 [[ -z $stray ]] && pass "no libibverbs outside $privdir" || fail "libibverbs outside $privdir: $stray"
 if dpkg-deb --ctrl-tarfile "$(deb softverbs)" | tar -t | grep -qE 'shlibs|triggers'; then
 	fail "control has shlibs/triggers: the private soname must not be registered"
@@ -117,6 +125,8 @@ listing softverbs-dev | grep -qx 'usr/include/infiniband/softverbs_dv.h' &&
 	pass "softverbs_dv.h" || fail "softverbs_dv.h not in softverbs-dev"
 [[ $(readlink "$work/root/$privdir/libibverbs.so" 2>/dev/null) == libibverbs.so.1 ]] &&
 	pass "$privdir/libibverbs.so -> libibverbs.so.1" || fail "dev symlink libibverbs.so missing"
+[[ $(readlink "$work/root/$privdir/librdmacm.so" 2>/dev/null) == librdmacm.so.1 ]] &&
+	pass "$privdir/librdmacm.so -> librdmacm.so.1" || fail "dev symlink librdmacm.so missing"
 listing python3-softverbs | grep -qE '^usr/lib/python3/dist-packages/softverbs_fabric\..*\.so$' &&
 	pass "softverbs_fabric module" || fail "softverbs_fabric module not in python3-softverbs"
 [[ $(dpkg-deb -f "$(deb python3-softverbs)" Depends) == *python3* ]] ||
