@@ -171,6 +171,13 @@ struct cm_id {
 	bool own_cqs = false;
 	ibv_qp_init_attr_ex *ep_qp_attr = nullptr; // rdma_create_ep's, for rdma_get_request
 	ibv_ece local_ece{}, remote_ece{};
+	struct mcast {
+		sockaddr_storage addr;
+		ibv_gid mgid;
+		uint16_t mlid;
+		bool attached;
+	};
+	std::vector<mcast> mcs;
 };
 
 struct global {
@@ -449,6 +456,35 @@ bool resolve_local(const sockaddr *a, port_pick &out)
 			return true;
 		}
 	}
+	return false;
+}
+
+bool is_mcast(const sockaddr *a)
+{
+	if (a->sa_family == AF_INET)
+		return IN_MULTICAST(ntohl(reinterpret_cast<const sockaddr_in *>(a)->sin_addr.s_addr));
+	if (a->sa_family == AF_INET6)
+		return IN6_IS_ADDR_MULTICAST(&reinterpret_cast<const sockaddr_in6 *>(a)->sin6_addr);
+	if (a->sa_family == AF_IB)
+		return reinterpret_cast<const sockaddr_ib *>(a)->sib_addr.sib_raw[0] == 0xff;
+	return false;
+}
+
+// The first active port of the first device (InfiniBand preferred).
+bool first_port(port_pick &out)
+{
+	for (int want_eth = 0; want_eth < 2; want_eth++)
+		for (dev_entry *d : G().devs)
+			for (uint8_t port = 1; port <= d->attr.phys_port_cnt; port++) {
+				port_pick p;
+				ibv_port_attr pa;
+				if (ibv_query_port(d->ctx, port, &pa) || pa.state != IBV_PORT_ACTIVE ||
+				    (pa.link_layer == IBV_LINK_LAYER_ETHERNET) != (want_eth == 1) ||
+				    !fill_port(d, port, p) || ibv_query_gid(d->ctx, port, 0, &p.gid))
+					continue;
+				out = p;
+				return true;
+			}
 	return false;
 }
 
@@ -1333,7 +1369,24 @@ SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_a
 		memset(&p->id.route.addr.dst_storage, 0, sizeof(p->id.route.addr.dst_storage));
 		memcpy(&p->id.route.addr.dst_storage, dst_addr, addr_len(dst_addr));
 		port_pick pk;
-		if (!resolve_local(dst_addr, pk)) {
+		bool ok;
+		if (is_mcast(dst_addr)) {
+			// A group: the port of the source, bound or given, else the
+			// first port of the first device.
+			const sockaddr *src = p->dev ? nullptr : src_addr;
+			if (p->dev) {
+				ok = fill_port(p->dev, p->id.port_num, pk);
+				pk.gid = p->gid;
+				pk.gid_index = p->gid_index;
+			} else if (src && src->sa_family && !is_any(src)) {
+				ok = resolve_local(src, pk);
+			} else {
+				ok = first_port(pk);
+			}
+		} else {
+			ok = resolve_local(dst_addr, pk);
+		}
+		if (!ok) {
 			push(p, RDMA_CM_EVENT_ADDR_ERROR, -EHOSTUNREACH);
 		} else {
 			if (p->state == st::idle) {
@@ -1342,7 +1395,9 @@ SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_a
 				sockaddr_storage ss{};
 				if (src_addr && src_addr->sa_family)
 					memcpy(&ss, src_addr, addr_len(src_addr));
-				else {
+				else if (is_mcast(dst_addr)) {
+					ss.ss_family = dst_addr->sa_family; // the wildcard
+				} else {
 					memcpy(&ss, dst_addr, addr_len(dst_addr));
 					set_port(reinterpret_cast<sockaddr *>(&ss), 0);
 				}
@@ -1478,6 +1533,11 @@ SV_API void rdma_destroy_qp(rdma_cm_id *id)
 		return;
 	cm_id *p = to_priv(id);
 	std::lock_guard<std::mutex> lk(G().mu);
+	for (auto &m : p->mcs)
+		if (m.attached && p->id.qp) {
+			ibv_detach_mcast(p->id.qp, &m.mgid, m.mlid);
+			m.attached = false;
+		}
 	if (p->id.qp)
 		ibv_destroy_qp(p->id.qp);
 	p->id.qp = nullptr;
@@ -2181,24 +2241,134 @@ SV_API int rdma_init_qp_attr(rdma_cm_id *id, ibv_qp_attr *qp_attr, int *qp_attr_
 }
 
 // ----------------------------------------------------------- multicast ---
-// Not implemented yet (docs/rdmacm.md): honest failures.
+// Groups are loop's UD multicast (ibv_attach_mcast): the MGID is made from
+// the address (docs/rdmacm.md), joining is local and immediate.
+
+namespace {
+
+void make_mgid(cm_id *p, const sockaddr *a, ibv_gid &mgid, uint16_t &mlid)
+{
+	memset(&mgid, 0, sizeof(mgid));
+	if (a->sa_family == AF_INET6 || a->sa_family == AF_IB) {
+		addr_gid(a, mgid);
+	} else if (p->eth) {
+		// RoCE: the IPv4-mapped group address.
+		addr_gid(a, mgid);
+		mgid.raw[0] = 0xff; // keep it a multicast GID for the provider
+		mgid.raw[1] = 0x0e;
+	} else {
+		// IPoIB's mapping of an IPv4 group: ff12:401b:<pkey>::<group>.
+		mgid.raw[0] = 0xff;
+		mgid.raw[1] = 0x12;
+		mgid.raw[2] = 0x40;
+		mgid.raw[3] = 0x1b;
+		mgid.raw[4] = 0xff;
+		mgid.raw[5] = 0xff;
+		memcpy(&mgid.raw[12], &reinterpret_cast<const sockaddr_in *>(a)->sin_addr, 4);
+	}
+	uint32_t h = 2166136261u;
+	for (uint8_t b : mgid.raw)
+		h = (h ^ b) * 16777619u;
+	mlid = p->eth ? 0 : static_cast<uint16_t>(0xc000 | (h % 0x3fff));
+}
+
+int join_locked(cm_id *p, const sockaddr *addr, void *context, bool sendonly)
+{
+	if (!addr || !addr_len(addr) || !is_mcast(addr))
+		return EINVAL;
+	if (!p->dev || (p->state != st::bound && p->state != st::addr_resolved &&
+			p->state != st::route_resolved))
+		return EINVAL;
+	cm_id::mcast mc{};
+	memcpy(&mc.addr, addr, addr_len(addr));
+	for (auto &m : p->mcs)
+		if (memcmp(&m.addr, &mc.addr, sizeof(mc.addr)) == 0)
+			return EADDRINUSE;
+	make_mgid(p, addr, mc.mgid, mc.mlid);
+	auto *e = new_event(p, RDMA_CM_EVENT_MULTICAST_JOIN, 0);
+	if (p->id.qp && !sendonly) {
+		if (int err = ibv_attach_mcast(p->id.qp, &mc.mgid, mc.mlid)) {
+			e->ev.event = RDMA_CM_EVENT_MULTICAST_ERROR;
+			e->ev.status = -err;
+		} else {
+			mc.attached = true;
+		}
+	}
+	ibv_ah_attr &ah = e->ev.param.ud.ah_attr;
+	ah.port_num = p->id.port_num;
+	ah.dlid = mc.mlid;
+	ah.is_global = 1;
+	ah.grh.dgid = mc.mgid;
+	ah.grh.sgid_index = static_cast<uint8_t>(p->gid_index);
+	ah.grh.hop_limit = p->eth ? 64 : 1;
+	ah.grh.traffic_class = p->tos;
+	e->ev.param.ud.qp_num = 0xffffff;
+	e->ev.param.ud.qkey = RDMA_UDP_QKEY;
+	e->ev.param.ud.private_data = context; // as rdma-core: the join's context
+	if (e->ev.event == RDMA_CM_EVENT_MULTICAST_JOIN)
+		p->mcs.push_back(mc);
+	push_event(p->chan, e);
+	return 0;
+}
+
+} // namespace
 
 SV_API int rdma_join_multicast(rdma_cm_id *id, sockaddr *addr, void *context)
 {
-	(void)id, (void)addr, (void)context;
-	return fail(ENOSYS);
+	if (!id)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (int e = join_locked(p, addr, context, false))
+			return fail(e);
+	}
+	if (p->sync)
+		return sync_wait(p, RDMA_CM_EVENT_MULTICAST_JOIN);
+	return 0;
 }
 
 SV_API int rdma_join_multicast_ex(rdma_cm_id *id, rdma_cm_join_mc_attr_ex *mc_join_attr, void *context)
 {
-	(void)id, (void)mc_join_attr, (void)context;
-	return fail(ENOSYS);
+	if (!id || !mc_join_attr)
+		return fail(EINVAL);
+	uint32_t known = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+	if ((mc_join_attr->comp_mask & ~known) ||
+	    !(mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) ||
+	    !(mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS))
+		return fail(EINVAL);
+	if (mc_join_attr->join_flags != RDMA_MC_JOIN_FLAG_FULLMEMBER &&
+	    mc_join_attr->join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER)
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (int e = join_locked(p, mc_join_attr->addr, context,
+					mc_join_attr->join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER))
+			return fail(e);
+	}
+	if (p->sync)
+		return sync_wait(p, RDMA_CM_EVENT_MULTICAST_JOIN);
+	return 0;
 }
 
 SV_API int rdma_leave_multicast(rdma_cm_id *id, sockaddr *addr)
 {
-	(void)id, (void)addr;
-	return fail(EADDRNOTAVAIL); // nothing can have been joined
+	if (!id || !addr || !addr_len(addr))
+		return fail(EINVAL);
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	sockaddr_storage ss{};
+	memcpy(&ss, addr, addr_len(addr));
+	for (auto it = p->mcs.begin(); it != p->mcs.end(); ++it) {
+		if (memcmp(&it->addr, &ss, sizeof(ss)) != 0)
+			continue;
+		if (it->attached && p->id.qp)
+			ibv_detach_mcast(p->id.qp, &it->mgid, it->mlid);
+		p->mcs.erase(it);
+		return 0;
+	}
+	return fail(EADDRNOTAVAIL);
 }
 
 // ----------------------------------------------------------------- ECE ---

@@ -243,6 +243,38 @@ def test_fi_pingpong_verbs(link, run_env, softverbs_run):
         assert rows and all("=100" in r for r in rows), out
 
 
+@pytest.mark.parametrize("group", ["224.0.0.7", "ff0e::7"])
+def test_mckey(link, run_env, softverbs_run, group):
+    """rdma_join_multicast onto loop's UD multicast: mckey's receiver joins,
+    then its sender sends 20 messages that the receiver must all get."""
+    need("mckey")
+    need("stdbuf")
+    bind = "::1" if ":" in group else "127.0.0.1"
+    srv = start([softverbs_run, "stdbuf", "-oL", "mckey", "-m", group, "-b", bind, "-C", "20"],
+                run_env)
+    procs = [srv]
+    try:
+        import select
+        seen, deadline = "", time.monotonic() + 15
+        while "receiving data transfers" not in seen:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([srv.stdout], [], [], left)[0]:
+                raise AssertionError(f"mckey receiver never joined:\n{seen}")
+            line = srv.stdout.readline()
+            if not line:
+                raise AssertionError(f"mckey receiver ended:\n{seen}")
+            seen += line
+        snd = svtest.run([softverbs_run, "mckey", "-m", group, "-b", bind, "-s", "-C", "20"],
+                         run_env, timeout=TIMEOUT)
+        sout = seen + srv.communicate(timeout=TIMEOUT)[0]
+    finally:
+        for p in procs:
+            kill_group(p)
+    assert snd.returncode == 0 and "return status 0" in snd.stdout, snd.stdout + snd.stderr
+    assert srv.returncode == 0, sout
+    assert "joined dgid" in sout and "data transfers complete" in sout, sout
+
+
 # ----------------------------------------------------------- peer death ---
 
 @pytest.mark.parametrize("victim", ["client", "server"])
@@ -302,7 +334,7 @@ CTYPES = textwrap.dedent(r'''
     for f in ("rdma_create_id", "rdma_bind_addr", "rdma_resolve_addr", "rdma_resolve_route",
               "rdma_connect", "rdma_accept", "rdma_reject", "rdma_disconnect", "rdma_listen",
               "rdma_destroy_id", "rdma_get_cm_event", "rdma_ack_cm_event", "rdma_establish",
-              "rdma_join_multicast", "rdma_migrate_id", "rdma_set_option", "rdma_notify"):
+              "rdma_join_multicast", "rdma_leave_multicast", "rdma_migrate_id", "rdma_set_option", "rdma_notify"):
         getattr(cm, f).restype = ctypes.c_int
 
     def sin(ip, port):
@@ -380,7 +412,9 @@ def test_out_of_order_calls(env):
         out["connect_no_qp"] = err(cm.rdma_connect(j, None))
         out["bind_nonlocal"] = err(cm.rdma_bind_addr(new_id(ch), sin("192.0.2.1", 0)))
         out["bad_ps"] = err(cm.rdma_create_id(P(ch), ctypes.byref(P()), None, 0x7777))
-        out["mcast"] = err(cm.rdma_join_multicast(j, sin("224.0.0.1", 0), None))
+        out["mcast_not_group"] = err(cm.rdma_join_multicast(j, sin("127.0.0.1", 0), None))
+        out["leave_not_joined"] = err(cm.rdma_leave_multicast(j, sin("224.0.0.1", 0)))
+        out["mcast_idle"] = err(cm.rdma_join_multicast(new_id(ch), sin("224.0.0.1", 0), None))
         print(json.dumps(out))
     ''', env)
     assert r == {
@@ -392,7 +426,8 @@ def test_out_of_order_calls(env):
         "route": 0, "ev2": "RDMA_CM_EVENT_ROUTE_RESOLVED",
         "listen_after_route": "EINVAL", "connect_no_qp": "EINVAL",
         "bind_nonlocal": "EADDRNOTAVAIL", "bad_ps": "EINVAL",
-        "mcast": "ENOSYS",
+        "mcast_not_group": "EINVAL", "leave_not_joined": "EADDRNOTAVAIL",
+        "mcast_idle": "EINVAL",
     }
 
 
