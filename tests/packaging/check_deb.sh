@@ -142,6 +142,23 @@ else
 	echo "skip: ibv_devinfo not installed"
 fi
 
+echo "== the packaged librdmacm connects rping"
+if command -v rping >/dev/null; then
+	cmenv=(env LD_LIBRARY_PATH=$work/root/$privdir SOFTVERBS_FABRIC=$fabric SOFTVERBS_CONFIG=/dev/null)
+	"${cmenv[@]}" timeout 60 rping -s -a 127.0.0.1 -p 7471 -C 10 -V >"$work/rping-s.out" 2>&1 &
+	rs=$!
+	sleep 1
+	out=$("${cmenv[@]}" timeout 60 rping -c -a 127.0.0.1 -p 7471 -C 10 -V -v 2>&1) && rc=0 || rc=$?
+	wait "$rs" && src=0 || src=$?
+	if [[ $rc -eq 0 && $src -eq 0 ]] && grep -q 'rdma-ping-9:' <<<"$out"; then
+		pass "rping -V through the packaged libraries"
+	else
+		fail "rping through the packaged libraries: client $rc, server $src: $out $(cat "$work/rping-s.out")"
+	fi
+else
+	echo "skip: rping not installed"
+fi
+
 if command -v lintian >/dev/null; then
 	echo "== lintian"
 	lint=$(lintian "$work"/*.changes 2>&1 || true)
