@@ -984,7 +984,9 @@ int qp_attr_locked(cm_id *p, ibv_qp_attr *a, int *mask)
 		if (p->id.qp_type == IBV_QPT_RC) {
 			a->timeout = p->ack_timeout;
 			a->retry_cnt = p->retry;
-			a->rnr_retry = p->rnr_retry;
+			// As the IB CM: the RNR retry count is the one the peer
+			// asked for (its REQ or REP), since it knows its receives.
+			a->rnr_retry = p->r_rnr;
 			a->max_rd_atomic = p->init_depth;
 			*mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
 		}
@@ -1566,6 +1568,7 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 		if (conn_param) {
 			p->resp_res = cap(conn_param->responder_resources, p->dev->attr.max_qp_rd_atom);
 			p->init_depth = cap(conn_param->initiator_depth, p->dev->attr.max_qp_init_rd_atom);
+			// 3-bit fields of the REQ: capped at 7 as the kernel's cma does.
 			p->retry = std::min<uint8_t>(conn_param->retry_count, 7);
 			p->rnr_retry = std::min<uint8_t>(conn_param->rnr_retry_count, 7);
 			put_pdata(m, conn_param->private_data, conn_param->private_data_len);

@@ -243,6 +243,25 @@ def test_fi_pingpong_verbs(link, run_env, softverbs_run):
         assert rows and all("=100" in r for r in rows), out
 
 
+@pytest.mark.parametrize("verb", ["write", "read"])
+def test_fio_rdma(link, run_env, softverbs_run, verb):
+    """fio's rdma engine: the reader is its server, the writer its client.
+    (--verb=send is left out: fio's server accepts with rnr_retry_count 0,
+    which the IB CM hands to the client's QP, so any SEND that finds no
+    receive posted fails with RNR_RETRY_EXC_ERR, here as on an HCA.)
+    --thread keeps fio's jobs in the process group that is killed."""
+    need("fio")
+    port = next(_port)
+    common = [softverbs_run, "fio", "--thread", "--ioengine=rdma", f"--port={port}",
+              "--bs=64k", "--size=8m"]
+    res = pair(common + ["--name=srv", "--rw=read"],
+               common + ["--name=cli", "--hostname=127.0.0.1", f"--verb={verb}", "--rw=write"],
+               run_env, lambda: cm_listening(port))
+    sout, cout = check_pair(res, f"fio rdma {verb}")
+    assert "err= 0" in sout and "err= 0" in cout, sout + cout
+    assert "io=8192KiB" in cout or "io=8.00MiB" in cout, cout
+
+
 @pytest.mark.parametrize("group", ["224.0.0.7", "ff0e::7"])
 def test_mckey(link, run_env, softverbs_run, group):
     """rdma_join_multicast onto loop's UD multicast: mckey's receiver joins,
