@@ -646,3 +646,54 @@ def test_pyverbs_cmid(env):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "client got pong!" in p.stdout
     assert srv.returncode == 0 and "server got ping!" in sout and "server done" in sout, sout
+
+
+def test_peer_killed_during_setup(env):
+    """A listener that takes the REQ and dies before accepting: the active
+    side gets UNREACHABLE (-ETIMEDOUT) at once, nothing waits forever."""
+    port = next(_port)
+    listener = CTYPES + textwrap.dedent(f'''
+        import time
+        ch = cm.rdma_create_event_channel()
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", {port})) == 0
+        assert cm.rdma_listen(l, 4) == 0
+        print(get_event(ch)[0], flush=True)   # the CONNECT_REQUEST, never accepted
+        time.sleep(60)
+    ''')
+    srv = start([svtest.PYTHON, "-c", listener], env)
+    try:
+        wait_listen(srv, lambda: cm_listening(port), "ctypes listener")
+        client = CTYPES + textwrap.dedent(f'''
+            import select, time
+            ch = cm.rdma_create_event_channel()
+            c = new_id(ch)
+            assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", {port}), 1000) == 0
+            get_event(ch); assert cm.rdma_resolve_route(c, 1000) == 0; get_event(ch)
+            p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x123)
+            assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+            print("connecting", flush=True)
+            fd = ctypes.cast(ch, ctypes.POINTER(ctypes.c_int))[0]
+            t0 = time.monotonic()
+            if not select.select([fd], [], [], 30)[0]:
+                print(json.dumps(["no event in 30 s"])); sys.exit(0)
+            ev = get_event(ch)
+            print(json.dumps([ev[0], ev[1], time.monotonic() - t0 < 30]))
+        ''')
+        cli = start([svtest.PYTHON, "-c", client], env)
+        procs = [cli]
+        try:
+            import select
+            line = ""
+            if select.select([srv.stdout], [], [], 20)[0]:
+                line = srv.stdout.readline()
+            assert "CONNECT_REQUEST" in line, line
+            os.killpg(srv.pid, signal.SIGKILL)
+            out = cli.communicate(timeout=40)[0]
+        finally:
+            for p in procs:
+                kill_group(p)
+    finally:
+        kill_group(srv)
+    import json
+    assert json.loads(out.strip().splitlines()[-1]) == ["RDMA_CM_EVENT_UNREACHABLE", -110, True], out
