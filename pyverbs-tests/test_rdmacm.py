@@ -697,3 +697,69 @@ def test_peer_killed_during_setup(env):
         kill_group(srv)
     import json
     assert json.loads(out.strip().splitlines()[-1]) == ["RDMA_CM_EVENT_UNREACHABLE", -110, True], out
+
+
+PV_ASYNC = textwrap.dedent(r'''
+    import sys
+    from pyverbs.cmid import CMID, AddrInfo, CMEventChannel, CMEvent
+    from pyverbs.qp import QPInitAttr, QPCap
+    import pyverbs.cm_enums as ce
+    import pyverbs.enums as e
+
+    def expect(ch, want):
+        ev = CMEvent(ch)
+        got = ev.event_type
+        ev.ack_cm_event()
+        assert got == want, (got, want)
+        print(want, flush=True)
+
+    def qp_attr():
+        return QPInitAttr(qp_type=e.IBV_QPT_RC, cap=QPCap(max_send_wr=4, max_recv_wr=4))
+''')
+
+
+def test_pyverbs_async_cm_events(env):
+    """pyverbs' CMEventChannel/CMEvent with asynchronous CMIDs: the events of
+    a connection in order on both sides, then a disconnect seen by both."""
+    port = next(_port)
+    srv_code = PV_ASYNC + textwrap.dedent(f'''
+        ch = CMEventChannel()
+        lid = CMID(creator=ch)
+        lid.bind_addr(AddrInfo(src="127.0.0.1", src_service="{port}",
+                               port_space=ce.RDMA_PS_TCP, flags=ce.RAI_PASSIVE))
+        lid.listen()
+        print("listening", flush=True)
+        ev = CMEvent(ch)
+        assert ev.event_type == ce.RDMA_CM_EVENT_CONNECT_REQUEST, ev.event_type
+        conn = CMID(creator=ev, listen_id=lid)
+        ev.ack_cm_event()
+        conn.create_qp(qp_attr())
+        conn.accept()
+        expect(ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+        expect(ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+        print("server ok", flush=True)
+    ''')
+    cli_code = PV_ASYNC + textwrap.dedent(f'''
+        ch = CMEventChannel()
+        cid = CMID(creator=ch)
+        cid.resolve_addr(AddrInfo(dst="127.0.0.1", dst_service="{port}",
+                                  port_space=ce.RDMA_PS_TCP), 2000)
+        expect(ch, ce.RDMA_CM_EVENT_ADDR_RESOLVED)
+        cid.resolve_route(2000)
+        expect(ch, ce.RDMA_CM_EVENT_ROUTE_RESOLVED)
+        cid.create_qp(qp_attr())
+        cid.connect()
+        expect(ch, ce.RDMA_CM_EVENT_ESTABLISHED)
+        cid.disconnect()
+        expect(ch, ce.RDMA_CM_EVENT_DISCONNECTED)
+        print("client ok", flush=True)
+    ''')
+    srv = start([svtest.PYTHON, "-c", srv_code], env)
+    try:
+        wait_listen(srv, lambda: cm_listening(port), "pyverbs async")
+        p = svtest.run([svtest.PYTHON, "-c", cli_code], env, timeout=TIMEOUT)
+        sout = srv.communicate(timeout=TIMEOUT)[0]
+    finally:
+        kill_group(srv)
+    assert p.returncode == 0 and "client ok" in p.stdout, p.stdout + p.stderr
+    assert srv.returncode == 0 and "server ok" in sout, sout
