@@ -28,6 +28,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -166,6 +167,7 @@ struct cm_id {
 	event_priv *req_event = nullptr; // CONNECT_REQUEST not retrieved yet
 	bool peer_gone = false;
 	int reported = 0, acked = 0;
+	int64_t deadline_ms = 0; // REP (connect) or RTU (accepted) expected by then
 	uint8_t tos = 0, ack_timeout = 14;
 	int afonly = 0, reuseaddr = 0;
 	bool own_cqs = false;
@@ -206,6 +208,26 @@ void log_msg(const char *fmt, const char *what)
 }
 
 // ----------------------------------------------------------- helpers ---
+
+int64_t now_ms()
+{
+	timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+// How long a REQ waits for its REP, and a REP for its RTU, before the side
+// waiting gets UNREACHABLE (-ETIMEDOUT), as the IB CM's retries run out.
+// SOFTVERBS_CM_TIMEOUT_MS changes it (tests use a short one).
+int64_t cm_timeout_ms()
+{
+	static int64_t v = [] {
+		const char *e = getenv("SOFTVERBS_CM_TIMEOUT_MS");
+		long n = e ? strtol(e, nullptr, 10) : 0;
+		return n > 0 ? int64_t(n) : int64_t(30000);
+	}();
+	return v;
+}
 
 uint32_t rand24()
 {
@@ -899,14 +921,32 @@ void on_conn(cm_id *p)
 void cm_thread()
 {
 	epoll_event evs[16];
+	// At most a second asleep, so that deadlines set meanwhile are seen.
+	int wait_ms = 1000;
 	for (;;) {
-		int n = epoll_wait(G().ep, evs, 16, -1);
+		int n = epoll_wait(G().ep, evs, 16, wait_ms);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
 			return;
 		}
 		std::lock_guard<std::mutex> lk(G().mu);
+		// Setups that ran out of time, and when the next one does.
+		int64_t now = now_ms(), next = -1;
+		for (auto &kv : G().ids) {
+			cm_id *p = kv.second;
+			if ((p->state != st::connect && p->state != st::accepted) || !p->deadline_ms ||
+			    p->conn_fd < 0)
+				continue;
+			if (p->deadline_ms <= now) {
+				close_conn(p);
+				p->state = st::error;
+				push(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+			} else if (next < 0 || p->deadline_ms < next) {
+				next = p->deadline_ms;
+			}
+		}
+		wait_ms = next < 0 ? 1000 : static_cast<int>(std::min<int64_t>(next - now, 1000));
 		for (int i = 0; i < n; i++) {
 			uint64_t key = evs[i].data.u64;
 			auto it = G().ids.find(key >> 1);
@@ -1605,6 +1645,7 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 				push(p, ud ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_REJECTED,
 				     ud ? -ECONNREFUSED : kRejInvalidServiceId);
 			} else {
+				p->deadline_ms = now_ms() + cm_timeout_ms();
 				epoll_add(fd, p->serial << 1 | 1);
 			}
 		}
@@ -1751,6 +1792,7 @@ SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 				close_conn(p);
 			} else {
 				p->state = st::accepted;
+				p->deadline_ms = now_ms() + cm_timeout_ms();
 			}
 		}
 	}

@@ -763,3 +763,29 @@ def test_pyverbs_async_cm_events(env):
         kill_group(srv)
     assert p.returncode == 0 and "client ok" in p.stdout, p.stdout + p.stderr
     assert srv.returncode == 0 and "server ok" in sout, sout
+
+
+def test_setup_times_out(env):
+    """A listener that never accepts: the REQ times out (here after
+    SOFTVERBS_CM_TIMEOUT_MS = 1500) with UNREACHABLE, -ETIMEDOUT."""
+    e = dict(env)
+    e["SOFTVERBS_CM_TIMEOUT_MS"] = "1500"
+    r, _ = cm_child('''
+        import select, time
+        ch = cm.rdma_create_event_channel()
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = new_id(ch)
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        get_event(ch); assert cm.rdma_resolve_route(c, 1000) == 0; get_event(ch)
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x123)
+        t0 = time.monotonic()
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        req = get_event(ch)
+        ev = get_event(ch)
+        dt = time.monotonic() - t0
+        print(json.dumps([req[0], ev[0], ev[1], 1.0 < dt < 10]))
+    ''', e)
+    assert r == ["RDMA_CM_EVENT_CONNECT_REQUEST", "RDMA_CM_EVENT_UNREACHABLE", -110, True]
