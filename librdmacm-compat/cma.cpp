@@ -2113,11 +2113,34 @@ SV_API int rdma_getaddrinfo(const char *node, const char *service, const rdma_ad
 		*outlen = len;
 		return true;
 	};
-	if (node || service) {
-		if (r->ai_family == AF_IB) {
+	if ((node || service) && r->ai_family == AF_IB) {
+		// AF_IB: the node is a GID (numeric only), the service a port in
+		// the port space's service ID.
+		sockaddr_ib sib{};
+		sib.sib_family = AF_IB;
+		sib.sib_pkey = htobe16(0xffff);
+		if (node && inet_pton(AF_INET6, node, &sib.sib_addr) != 1) {
 			free(r);
-			return EAI_FAMILY;
+			return EAI_NONAME;
 		}
+		char *end = nullptr;
+		long port = service ? strtol(service, &end, 10) : 0;
+		if (service && (*end || port < 0 || port > 0xffff)) {
+			free(r);
+			return EAI_SERVICE;
+		}
+		uint64_t ps = r->ai_port_space == RDMA_PS_UDP ? RDMA_IB_IP_PS_UDP
+			      : r->ai_port_space == RDMA_PS_IB ? RDMA_IB_PS_IB : RDMA_IB_IP_PS_TCP;
+		sib.sib_sid = htobe64(ps | static_cast<uint64_t>(port));
+		sib.sib_sid_mask = htobe64(~0ULL);
+		bool ok = (r->ai_flags & RAI_PASSIVE)
+				  ? copy_addr(reinterpret_cast<sockaddr *>(&sib), sizeof(sib), &r->ai_src_addr, &r->ai_src_len)
+				  : copy_addr(reinterpret_cast<sockaddr *>(&sib), sizeof(sib), &r->ai_dst_addr, &r->ai_dst_len);
+		if (!ok) {
+			rdma_freeaddrinfo(r);
+			return fail(ENOMEM);
+		}
+	} else if (node || service) {
 		addrinfo h{}, *ai = nullptr;
 		h.ai_family = r->ai_family;
 		h.ai_socktype = SOCK_STREAM;

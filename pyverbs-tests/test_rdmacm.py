@@ -789,3 +789,20 @@ def test_setup_times_out(env):
         print(json.dumps([req[0], ev[0], ev[1], 1.0 < dt < 10]))
     ''', e)
     assert r == ["RDMA_CM_EVENT_CONNECT_REQUEST", "RDMA_CM_EVENT_UNREACHABLE", -110, True]
+
+
+@pytest.mark.parametrize("tool", ["ucmatose", "udaddy"])
+def test_af_ib_gid_addresses(env, tool):
+    """AF_IB: -f gid makes rdma_getaddrinfo give sockaddr_ib, and loop0's
+    GID 0 names the port."""
+    need(tool)
+    p = svtest.run(["ibv_devinfo", "-v", "-d", "loop0"], env, timeout=30)
+    m = re.search(r"GID\[\s*0\]:\s*(\S+)", p.stdout)
+    assert m, p.stdout
+    gid = m.group(1)
+    res = pair([tool, "-f", "gid", "-b", gid, "-C", "10"],
+               [tool, "-f", "gid", "-s", gid, "-C", "10"],
+               env, lambda: cm_listening(7471 if tool == "ucmatose" else 7174))
+    sout, cout = check_pair(res, f"{tool} -f gid")
+    for out in (sout, cout):
+        assert "return status 0" in out and "data transfers complete" in out, out
