@@ -168,6 +168,7 @@ struct cm_id {
 	bool peer_gone = false;
 	int reported = 0, acked = 0;
 	int64_t deadline_ms = 0; // REP (connect) or RTU (accepted) expected by then
+	int64_t timewait_ms = 0; // TIMEWAIT_EXIT due then
 	uint8_t tos = 0, ack_timeout = 14;
 	int afonly = 0, reuseaddr = 0;
 	bool own_cqs = false;
@@ -561,6 +562,15 @@ void push(cm_id *p, rdma_cm_event_type type, int status)
 	push_event(p->chan, new_event(p, type, status));
 }
 
+// How long a disconnected id stays in time-wait before TIMEWAIT_EXIT.
+constexpr int64_t kTimewaitMs = 1000;
+
+void push_disconnected(cm_id *p)
+{
+	push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+	p->timewait_ms = now_ms() + kTimewaitMs;
+}
+
 void set_conn_pdata(event_priv *e, const wire_msg &m, int maxlen)
 {
 	int n = std::min<int>(m.pdata_len, maxlen);
@@ -696,7 +706,7 @@ void on_eof(cm_id *p, bool garbage)
 	case st::established:
 	case st::disc_sent:
 		p->state = st::disconnected;
-		push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+		push_disconnected(p);
 		break;
 	default:
 		break;
@@ -836,13 +846,13 @@ void on_message(cm_id *p, const wire_msg &m)
 		if (p->state == st::accepted) // DREQ overtook nothing: RTU came first
 			p->state = st::established;
 		p->state = st::disconnected;
-		push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+		push_disconnected(p);
 		close_conn(p);
 		return;
 	}
 	case M_DREP:
 		p->state = st::disconnected;
-		push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+		push_disconnected(p);
 		close_conn(p);
 		return;
 	default:
@@ -935,6 +945,12 @@ void cm_thread()
 		int64_t now = now_ms(), next = -1;
 		for (auto &kv : G().ids) {
 			cm_id *p = kv.second;
+			if (p->timewait_ms && p->timewait_ms <= now) {
+				p->timewait_ms = 0;
+				push(p, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+			} else if (p->timewait_ms && (next < 0 || p->timewait_ms < next)) {
+				next = p->timewait_ms;
+			}
 			if ((p->state != st::connect && p->state != st::accepted) || !p->deadline_ms ||
 			    p->conn_fd < 0)
 				continue;
@@ -1858,7 +1874,7 @@ SV_API int rdma_disconnect(rdma_cm_id *id)
 		if (!send_msg(p->conn_fd, m)) {
 			close_conn(p);
 			p->state = st::disconnected;
-			push(p, RDMA_CM_EVENT_DISCONNECTED, 0);
+			push_disconnected(p);
 		} else {
 			p->state = st::disc_sent;
 		}

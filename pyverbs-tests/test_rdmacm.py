@@ -806,3 +806,48 @@ def test_af_ib_gid_addresses(env, tool):
     sout, cout = check_pair(res, f"{tool} -f gid")
     for out in (sout, cout):
         assert "return status 0" in out and "data transfers complete" in out, out
+
+
+def test_connect_without_qp_disconnect_timewait(env):
+    """Ids without QPs: CONNECT_RESPONSE, then rdma_establish sends the RTU
+    (the passive side's ESTABLISHED); rdma_init_qp_attr gives the peer's QPN
+    and PSN for RTR; a disconnect gives DISCONNECTED on both sides and then
+    TIMEWAIT_EXIT on both."""
+    r, _ = cm_child('''
+        ch = cm.rdma_create_event_channel()
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = new_id(ch)
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        get_event(ch); assert cm.rdma_resolve_route(c, 1000) == 0; get_event(ch)
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        out = [ev[0]]
+        child = P(ev[2])
+        a = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x222)
+        assert cm.rdma_accept(child, ctypes.byref(a)) == 0
+        out.append(get_event(ch)[0])                     # CONNECT_RESPONSE
+        class QpAttr(ctypes.Structure):
+            _fields_ = [("qp_state", ctypes.c_int), ("cur_qp_state", ctypes.c_int),
+                        ("path_mtu", ctypes.c_int), ("path_mig_state", ctypes.c_int),
+                        ("qkey", ctypes.c_uint32), ("rq_psn", ctypes.c_uint32),
+                        ("sq_psn", ctypes.c_uint32), ("dest_qp_num", ctypes.c_uint32),
+                        ("pad", ctypes.c_char * 256)]
+        qa, mask = QpAttr(), ctypes.c_int()
+        qa.qp_state = 2  # IBV_QPS_RTR
+        assert cm.rdma_init_qp_attr(c, ctypes.byref(qa), ctypes.byref(mask)) == 0
+        out.append(hex(qa.dest_qp_num))
+        assert cm.rdma_establish(c) == 0
+        out.append(get_event(ch)[0])                     # the child's ESTABLISHED
+        assert cm.rdma_disconnect(c) == 0
+        evs = sorted((get_event(ch)[0], get_event(ch)[0], get_event(ch)[0], get_event(ch)[0]))
+        out.append(evs)
+        print(json.dumps(out))
+    ''', env)
+    assert r == ["RDMA_CM_EVENT_CONNECT_REQUEST", "RDMA_CM_EVENT_CONNECT_RESPONSE", "0x222",
+                 "RDMA_CM_EVENT_ESTABLISHED",
+                 ["RDMA_CM_EVENT_DISCONNECTED", "RDMA_CM_EVENT_DISCONNECTED",
+                  "RDMA_CM_EVENT_TIMEWAIT_EXIT", "RDMA_CM_EVENT_TIMEWAIT_EXIT"]]
