@@ -117,6 +117,8 @@ struct event_priv {
 struct channel_priv {
 	rdma_event_channel ch; // first member
 	std::deque<event_priv *> q;
+	int readers = 0;        // threads inside rdma_get_cm_event
+	bool destroyed = false; // destroyed while a reader was inside
 };
 
 enum class st {
@@ -1351,11 +1353,17 @@ SV_API void rdma_destroy_event_channel(rdma_event_channel *channel)
 	if (!channel)
 		return;
 	channel_priv *c = to_chan(channel);
-	{
-		std::lock_guard<std::mutex> lk(G().mu);
-		for (event_priv *e : c->q)
-			delete e;
-		c->q.clear();
+	std::lock_guard<std::mutex> lk(G().mu);
+	for (event_priv *e : c->q)
+		delete e;
+	c->q.clear();
+	if (c->readers) {
+		// A thread is blocked reading the channel (rping's CM thread when
+		// its main thread tears down): as with the kernel's file, which
+		// stays open while a read() holds it, the reader stays blocked
+		// and the channel is left to it rather than freed under it.
+		c->destroyed = true;
+		return;
 	}
 	close(c->ch.fd);
 	delete c;
@@ -1465,6 +1473,14 @@ SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_a
 			apply_pick(p, pk);
 			p->rgid = pk.gid;
 			p->rlid = pk.lid;
+			// Bound to a wildcard: the source address is the one the
+			// destination is reached from, on one host the destination's.
+			auto *src = &p->id.route.addr.src_addr;
+			if (is_any(src) && src->sa_family == dst_addr->sa_family && !is_mcast(dst_addr)) {
+				uint16_t port = get_port(src);
+				memcpy(&p->id.route.addr.src_storage, dst_addr, addr_len(dst_addr));
+				set_port(src, port);
+			}
 			p->state = st::addr_resolved;
 			push(p, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
 		}
@@ -1896,17 +1912,23 @@ SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
 	if (!channel || !event)
 		return fail(EINVAL);
 	channel_priv *c = to_chan(channel);
+	{
+		std::lock_guard<std::mutex> lk(G().mu);
+		c->readers++;
+	}
 	for (;;) {
 		uint64_t v;
 		ssize_t r = read(c->ch.fd, &v, sizeof(v));
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
 		std::lock_guard<std::mutex> lk(G().mu);
+		if (r < 0) {
+			int e = errno;
+			if (e == EINTR)
+				continue;
+			c->readers--;
+			return fail(e);
+		}
 		if (c->q.empty())
-			continue;
+			continue; // the count of an event dropped with its channel's destruction
 		event_priv *e = c->q.front();
 		c->q.pop_front();
 		if (e->dead) {
@@ -1935,6 +1957,7 @@ SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
 				e->ev.status = err ? -err : -ECONNRESET;
 			}
 		}
+		c->readers--;
 		*event = &e->ev;
 		return 0;
 	}
