@@ -418,6 +418,21 @@ static int wants_write(int flags)
 	return (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
 }
 
+// Opening a view path for writing fails as sysfs would for a user: ENOENT
+// for what does not exist (unless it would be created: EACCES), EISDIR for a
+// directory, EACCES for an attribute (every one is read-only).
+static int refuse_write(const char *out, int flags)
+{
+	struct stat st;
+	if (syscall(SYS_newfstatat, AT_FDCWD, out, &st, 0) != 0) {
+		if (errno == ENOENT && (flags & O_CREAT))
+			errno = EACCES;
+		return -1;
+	}
+	errno = S_ISDIR(st.st_mode) ? EISDIR : EACCES;
+	return -1;
+}
+
 // ---------------------------------------------------------------------------
 // open and friends
 
@@ -445,10 +460,8 @@ static int view_open(int dirfd, const char *path, int flags, mode_t mode, int *d
 	*done = 1;
 	if (m == M_UVERBS)
 		return open_uverbs(out, flags, idx);
-	if (strncmp(out, g_root, g_rootlen) == 0 && wants_write(flags)) {
-		errno = EACCES;
-		return -1;
-	}
+	if (strncmp(out, g_root, g_rootlen) == 0 && wants_write(flags))
+		return refuse_write(out, flags);
 	return (int)syscall(SYS_openat, AT_FDCWD, out, flags, mode);
 }
 
@@ -610,7 +623,7 @@ static FILE *view_fopen(const char *path, const char *mode, FILE *(*next)(const 
 		return f;
 	}
 	if (strncmp(out, g_root, g_rootlen) == 0 && wants_write(flags)) {
-		errno = EACCES;
+		refuse_write(out, flags);
 		return NULL;
 	}
 	if (!next) {
@@ -667,7 +680,7 @@ static FILE *view_freopen(const char *path, const char *mode, FILE *stream,
 			int flags = fopen_flags(mode);
 			if (flags >= 0 && strncmp(out, g_root, g_rootlen) == 0 &&
 			    wants_write(flags)) {
-				errno = EACCES;
+				refuse_write(out, flags);
 				return NULL;
 			}
 			return next(out, mode, stream);
