@@ -156,10 +156,23 @@ static int worth_a_look(const char *path)
 	return strstr(path, "..") != NULL || strncmp(path, "uverbs", 6) == 0;
 }
 
-// Collapses "//", "." and ".." in an absolute path, in place (lexically: a
-// ".." after a symbolic link is taken textually).
-static void normalize(char *p)
+static int in_prefix(const char *p, size_t len)
 {
+	for (size_t i = 0; i < sizeof(k_prefixes) / sizeof(k_prefixes[0]); i++) {
+		size_t n = strlen(k_prefixes[i]);
+		if (len >= n && strncmp(p, k_prefixes[i], n) == 0 && (len == n || p[n] == '/'))
+			return 1;
+	}
+	return 0;
+}
+
+// Collapses "//", "." and ".." in an absolute path, in place (lexically: a
+// ".." after a symbolic link is taken textually).  Returns whether the walk
+// passed through an emulated directory (/sys/class/infiniband/.. must be
+// /sys/class even where the host has no /sys/class/infiniband).
+static int normalize(char *p)
+{
+	int passed = 0;
 	char *out = p; // Next write position; p[0] == '/'
 	const char *in = p;
 	size_t len = 0;
@@ -175,6 +188,7 @@ static void normalize(char *p)
 		if (n == 1 && in[0] == '.') {
 			// nothing
 		} else if (n == 2 && in[0] == '.' && in[1] == '.') {
+			passed |= in_prefix(out, len);
 			while (len > 0 && out[len - 1] != '/')
 				len--;
 			if (len > 0)
@@ -189,6 +203,7 @@ static void normalize(char *p)
 	if (len == 0)
 		out[len++] = '/';
 	out[len] = 0;
+	return passed;
 }
 
 static size_t put_uint(char *b, unsigned v)
@@ -252,19 +267,14 @@ static int view_map(int dirfd, const char *path, char *out, unsigned *idx)
 			strcpy(v, "/");
 		from_view = 1;
 	}
-	normalize(v);
+	int passed = normalize(v);
 	size_t vlen = strlen(v);
 
-	int hit = 0;
-	for (size_t i = 0; i < sizeof(k_prefixes) / sizeof(k_prefixes[0]); i++) {
-		size_t n = strlen(k_prefixes[i]);
-		if (strncmp(v, k_prefixes[i], n) == 0 && (v[n] == '/' || !v[n])) {
-			hit = 1;
-			break;
-		}
-	}
+	int hit = in_prefix(v, vlen);
 	if (!hit) {
-		if (!from_view)
+		// A real path; given normalized when the kernel could not walk
+		// the original (it went through the view, or came from it).
+		if (!from_view && !passed)
 			return M_PASS;
 		if (vlen + 2 > PATH_MAX)
 			return M_PASS;
