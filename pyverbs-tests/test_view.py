@@ -353,7 +353,7 @@ def test_without_softverbs_run_nothing_is_emulated(probe, env, build_dir):
 def test_existing_ld_preload_is_kept(vrun, view_env, build_dir):
     libm = subprocess.run(["/usr/bin/python3", "-c",
                            "import ctypes.util; print(ctypes.util.find_library('m'))"],
-                          capture_output=True, text=True).stdout.strip()
+                          capture_output=True, text=True, timeout=30).stdout.strip()
     before = " ".join(x for x in (view_env.get("LD_PRELOAD"), libm) if x)
     e = dict(view_env, LD_PRELOAD=before)
     out = vrun("sh", "-c", "echo $LD_PRELOAD", env=e).strip()
@@ -375,7 +375,16 @@ def test_view_directory_is_private_and_removed(vrun, view_env, softverbs_run, tm
     # A program killed by SIGKILL leaves nothing behind either.
     p = subprocess.Popen([softverbs_run, "sh", "-c", "echo $SOFTVERBS_VIEW; exec sleep 60"],
                          env=e, stdout=subprocess.PIPE, text=True)
-    view = p.stdout.readline().strip()
+    def late(*_):
+        p.kill()
+        raise TimeoutError("softverbs-run printed nothing in 30 s")
+    old = signal.signal(signal.SIGALRM, late)
+    signal.alarm(30)  # readline has no timeout of its own
+    try:
+        view = p.stdout.readline().strip()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
     assert os.path.isdir(view)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)

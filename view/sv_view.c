@@ -68,7 +68,9 @@ static dev_t g_null_dev;
 static ino_t g_null_ino;
 static int g_null_known;
 
-static __thread int t_resolving;
+// Initial-exec: the library is preloaded, so its TLS is in the static block
+// and reaching it never allocates.
+static __thread int t_resolving __attribute__((tls_model("initial-exec")));
 
 static int view_on(void)
 {
