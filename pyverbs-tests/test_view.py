@@ -455,3 +455,15 @@ def test_as_a_user_without_root(vrun, build_dir, view_env, probe, tmp_path):
         for f in os.listdir("/dev/shm"):
             if f.startswith(f"softverbs-65534-{fabric}"):
                 os.unlink(os.path.join("/dev/shm", f))
+
+
+def test_early_in_startup(vrun, view_env, build_dir):
+    """A library's constructor that reads the view before main() (preloaded
+    ahead of the view library, whose own constructor may not have run)."""
+    early = str(build_dir / "tests" / "progs" / "libsv_viewearly.so")
+    before = " ".join(x for x in (view_env.get("LD_PRELOAD"), early) if x)
+    p = vrun("true", env=dict(view_env, LD_PRELOAD=before), check=False)
+    assert p.returncode == 0, p.stderr
+    guid = vrun("cat", f"{IB}/loop0/node_guid").strip()
+    assert f"early guid {guid}\n" in p.stderr, p.stderr
+    assert "early uverbs0 chr\n" in p.stderr, p.stderr
