@@ -9,6 +9,7 @@ softverbs_packages=(
 	python3-pyverbs python3-pytest python3-pybind11 pybind11-dev
 	libgtest-dev ucx-utils python3-matplotlib
 	openmpi-bin libopenmpi-dev infiniband-diags
+	iproute2
 	python3-dev debhelper dh-python dpkg-dev
 )
 
