@@ -8,7 +8,7 @@ softverbs_packages=(
 	ibverbs-utils perftest rdma-core
 	python3-pyverbs python3-pytest python3-pybind11 pybind11-dev
 	libgtest-dev ucx-utils python3-matplotlib
-	openmpi-bin libopenmpi-dev infiniband-diags
+	openmpi-bin libopenmpi-dev infiniband-diags strace libfabric-bin
 	python3-dev debhelper dh-python dpkg-dev
 )
 
