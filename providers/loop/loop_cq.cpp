@@ -259,7 +259,18 @@ void cq_sleep(loop_cq *cq, const sv_cqe &slot, uint64_t c)
 		     static_cast<uint32_t>(c + 1);
 	for (int i = 1; i < n && !ready; i++)
 		ready = head_ready(cqs[i]);
-	if (!ready) {
+	// A slot reserved before seen was read but not yet published: its
+	// producer's wake may come before this thread is in FUTEX_WAIT, and
+	// the word would not have changed since seen, so the wake would be
+	// lost and the sleep run to its end.  Sleep only on rings with nothing
+	// reserved past the owner's head; else give the core away and look
+	// again.
+	bool reserved = false;
+	for (int i = 0; i < n && !ready && !reserved; i++)
+		reserved = seen[i] != static_cast<uint32_t>(cqs[i]->head);
+	if (reserved && !ready)
+		sched_yield();
+	else if (!ready) {
 		if (n == 1) {
 			timespec ts{0, kCqSleepNs};
 			syscall(SYS_futex, prod_word(rings[0]), FUTEX_WAIT, seen[0], &ts, nullptr, 0);
