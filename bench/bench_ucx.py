@@ -183,7 +183,7 @@ def main():
         unit = "us (median)" if k == "lat" else "MB/s"
         v = [get(c, test, size)[k] for c in CONFIGS]
         fmt = (lambda x: f"{x:.2f}") if k == "lat" else (lambda x: f"{x:.0f}")
-        lines.append(f"| {test} ({unit}) | {fmt_size(size)} | {fmt(v[0])} | {fmt(v[1])} | "
+        lines.append(f"| {test}, {unit} | {fmt_size(size)} | {fmt(v[0])} | {fmt(v[1])} | "
                      f"{fmt(v[2])} | {ratio(v[0], v[2])} | {ratio(v[1], v[2])} |")
     if ud:
         lat = statistics.median(r["lat_avg"] for r in ud)
