@@ -5,6 +5,7 @@ LD_LIBRARY_PATH pointing at our build: one subprocess per scenario, each on
 a fabric of its own (the env fixture), each with a timeout."""
 import os
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -14,7 +15,8 @@ import pytest
 import svtest
 
 SCENARIOS = ["rc_ops", "inline_sge", "signaling", "solicited", "uc", "ud", "mcast", "srq",
-             "cq_overflow", "errors", "rnr", "post_errors", "query_modify", "threads"]
+             "cq_overflow", "errors", "rnr", "post_errors", "query_modify", "threads",
+             "ud_grh_burst"]
 
 
 @pytest.fixture
@@ -46,6 +48,25 @@ def test_scenario_across_two_devices(progs, env, scenario):
     env["SOFTVERBS_DEVICES"] = "loop0,loop1"
     out = run_prog([progs / "sv_traffic", scenario, "loop0", "loop1"], env)
     assert f"OK {scenario}" in out
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace not installed")
+def test_roce_ud_reads_gids_once(progs, env, tmp_path):
+    """On an Ethernet port every UD datagram carries a GRH whose source GID
+    comes from the netdev's addresses.  Read through netlink per datagram,
+    it cost 150-300 us each (most of fi_pingpong's time on a RoCE port):
+    500 datagrams opened 502 netlink sockets before, a cached table (a
+    second old at most) opens a couple whatever the count."""
+    conf = tmp_path / "roce.conf"
+    conf.write_text("loop0.link_layer = ethernet\nloop0.netdev = lo\n")
+    env["SOFTVERBS_CONFIG"] = str(conf)
+    trace = tmp_path / "socket.trace"
+    out = run_prog(["strace", "-f", "-qq", "-e", "trace=socket", "-o", trace,
+                    progs / "sv_traffic", "ud_grh_burst"], env)
+    assert "OK ud_grh_burst" in out and "500 datagrams checked" in out, out
+    text = trace.read_text()
+    netlink = text.count("AF_NETLINK")
+    assert 0 < netlink <= 10, f"{netlink} netlink sockets for 500 datagrams:\n{text[:2000]}"
 
 
 def test_programs_really_use_our_library(progs, env):
