@@ -55,8 +55,10 @@ def check_mpi(rc, out, np):
         assert m and int(m.group(1)) > 0, f"no verified {phase} phase:\n{out}"
     assert "sv_mpi: PASS" in out, out
     # Where the traffic went: UCX's endpoint configurations, per rank.
-    cfgs = re.findall(r"\[\w+:(\d+):\d+\].*ucp_worker\.c:\d+ +UCX +INFO +ep_cfg\[\d+\]: (.*)$",
-                      out, re.M)
+    # The prefix is "[host:pid:thread]", the pid padded to 5 columns
+    # ("[vm:3114 :0]") and the thread a number or a letter.
+    cfgs = re.findall(r"\[[\w.-]+:\s*(\d+)\s*:\s*\w+\].*ucp_worker\.c:\d+ +UCX +INFO +"
+                      r"ep_cfg\[\d+\]: (.*)$", out, re.M)
     assert cfgs, f"no UCX endpoint configuration in the log (UCX_LOG_LEVEL=info):\n{out}"
     pids = {pid for pid, _ in cfgs}
     assert len(pids) == np, f"endpoint configurations from {len(pids)} ranks, not {np}:\n{out}"
