@@ -223,3 +223,21 @@ def test_killed_peer(progs, env, procs, fabric):
     assert srv.line(60) == "DONE 22"
     assert cli.finish()[0] == 0
     assert srv.finish()[0] == 0
+
+
+def test_library_outlives_dlclose(build_dir, env):
+    """libibverbs.so.1 dlopen()ed as a plugin brings it in, a SEND left in
+    RNR retries (the progress thread asleep on a 491 ms timer), everything
+    destroyed, the library dlclose()d, the program alive 2 s later: our
+    library is never unmapped under its own threads (it is linked -z
+    nodelete; Open MPI unloads btl openib at MPI_Finalize)."""
+    prog = build_dir / "tests" / "progs" / "sv_dlclose"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir}")
+    p = svtest.run([str(prog)], env, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "OK sv_dlclose", \
+        f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    flags = subprocess.run(["readelf", "-d", str(build_dir / "libibverbs-compat" /
+                                                 "libibverbs.so.1")],
+                           capture_output=True, text=True, check=True).stdout
+    assert "NODELETE" in flags, flags
