@@ -299,7 +299,14 @@ def plot(res, path):
     fig.savefig(path, dpi=110)
 
 
+# docs/PERFORMANCE.md from this line on is not bench.py's: the UCX table of
+# bench/bench_ucx.py and the notes on slow paths.  write_doc keeps it.
+KEEP = "<!-- bench.py rewrites what is above this line and keeps what follows -->"
+
+
 def write_doc(path, m, table, reps, quick):
+    old = path.read_text() if path.exists() else ""
+    tail = old[old.index(KEEP):] if KEEP in old else KEEP + "\n"
     path.write_text(f"""# Performance
 
 Measured by `/usr/bin/python3 bench/bench.py` (one command; see its docstring).
@@ -343,7 +350,8 @@ call (checks, key lookups, a completion on each side) per message.
 {table}
 
 ![bandwidth and latency vs size](perf.png)
-""")
+
+""" + tail)
 
 
 if __name__ == "__main__":

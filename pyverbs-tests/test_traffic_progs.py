@@ -5,6 +5,7 @@ LD_LIBRARY_PATH pointing at our build: one subprocess per scenario, each on
 a fabric of its own (the env fixture), each with a timeout."""
 import os
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -14,7 +15,8 @@ import pytest
 import svtest
 
 SCENARIOS = ["rc_ops", "inline_sge", "signaling", "solicited", "uc", "ud", "mcast", "srq",
-             "cq_overflow", "errors", "rnr", "post_errors", "query_modify", "threads"]
+             "cq_overflow", "errors", "rnr", "post_errors", "query_modify", "threads",
+             "ud_grh_burst"]
 
 
 @pytest.fixture
@@ -46,6 +48,25 @@ def test_scenario_across_two_devices(progs, env, scenario):
     env["SOFTVERBS_DEVICES"] = "loop0,loop1"
     out = run_prog([progs / "sv_traffic", scenario, "loop0", "loop1"], env)
     assert f"OK {scenario}" in out
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace not installed")
+def test_roce_ud_reads_gids_once(progs, env, tmp_path):
+    """On an Ethernet port every UD datagram carries a GRH whose source GID
+    comes from the netdev's addresses.  Read through netlink per datagram,
+    it cost 150-300 us each (most of fi_pingpong's time on a RoCE port):
+    500 datagrams opened 502 netlink sockets before, a cached table (a
+    second old at most) opens a couple whatever the count."""
+    conf = tmp_path / "roce.conf"
+    conf.write_text("loop0.link_layer = ethernet\nloop0.netdev = lo\n")
+    env["SOFTVERBS_CONFIG"] = str(conf)
+    trace = tmp_path / "socket.trace"
+    out = run_prog(["strace", "-f", "-qq", "-e", "trace=socket", "-o", trace,
+                    progs / "sv_traffic", "ud_grh_burst"], env)
+    assert "OK ud_grh_burst" in out and "500 datagrams checked" in out, out
+    text = trace.read_text()
+    netlink = text.count("AF_NETLINK")
+    assert 0 < netlink <= 10, f"{netlink} netlink sockets for 500 datagrams:\n{text[:2000]}"
 
 
 def test_programs_really_use_our_library(progs, env):
@@ -202,3 +223,21 @@ def test_killed_peer(progs, env, procs, fabric):
     assert srv.line(60) == "DONE 22"
     assert cli.finish()[0] == 0
     assert srv.finish()[0] == 0
+
+
+def test_library_outlives_dlclose(build_dir, env):
+    """libibverbs.so.1 dlopen()ed as a plugin brings it in, a SEND left in
+    RNR retries (the progress thread asleep on a 491 ms timer), everything
+    destroyed, the library dlclose()d, the program alive 2 s later: our
+    library is never unmapped under its own threads (it is linked -z
+    nodelete; Open MPI unloads btl openib at MPI_Finalize)."""
+    prog = build_dir / "tests" / "progs" / "sv_dlclose"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir}")
+    p = svtest.run([str(prog)], env, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "OK sv_dlclose", \
+        f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    flags = subprocess.run(["readelf", "-d", str(build_dir / "libibverbs-compat" /
+                                                 "libibverbs.so.1")],
+                           capture_output=True, text=True, check=True).stdout
+    assert "NODELETE" in flags, flags

@@ -10,6 +10,7 @@ softverbs_packages=(
 	libgtest-dev ucx-utils python3-matplotlib
 	openmpi-bin libopenmpi-dev infiniband-diags
 	rdmacm-utils librdmacm-dev qperf fio libfabric-bin
+	iproute2 strace
 	python3-dev debhelper dh-python dpkg-dev
 )
 

@@ -543,7 +543,13 @@ bool fabric::slot_dead_locked(int slot)
 		return true;
 	if (kill(static_cast<pid_t>(l.pid), 0) < 0 && errno == ESRCH)
 		return true;
-	return process_start_time(static_cast<pid_t>(l.pid)) != l.start_time;
+	// A process with that pid exists.  Only a start time read and found
+	// different says it is another one; a read that failed (out of file
+	// descriptors, or the process exiting just now) says nothing, and
+	// reaping a live process's QPs and keys would be far worse than
+	// keeping a dead lease until the next look.
+	uint64_t st = process_start_time(static_cast<pid_t>(l.pid));
+	return st && st != l.start_time;
 }
 
 void fabric::reap_locked(int slot)

@@ -296,8 +296,11 @@ int loop_query_gid_ex(ibv_context *ctx, uint32_t port, uint32_t index, ibv_gid_e
 		      uint32_t flags);
 int loop_query_pkey(ibv_context *ctx, uint8_t port, int index, __be16 *pkey);
 int loop_query_rt_values(ibv_context *ctx, ibv_values_ex *values);
-// Fills the GID table of a port; returns the number of valid slots.
-int loop_gid_table(loop_context *lctx, uint32_t port, gid_slot *table, int max);
+// Fills the GID table of a port; returns the number of valid slots.  An
+// Ethernet port's table is read from the netdev's addresses; cached: a copy
+// at most a second old (the data path), else read now (queries).
+int loop_gid_table(loop_context *lctx, uint32_t port, gid_slot *table, int max,
+		   bool cached = false);
 
 // loop_pd.cpp
 ibv_pd *loop_alloc_pd(ibv_context *ctx);

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <climits>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -123,28 +124,165 @@ void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
 thread_local uint32_t t_empty_polls;  // Consecutive empty polls by this thread
 thread_local uint64_t t_empty_since; // and since when (0: not timed yet)
 
+// The CQs this thread found empty since it last found work on any CQ, so
+// that a sleep waits on all of them.  UCX, MPI and most event loops poll a
+// send CQ and a receive CQ (UCX: two per transport) in turn: sleeping on
+// the one being polled while the completion lands in the other would wait
+// the whole kCqSleepNs, and in a ping-pong both sides then stay idle past
+// kCqSpinNs every turn, so every message paid it (UCX ud_verbs' tag_lat
+// took 120-180 us per message; see docs/PERFORMANCE.md).
+constexpr int kIdleCqs = 8;
+thread_local loop_cq *t_idle_cqs[kIdleCqs];
+thread_local int t_idle_n;
+thread_local bool t_idle_overflow; // More than kIdleCqs: no sleep, a yield
+thread_local loop_cq *t_idle_last; // The last one noted (the common repeat)
+thread_local uint64_t t_idle_gen;  // g_cq_gen when the list was started
+// Bumped before any CQ's ring is unmapped or replaced (destroy, resize): a
+// thread's list started before then may name a CQ that is gone, and is
+// dropped unused.
+std::atomic<uint64_t> g_cq_gen;
+// futex_waitv (Linux 5.16): 1 usable, 0 not tried yet, -1 refused (an old
+// kernel or a seccomp profile); then a thread polling several CQs yields
+// instead of sleeping.
+std::atomic<int> g_waitv_ok;
+
+void note_idle(loop_cq *cq)
+{
+	if (cq == t_idle_last)
+		return;
+	t_idle_last = cq;
+	for (int i = 0; i < t_idle_n; i++)
+		if (t_idle_cqs[i] == cq)
+			return;
+	if (t_idle_n == 0)
+		t_idle_gen = g_cq_gen.load(std::memory_order_acquire);
+	if (t_idle_n < kIdleCqs)
+		t_idle_cqs[t_idle_n++] = cq;
+	else
+		t_idle_overflow = true;
+}
+
+void clear_idle()
+{
+	t_idle_n = 0;
+	t_idle_overflow = false;
+	t_idle_last = nullptr;
+}
+
 uint32_t *prod_word(sv_cq_ring *r)
 {
 	// The low half of prod (little endian): it changes with every reservation.
 	return reinterpret_cast<uint32_t *>(&r->prod);
 }
 
-// Sleeps briefly until a producer reserves a slot: on a machine with more
+bool head_ready(const loop_cq *cq)
+{
+	const sv_cqe &slot = cq->slots[cq->head & cq->mask];
+	return std::atomic_ref<const uint32_t>(slot.seq).load(std::memory_order_seq_cst) ==
+	       static_cast<uint32_t>(cq->head + 1);
+}
+
+// Waits on several rings' producer words at once: 0 when woken, timed out
+// or interrupted; -1 when the kernel refuses the call.
+int wait_rings(sv_cq_ring *const *rings, const uint32_t *seen, int n)
+{
+	futex_waitv w[kIdleCqs]{};
+	for (int i = 0; i < n; i++) {
+		w[i].val = seen[i];
+		w[i].uaddr = reinterpret_cast<uintptr_t>(prod_word(rings[i]));
+		w[i].flags = FUTEX_32; // Shared (not FUTEX_PRIVATE_FLAG): peers wake it
+	}
+	timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_nsec += kCqSleepNs;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	if (syscall(SYS_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC) >= 0)
+		return 0;
+	return errno == ENOSYS || errno == EPERM || errno == EINVAL ? -1 : 0;
+}
+
+// Sleeps briefly until a producer reserves a slot in cq or in another CQ
+// this thread found empty in the same idle stretch: on a machine with more
 // pollers than cores, a spinning poller would hold the core its peer needs
-// to produce the completion (see sv_cq_ring's contract).
+// to produce the completion (see sv_cq_ring's contract).  Caller holds
+// cq->lock; the other CQs' locks are tried, never waited for, and held
+// while asleep (loop_destroy_cq and resize take the lock before they unmap
+// a ring), so a ring cannot go away under the wait.
 void cq_sleep(loop_cq *cq, const sv_cqe &slot, uint64_t c)
 {
-	sv_cq_ring *r = cq->ring;
-	std::atomic_ref<uint32_t> waiters(r->waiters);
-	auto seen = static_cast<uint32_t>(
-		std::atomic_ref<uint64_t>(r->prod).load(std::memory_order_acquire));
-	waiters.fetch_add(1, std::memory_order_seq_cst);
-	if (std::atomic_ref<const uint32_t>(slot.seq).load(std::memory_order_seq_cst) !=
-	    static_cast<uint32_t>(c + 1)) {
-		timespec ts{0, kCqSleepNs};
-		syscall(SYS_futex, prod_word(r), FUTEX_WAIT, seen, &ts, nullptr, 0);
+	loop_cq *cqs[kIdleCqs];
+	int n = 0;
+	cqs[n++] = cq;
+	bool complete = !t_idle_overflow;
+	if (complete && t_idle_n > 1) {
+		if (g_waitv_ok.load(std::memory_order_relaxed) < 0 ||
+		    t_idle_gen != g_cq_gen.load(std::memory_order_acquire)) {
+			complete = false;
+		} else {
+			for (int i = 0; i < t_idle_n && complete; i++) {
+				loop_cq *o = t_idle_cqs[i];
+				if (o == cq)
+					continue;
+				if (!o->lock.try_lock()) {
+					complete = false;
+				} else if (!o->ring || !o->life.is(kLifeCq)) {
+					o->lock.unlock();
+					complete = false;
+				} else {
+					cqs[n++] = o;
+				}
+			}
+		}
 	}
-	waiters.fetch_sub(1, std::memory_order_relaxed);
+	if (!complete) {
+		// Not every CQ this thread polls can be watched: a sleep on some
+		// could miss a completion on another; give the core away instead.
+		for (int i = 1; i < n; i++)
+			cqs[i]->lock.unlock();
+		if (t_idle_gen != g_cq_gen.load(std::memory_order_acquire))
+			clear_idle(); // Names a CQ that may be gone: start again
+		sched_yield();
+		return;
+	}
+	sv_cq_ring *rings[kIdleCqs];
+	uint32_t seen[kIdleCqs];
+	for (int i = 0; i < n; i++) {
+		rings[i] = cqs[i]->ring;
+		seen[i] = static_cast<uint32_t>(
+			std::atomic_ref<uint64_t>(rings[i]->prod).load(std::memory_order_acquire));
+		std::atomic_ref<uint32_t>(rings[i]->waiters).fetch_add(1, std::memory_order_seq_cst);
+	}
+	bool ready = std::atomic_ref<const uint32_t>(slot.seq).load(std::memory_order_seq_cst) ==
+		     static_cast<uint32_t>(c + 1);
+	for (int i = 1; i < n && !ready; i++)
+		ready = head_ready(cqs[i]);
+	// A slot reserved before seen was read but not yet published: its
+	// producer's wake may come before this thread is in FUTEX_WAIT, and
+	// the word would not have changed since seen, so the wake would be
+	// lost and the sleep run to its end.  Sleep only on rings with nothing
+	// reserved past the owner's head; else give the core away and look
+	// again.
+	bool reserved = false;
+	for (int i = 0; i < n && !ready && !reserved; i++)
+		reserved = seen[i] != static_cast<uint32_t>(cqs[i]->head);
+	if (reserved && !ready)
+		sched_yield();
+	else if (!ready) {
+		if (n == 1) {
+			timespec ts{0, kCqSleepNs};
+			syscall(SYS_futex, prod_word(rings[0]), FUTEX_WAIT, seen[0], &ts, nullptr, 0);
+		} else if (wait_rings(rings, seen, n) < 0) {
+			g_waitv_ok.store(-1, std::memory_order_relaxed);
+			sched_yield();
+		}
+	}
+	for (int i = 0; i < n; i++)
+		std::atomic_ref<uint32_t>(rings[i]->waiters).fetch_sub(1, std::memory_order_relaxed);
+	for (int i = 1; i < n; i++)
+		cqs[i]->lock.unlock();
 }
 
 // This process's QPs by slot, for the poller to find the QP a send-queue
@@ -311,6 +449,7 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 		// Timed per thread, over all its CQs: a thread that polls several
 		// CQs and finds work on any of them never sleeps.  The clock is read
 		// every 64 empty polls only.
+		note_idle(cq);
 		if ((++t_empty_polls & 63) == 0) {
 			cq_repair(cq);
 			uint64_t now = now_ns();
@@ -326,6 +465,8 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 		return false; // Its sender is placing the bytes: not ready yet
 	t_empty_polls = 0;
 	t_empty_since = 0;
+	if (t_idle_n)
+		clear_idle();
 	out = slot;
 	if (out.flags & SV_CQE_PLACE) {
 		if (!pls)
@@ -619,8 +760,14 @@ int loop_destroy_cq(ibv_cq *ibcq)
 	if (!owned_closing())
 		verbs_cq_wait_events(ibcq);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
-	queue_destroy(*cq->ctx->fab, cq->ref, cq->ring);
-	cq->ring = nullptr;
+	{
+		// A thread asleep in cq_sleep on this ring holds the lock: unmap
+		// after it woke, and drop the idle lists that may name this CQ.
+		g_cq_gen.fetch_add(1, std::memory_order_acq_rel);
+		std::lock_guard<std::mutex> g(cq->lock);
+		queue_destroy(*cq->ctx->fab, cq->ref, cq->ring);
+		cq->ring = nullptr;
+	}
 	res_put(*cq->ctx->fab, cq->ctx->lease, SV_RES_CQ);
 	cq->parents.release();
 	cq->life.end_destroy(kLifeCq);
@@ -689,6 +836,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 		return life_bad("ibv_resize_cq", cq, cq->life, kLifeCq);
 	if (cqe < 1 || cqe > kMaxCqe)
 		return EINVAL;
+	g_cq_gen.fetch_add(1, std::memory_order_acq_rel); // Idle lists may name the old ring
 	std::lock_guard<std::mutex> g(cq->lock);
 	uint64_t pending = std::atomic_ref<uint64_t>(cq->ring->prod).load() - cq->head;
 	if (static_cast<uint64_t>(cqe) < pending)

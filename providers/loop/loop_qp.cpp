@@ -229,9 +229,21 @@ bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged)
 		if (c == p)
 			return false;
 		if (p - c > g.entries) {
+			// Our c may be old: a consumer preempted after reading it
+			// sees others take a lap and more meanwhile.  Judge a pair
+			// read while cons stood still: then cons <= prod <= cons +
+			// entries in any sound ring (consumers never pass prod, the
+			// producer never laps the cons it read).
+			uint64_t c1 = cons.load(std::memory_order_acquire);
+			uint64_t p1 = prod.load(std::memory_order_acquire);
+			uint64_t c2 = cons.load(std::memory_order_acquire);
+			if (c1 != c2 || p1 - c1 <= g.entries) {
+				c = c2; // Moving, or sound after all: try again
+				continue;
+			}
 			// A producer index beyond a full lap, or cons beyond prod:
 			// nothing in the ring can be believed.
-			rq_report(rq, "has impossible indices", p, c);
+			rq_report(rq, "has impossible indices", p1, c1);
 			if (damaged)
 				*damaged = true;
 			return false;

@@ -8,6 +8,9 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <mutex>
+#include <string>
+#include <algorithm>
 #include <net/if.h>
 #include <netlink/route/addr.h>
 #include <netlink/route/link.h>
@@ -65,15 +68,54 @@ int roce_gids(const std::string &netdev, gid_slot *table, int max)
 	return n;
 }
 
+// The last RoCE GID table read per netdev, for the data path: every UD
+// datagram on an Ethernet port carries a GRH whose source GID comes from
+// the table, and a netlink address dump per datagram (two sockets, a
+// request and its replies) cost 150-300 us each, which was most of
+// libfabric's fi_pingpong time on a RoCE port (docs/PERFORMANCE.md).
+// Refreshed when older than kGidCacheNs, and by every uncached read.
+constexpr uint64_t kGidCacheNs = 1000ULL * 1000 * 1000;
+struct gid_cache_entry {
+	std::string netdev;
+	uint64_t at = 0; // now_ns() of the read; 0: empty
+	int n = 0;
+	gid_slot table[kGidTableLen];
+};
+std::mutex g_gid_cache_lock;
+gid_cache_entry g_gid_cache[4];
+
+int roce_gids_cached(const std::string &netdev, gid_slot *table, int max, bool fresh)
+{
+	uint64_t now = now_ns();
+	std::lock_guard<std::mutex> g(g_gid_cache_lock);
+	gid_cache_entry *e = nullptr, *oldest = &g_gid_cache[0];
+	for (auto &c : g_gid_cache) {
+		if (c.at && c.netdev == netdev)
+			e = &c;
+		if (c.at < oldest->at)
+			oldest = &c;
+	}
+	if (!e || fresh || now - e->at > kGidCacheNs) {
+		if (!e)
+			e = oldest;
+		e->netdev = netdev;
+		e->n = roce_gids(netdev, e->table, kGidTableLen);
+		e->at = now;
+	}
+	int n = std::min(e->n, max);
+	std::copy(e->table, e->table + n, table);
+	return n;
+}
+
 } // namespace
 
-int loop_gid_table(loop_context *lctx, uint32_t port, gid_slot *table, int max)
+int loop_gid_table(loop_context *lctx, uint32_t port, gid_slot *table, int max, bool cached)
 {
 	const sv_port_rec *pr = port_rec(lctx, port);
 	if (!pr || max <= 0)
 		return 0;
 	if (pr->link_layer == SV_LINK_ETH)
-		return roce_gids(lctx->ldev->cfg.netdev, table, max);
+		return roce_gids_cached(lctx->ldev->cfg.netdev, table, max, !cached);
 	// InfiniBand: GID 0 is the link-local prefix with the port GUID.
 	memset(&table[0], 0, sizeof(table[0]));
 	table[0].gid.global.subnet_prefix = htobe64(0xfe80000000000000ULL);

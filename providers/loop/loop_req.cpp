@@ -857,7 +857,7 @@ void deliver_ud(loop_qp *qp, const send_wr &w, const peer &p, const local_buf &l
 	bool global = w.ah.is_global;
 	if (global) {
 		gid_slot table[kGidTableLen];
-		int n = loop_gid_table(lctx, qp->attr.port_num, table, kGidTableLen);
+		int n = loop_gid_table(lctx, qp->attr.port_num, table, kGidTableLen, true);
 		if (w.ah.grh.sgid_index < n)
 			sgid = table[w.ah.grh.sgid_index].gid;
 		build_grh(grh, sgid, w.ah.grh.dgid, static_cast<uint32_t>(lb.len), w.ah.grh);

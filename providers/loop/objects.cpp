@@ -183,9 +183,12 @@ struct owned_rec {
 	int order;
 };
 std::mutex g_own_lock;
-std::unordered_map<void *, owned_rec> g_owned;
-// What owned_close destroyed: never freed (see objects.h).
-std::vector<void *> g_kept;
+// Never destroyed (nor g_kept): static destructors run before the leak
+// check at exit, and before other threads stop.
+std::unordered_map<void *, owned_rec> &g_owned = *new std::unordered_map<void *, owned_rec>;
+// What owned_close destroyed: never freed (see objects.h), and reachable
+// from here for as long as the process lives.
+std::vector<void *> &g_kept = *new std::vector<void *>;
 thread_local bool t_closing;
 
 bool owned_forget(void *obj)

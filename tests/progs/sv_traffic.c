@@ -1555,6 +1555,68 @@ static void sc_threads(void)
 	CHECK_EQ(*g_shared_ctr, NT * 500);
 }
 
+/* ---- UD with a GRH, many in a row (test_traffic_progs 'ud_grh_burst') ------
+ * 500 datagrams with a GRH, each checked byte for byte with its GRH's source
+ * GID (the port's GID 0).  On an Ethernet port the source GID comes from the
+ * netdev's addresses: read once per datagram through netlink, it cost
+ * 150-300 us each; the test counts the netlink sockets under strace. */
+static void sc_ud_grh_burst(void)
+{
+	struct pair p;
+	pair_open(&p);
+	struct svt_qpopt o = {IBV_QPT_UD, p.acq, p.acq, NULL, 0, 64, 64, 2, 0};
+	p.qa = svt_qp(&p.a, &o);
+	o.scq = o.rcq = p.bcq;
+	p.qb = svt_qp(&p.b, &o);
+	const uint32_t QK = 0x2222;
+	svt_ud_up(p.qa, QK);
+	svt_ud_up(p.qb, QK);
+	struct ibv_mr *ma = svt_mr(&p.a, 4096, SVT_ALL_ACCESS);
+	struct ibv_mr *mb = svt_mr(&p.b, 4096, SVT_ALL_ACCESS);
+	unsigned char *A = ma->addr, *B = mb->addr;
+	struct ibv_ah_attr aa;
+	memset(&aa, 0, sizeof(aa));
+	aa.dlid = p.b.lid;
+	aa.port_num = 1;
+	aa.is_global = 1;
+	aa.grh.dgid = p.b.gid;
+	aa.grh.sgid_index = 0;
+	aa.grh.hop_limit = 64;
+	struct ibv_ah *ah = ibv_create_ah(p.a.pd, &aa);
+	CHECK(ah);
+	for (int i = 0; i < 500; i++) {
+		svt_fill(A, 100, (unsigned)i);
+		memset(B, 0xcc, 4096);
+		struct ibv_sge rs = svt_sge(mb, 0, 40 + 1024);
+		svt_post_recv1(p.qb, 1000 + i, &rs, 1);
+		struct ibv_sge ss = svt_sge(ma, 0, 100);
+		struct ibv_send_wr wr = {0}, *bad;
+		wr.wr_id = i;
+		wr.sg_list = &ss;
+		wr.num_sge = 1;
+		wr.opcode = IBV_WR_SEND;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = p.qb->qp_num;
+		wr.wr.ud.remote_qkey = QK;
+		CHECK(ibv_post_send(p.qa, &wr, &bad) == 0);
+		struct ibv_wc wc = svt_wait(p.acq, "ud send");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.wr_id, i);
+		wc = svt_wait(p.bcq, "ud recv");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.wr_id, 1000 + i);
+		CHECK_EQ(wc.byte_len, 100 + 40);
+		CHECK(wc.wc_flags & IBV_WC_GRH);
+		const struct ibv_grh *h = (const struct ibv_grh *)B;
+		CHECK(memcmp(&h->sgid, &p.a.gid, 16) == 0);
+		CHECK(memcmp(&h->dgid, &p.b.gid, 16) == 0);
+		CHECK(memcmp(B + 40, A, 100) == 0);
+		CHECK(B[140] == 0xcc);
+	}
+	printf("ud_grh_burst: 500 datagrams checked\n");
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -1566,6 +1628,7 @@ static const struct {
 	{"cq_overflow", sc_cq_overflow}, {"errors", sc_errors},
 	{"rnr", sc_rnr},	       {"post_errors", sc_post_errors},
 	{"query_modify", sc_query_modify}, {"threads", sc_threads},
+	{"ud_grh_burst", sc_ud_grh_burst},
 };
 
 int main(int argc, char **argv)
