@@ -2,10 +2,15 @@
 """libfabric (Debian's libfabric-bin 1.17) over loop0: fi_pingpong with
 its data integrity checks (-c), on an InfiniBand and on a RoCE port.
 
-`-p verbs -e rdm` runs the provider stack verbs;ofi_rxd: libfabric's
-reliable-datagram layer (acks and retransmission in software) over verbs UD
-QPs on domain loop0-dgram.  verbs;ofi_rxm (RDM over RC) is not offered: its
-MSG endpoints connect through rdma_cm, which softverbs does not provide yet.
+`-p "verbs;ofi_rxd" -e rdm` runs the provider stack verbs;ofi_rxd:
+libfabric's reliable-datagram layer (acks and retransmission in software)
+over verbs UD QPs on domain loop0-dgram.  It is named, because with
+softverbs' own librdmacm libfabric now offers verbs;ofi_rxm (RDM over RC
+MSG endpoints, which connect through rdma_cm) first on an InfiniBand port,
+and that stack does not run yet: rxm's MSG CQ fails to open (vrb_cq_open:
+"Unable to create verbs CQ", EINVAL), not investigated (docs/rdmacm.md).
+verbs MSG endpoints themselves work: test_rdmacm.py runs
+`fi_pingpong -p verbs -e msg`.
 The test asserts the stack from libfabric's own log.  It needs no
 /dev/infiniband node: libfabric's verbs provider opens none.
 """
@@ -23,7 +28,7 @@ pytestmark = pytest.mark.skipif(not shutil.which("fi_pingpong"),
 
 def pingpong(softverbs_run, env, timeout=120):
     port = ucxtest.free_port()
-    base = [softverbs_run, "fi_pingpong", "-p", "verbs", "-e", "rdm", "-S", "64", "-I", "500",
+    base = [softverbs_run, "fi_pingpong", "-p", "verbs;ofi_rxd", "-e", "rdm", "-S", "64", "-I", "500",
             "-c"]
     procs = []
     try:
