@@ -46,6 +46,7 @@ struct loop_context {
 	uint32_t async_len;
 	uint32_t identity;	       // Inode of cmd_fd: how ibv_import_device finds us
 	loop_context *imported_from; // Set on a context made by ibv_import_device
+	std::atomic<int> imports{0}; // Contexts ibv_import_device made from this one
 };
 
 struct loop_pd {

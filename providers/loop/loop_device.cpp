@@ -157,7 +157,11 @@ void loop_free_context(ibv_context *ctx)
 	loop_context *lctx = to_loop_context(ctx);
 	// What the application left: destroyed, as the kernel does when the
 	// device file closes (before contexts().m: the destroys may need it).
-	const bool had_objects = owned_close(ctx) != 0;
+	// Not for a context of an ibv_import_device family: there the kernel
+	// keeps the objects until the last of the family's files closes, which
+	// we do not track; they stay, and so does this context's memory.
+	const bool family = lctx->imported_from || lctx->imports.load() > 0;
+	const bool had_objects = family ? owned_count(ctx) != 0 : owned_close(ctx) != 0;
 	process_contexts &p = contexts();
 	std::lock_guard<std::mutex> g(p.m);
 	if (!lctx->imported_from)
@@ -421,6 +425,7 @@ verbs_context *loop_import_context_impl(ibv_device *ibdev, int cmd_fd)
 	if (!lctx)
 		return nullptr;
 	lctx->imported_from = orig;
+	orig->imports.fetch_add(1, std::memory_order_relaxed);
 	return &lctx->vctx;
 }
 

@@ -233,6 +233,15 @@ void owned_add(const void *ctx, void *obj, int order)
 	}
 }
 
+size_t owned_count(const void *ctx)
+{
+	std::lock_guard<std::mutex> g(g_own_lock);
+	size_t n = 0;
+	for (auto &[obj, r] : g_owned)
+		n += r.ctx == ctx;
+	return n;
+}
+
 bool owned_closing()
 {
 	return t_closing;

@@ -171,6 +171,8 @@ enum owned_order : int {
 void owned_add(const void *ctx, void *obj, int order);
 // Destroys what ctx still owns; returns how many it found.
 size_t owned_close(const void *ctx);
+// How many objects ctx still owns.
+size_t owned_count(const void *ctx);
 // Whether this thread is inside owned_close(): the destroys neither wait
 // for event acks nor refuse because of multicast attachments, as the
 // kernel's cleanup on close does not.
