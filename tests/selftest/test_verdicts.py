@@ -38,10 +38,27 @@ PASSING = [("test_cq", "CQTest", "test_resize_cq", "Test resize CQ, start with s
 VENDOR = ("test_mlx5_dc", "DCTest", "test_dc_rdma_write", "Can not run the test over non MLX5 device")
 
 
-def good_lines(pass_name):
+def with_known_failure(tmp_path):
+    """A source tree whose docs/rdma-core-suite.md is the real one with one
+    made-up row added to its 'Known failures' table (which may be empty), so
+    that the runner's handling of known failures is judged whatever the
+    real table holds."""
+    src = tmp_path / "src"
+    (src / "docs").mkdir(parents=True)
+    doc = (SRC / "docs" / "rdma-core-suite.md").read_text()
+    head = "## Known failures\n"
+    i = doc.index(head)
+    j = doc.index("|---|---|---|---|\n", i) + len("|---|---|---|---|\n")
+    row = ("| `test_fake.FakeCase.test_known_fail` | both | `Failed to create thing` "
+           "| made up by tests/selftest |\n")
+    (src / "docs" / "rdma-core-suite.md").write_text(doc[:j] + row + doc[j:])
+    return src
+
+
+def good_lines(pass_name, src=SRC):
     """[(mod, cls, test, verdict text)] of a clean pass: a few passes, one
     vendor skip, and every skip docs/rdma-core-suite.md expects there."""
-    expected, _, _ = rs.read_doc(str(SRC))
+    expected, _, _ = rs.read_doc(str(src))
     rows = [(m, c, t, "ok") for m, c, t, _ in PASSING]
     rows.append(VENDOR[:3] + ("skipped %r" % VENDOR[3],))
     for (m, c, t, p), msg in sorted(expected.items()):
@@ -49,7 +66,7 @@ def good_lines(pass_name):
             rows.append((m, c, t, "skipped %r" % msg))
     # The known failures (tests that run and fail, listed with a text of
     # their output): what the test printed, then unittest's ERROR.
-    for (m, c, t, p), text in sorted(rs.read_known_failures(str(SRC)).items()):
+    for (m, c, t, p), text in sorted(rs.read_known_failures(str(src)).items()):
         if p == pass_name:
             rows.append((m, c, t, f"Player active got: {text}\nERROR"))
     return rows
@@ -83,11 +100,11 @@ def render(rows, extra_progress=(), reports=(), ran_extra=0, final=None):
     return "\n".join(out) + "\n"
 
 
-def judge(tmp_path, text, rc=0, pass_name="ib"):
+def judge(tmp_path, text, rc=0, pass_name="ib", src=SRC):
     log = tmp_path / "suite.log"
     log.write_text(text)
     p = subprocess.run([sys.executable, str(RUN_SUITE), "--judge", str(log), pass_name,
-                        str(SRC), str(rc)], capture_output=True, text=True, timeout=60)
+                        str(src), str(rc)], capture_output=True, text=True, timeout=60)
     return p
 
 
@@ -101,42 +118,61 @@ def assert_fails(p, *needles):
 
 @pytest.mark.parametrize("pass_name", ["ib", "roce"])
 def test_clean_log_passes(tmp_path, pass_name):
+    # The real expectations file as it is.
     rows = good_lines(pass_name)
-    p = judge(tmp_path, render(rows), pass_name=pass_name)
+    known = sum(r[3].endswith("ERROR") for r in rows)
+    p = judge(tmp_path, render(rows), rc=1 if known else 0, pass_name=pass_name)
     assert p.returncode == 0, p.stdout + p.stderr
     last = p.stdout.strip().splitlines()[-1]
     listed = sum(r[3].startswith("skipped") for r in rows) - 1
+    assert last.startswith(f"rdma-core suite: 3 passed, 0 failed, {listed} skipped, "
+                           f"1 vendor skips, {known} known failures"), last
+
+
+@pytest.mark.parametrize("pass_name", ["ib", "roce"])
+def test_clean_log_with_known_failure_passes(tmp_path, pass_name):
+    src = with_known_failure(tmp_path)
+    rows = good_lines(pass_name, src)
     known = sum(r[3].endswith("ERROR") for r in rows)
-    assert known, "docs/rdma-core-suite.md lists no known failure: drop this check"
+    assert known >= 1
+    p = judge(tmp_path, render(rows), rc=1, pass_name=pass_name, src=src)
+    assert p.returncode == 0, p.stdout + p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    listed = sum(r[3].startswith("skipped") for r in rows) - 1
     assert last.startswith(f"rdma-core suite: 3 passed, 0 failed, {listed} skipped, "
                            f"1 vendor skips, {known} known failures"), last
 
 
 def test_known_failure_that_passes_fails(tmp_path):
-    rows = good_lines("roce")
+    src = with_known_failure(tmp_path)
+    rows = good_lines("roce", src)
     i = next(i for i, r in enumerate(rows) if r[3].endswith("ERROR"))
     rows[i] = rows[i][:3] + ("ok",)
-    assert_fails(judge(tmp_path, render(rows)), "listed as a known failure", "take it off")
+    assert_fails(judge(tmp_path, render(rows), src=src), "listed as a known failure",
+                 "take it off")
 
 
 def test_known_failure_with_another_output_fails(tmp_path):
-    rows = good_lines("roce")
+    src = with_known_failure(tmp_path)
+    rows = good_lines("roce", src)
     i = next(i for i, r in enumerate(rows) if r[3].endswith("ERROR"))
     rows[i] = rows[i][:3] + ("Player active got: Segmentation fault\nERROR",)
-    assert_fails(judge(tmp_path, render(rows), rc=1), "but its output lacks")
+    assert_fails(judge(tmp_path, render(rows), rc=1, src=src), "but its output lacks")
 
 
 def test_known_failure_that_skips_fails(tmp_path):
-    rows = good_lines("ib")
+    src = with_known_failure(tmp_path)
+    rows = good_lines("ib", src)
     i = next(i for i, r in enumerate(rows) if r[3].endswith("ERROR"))
     rows[i] = rows[i][:3] + ("skipped \"Device loop0 doesn't have net interface\"",)
-    assert_fails(judge(tmp_path, render(rows)), "listed as a known failure")
+    assert_fails(judge(tmp_path, render(rows), src=src), "listed as a known failure")
 
 
 def test_other_error_beside_known_failures_fails(tmp_path):
-    rows = good_lines("ib")
+    src = with_known_failure(tmp_path)
+    rows = good_lines("ib", src)
     rows[1] = rows[1][:3] + ("ERROR",)
-    assert_fails(judge(tmp_path, render(rows), rc=1), "ERRORED: test_qpex")
+    assert_fails(judge(tmp_path, render(rows), rc=1, src=src), "ERRORED: test_qpex")
 
 
 def test_setupclass_error_fails(tmp_path):
@@ -212,8 +248,11 @@ def test_nonzero_exit_alone_fails(tmp_path):
 
 
 def test_exit_1_without_known_failures_fails(tmp_path):
-    rows = [r for r in good_lines("ib") if not r[3].endswith("ERROR")]
-    assert_fails(judge(tmp_path, render(rows), rc=1), "exited with status 1")
+    # Listed, but none of them failed this time: status 1 is unexplained.
+    src = with_known_failure(tmp_path)
+    rows = [r for r in good_lines("ib", src) if not r[3].endswith("ERROR")]
+    p = judge(tmp_path, render(rows), rc=1, src=src)
+    assert p.returncode == 1 and "exited with status 1" in p.stdout, p.stdout
 
 
 def test_skip_count_mismatch_fails(tmp_path):
