@@ -795,9 +795,11 @@ SV_API int rconnect(int socket, const struct sockaddr *addr, socklen_t addrlen)
 	std::unique_lock<std::mutex> lk(s->mu);
 	if (!addr || addrlen < sizeof(sa_family_t))
 		return fail(EINVAL);
+	bool first = false;
 	switch (s->state) {
 	case st::fresh:
 	case st::bound: {
+		first = true;
 		sockaddr *src = s->state == st::bound ? rdma_get_local_addr(s->id) : nullptr;
 		s->state = st::connecting;
 		if (rdma_resolve_addr(s->id, src, const_cast<sockaddr *>(addr), kResolveMs)) {
@@ -828,6 +830,10 @@ SV_API int rconnect(int socket, const struct sockaddr *addr, socklen_t addrlen)
 		progress(s);
 		if (s->state == st::connected)
 			return 0;
+		// A nonblocking connect reports its failure through SO_ERROR, as
+		// TCP's does, even when it is known at once.
+		if (s->state == st::error && s->nonblock && first)
+			return fail(EINPROGRESS);
 		if (s->state == st::error) {
 			int e = s->err ? s->err : ECONNREFUSED;
 			s->err = 0;
