@@ -44,6 +44,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <time.h>
@@ -60,6 +61,22 @@ constexpr int kRecvSlots = kCredits + kSpare;
 constexpr int kSendSlots = kCredits;
 constexpr int kSqDepth = kSendSlots + kSpare;
 constexpr uint32_t kFin = 1u << 31;
+constexpr uint32_t kCtl = 1u << 30;  // a control message (iomap) in the payload
+constexpr uint32_t kCreditMask = kCtl - 1;
+constexpr uint32_t kCtlMagic = 0x53564d50;  // "SVMP"
+
+// The payload of a kCtl message: a mapping made or removed by riomap/riounmap.
+struct ctl_msg {
+	uint32_t magic, op;  // 1 map, 2 unmap
+	uint64_t offset, len, addr;
+	uint32_t rkey, pad;
+};
+
+struct iomap {
+	uint64_t offset, len, addr;  // addr: ours (local) or the peer's (remote)
+	uint32_t rkey;
+	ibv_mr *mr;                  // local mappings only
+};
 constexpr int kResolveMs = 2000;
 
 enum class st { fresh, bound, listening, connecting, accepting, connected, closed, error };
@@ -101,6 +118,7 @@ struct rs {
 	std::deque<bool> sq_kinds;  // per outstanding send WR: data?
 	bool peer_fin = false, fin_sent = false, rd_shut = false, wr_shut = false;
 	bool peer_gone = false;
+	std::vector<iomap> lmaps, rmaps;
 };
 
 std::mutex g_mu;
@@ -161,6 +179,10 @@ int post_recv(rs *s, int slot)
 
 void free_conn(rs *s)
 {
+	for (iomap &m : s->lmaps)
+		ibv_dereg_mr(m.mr);
+	s->lmaps.clear();
+	s->rmaps.clear();
 	if (s->id && s->id->qp)
 		rdma_destroy_qp(s->id);
 	if (s->cq) {
@@ -256,7 +278,16 @@ void lost(rs *s, int e)
 	}
 }
 
-// Takes what the CQ has; returns false if it failed.
+void apply_ctl(rs *s, const ctl_msg &m)
+{
+	auto &v = s->rmaps;
+	v.erase(std::remove_if(v.begin(), v.end(), [&](const iomap &x) { return x.offset == m.offset; }),
+		v.end());
+	if (m.op == 1)
+		v.push_back({m.offset, m.len, m.addr, m.rkey, nullptr});
+}
+
+// Takes what the CQ has.
 void drain_cq(rs *s)
 {
 	if (!s->cq)
@@ -278,10 +309,19 @@ void drain_cq(rs *s)
 					continue;
 				}
 				uint32_t imm = (w.wc_flags & IBV_WC_WITH_IMM) ? ntohl(w.imm_data) : 0;
-				s->tx_credits += static_cast<int>(imm & ~kFin);
+				s->tx_credits += static_cast<int>(imm & kCreditMask);
 				if (imm & kFin)
 					s->peer_fin = true;
-				if (w.byte_len > 0)
+				if (imm & kCtl) {
+					ctl_msg m;
+					if (w.byte_len == sizeof(m)) {
+						memcpy(&m, s->rbuf + size_t(slot) * kSlot, sizeof(m));
+						if (m.magic == kCtlMagic)
+							apply_ctl(s, m);
+					}
+					if (s->id->qp)
+						post_recv(s, slot);
+				} else if (w.byte_len > 0)
 					s->rxq.push_back({slot, w.byte_len, 0});
 				else if (s->id->qp)
 					post_recv(s, slot);
@@ -299,8 +339,9 @@ void drain_cq(rs *s)
 	}
 }
 
-// Posts a SEND_WITH_IMM of len bytes from send slot `slot` (len 0: none).
-int post_send(rs *s, int slot, uint32_t len, uint32_t imm)
+// Posts a SEND_WITH_IMM of len bytes from send slot `slot` (len 0: none),
+// or with a remote address an RDMA WRITE there.
+int post_send(rs *s, int slot, uint32_t len, uint32_t imm, uint64_t raddr = 0, uint32_t rkey = 0)
 {
 	ibv_sge sge;
 	ibv_send_wr wr = {}, *bad;
@@ -314,6 +355,12 @@ int post_send(rs *s, int slot, uint32_t len, uint32_t imm)
 	wr.opcode = IBV_WR_SEND_WITH_IMM;
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.imm_data = htonl(imm);
+	if (raddr) {
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.imm_data = 0;
+		wr.wr.rdma.remote_addr = raddr;
+		wr.wr.rdma.rkey = rkey;
+	}
 	int r = ibv_post_send(s->id->qp, &wr, &bad);
 	if (r)
 		return r;
@@ -1232,23 +1279,174 @@ SV_API int rfcntl(int socket, int cmd, ...)
 	}
 }
 
-// The iomap calls are not implemented (docs/rdmacm.md).
-SV_API off_t riomap(int socket, void *, size_t, int, int, off_t)
+// ------------------------------------------------------------- iomap ---
+// riomap makes [buf, buf+len) writable by the peer at `offset` (PROT_WRITE
+// only, as in rdma-core): the region is registered and its address and key
+// go to the peer in a control message; riowrite copies through a send slot
+// and RDMA WRITEs into the peer's mapping.  Nothing tells the mapping's owner
+// that a write landed (it watches its memory, as riostream does); writes and
+// later rsend data arrive in the order they were made.
+
+namespace {
+// Waits, locked, until the socket is connected (an accepted one is not at
+// once); false with errno set when it never will be.
+bool wait_connected(rs *s, std::unique_lock<std::mutex> &lk, bool nb)
 {
-	if (!lookup(socket))
-		return fail(EBADF);
-	return fail(ENOSYS);
+	for (;;) {
+		progress(s);
+		if (s->state == st::connected)
+			return true;
+		if (s->state != st::accepting) {
+			errno = s->state == st::error && s->err ? s->err : ENOTCONN;
+			return false;
+		}
+		if (nb) {
+			errno = EAGAIN;
+			return false;
+		}
+		wait_locked(s, lk, -1);
+	}
 }
 
-SV_API int riounmap(int socket, void *, size_t)
+// A slot and a send WR for a message that needs no credit.
+bool wait_slot(rs *s, std::unique_lock<std::mutex> &lk, bool nb)
 {
-	if (!lookup(socket))
-		return fail(EBADF);
-	return fail(ENOSYS);
+	for (;;) {
+		if (s->peer_gone) {
+			errno = s->conn_err ? s->conn_err : EPIPE;
+			return false;
+		}
+		if (s->slots_used < kSendSlots && s->sq_out < kSqDepth)
+			return true;
+		if (nb) {
+			errno = EAGAIN;
+			return false;
+		}
+		wait_locked(s, lk, -1);
+	}
 }
 
-SV_API size_t riowrite(int socket, const void *, size_t, off_t, int)
+int send_ctl(rs *s, std::unique_lock<std::mutex> &lk, const ctl_msg &m)
 {
-	errno = lookup(socket) ? ENOSYS : EBADF;
-	return static_cast<size_t>(-1);
+	if (!wait_slot(s, lk, false))
+		return -1;
+	int slot = s->slot_head;
+	memcpy(s->sbuf + size_t(slot) * kSlot, &m, sizeof(m));
+	if (post_send(s, slot, sizeof(m), kCtl | static_cast<uint32_t>(s->owed)))
+		return fail(ECONNRESET);
+	s->owed = 0;
+	s->slots_used++;
+	s->slot_head = (slot + 1) % kSendSlots;
+	return 0;
+}
+} // namespace
+
+SV_API off_t riomap(int socket, void *buf, size_t len, int prot, int, off_t offset)
+{
+	GET(s, socket);
+	std::unique_lock<std::mutex> lk(s->mu);
+	if (!buf || !len || prot != PROT_WRITE || (offset < 0 && offset != -1))
+		return fail(EINVAL);
+	if (!wait_connected(s, lk, false))
+		return -1;
+	uint64_t off = static_cast<uint64_t>(offset);
+	if (offset == -1) {
+		off = 0;
+		for (const iomap &m : s->lmaps)
+			off = std::max(off, m.offset + m.len);
+	}
+	for (const iomap &m : s->lmaps)
+		if (off < m.offset + m.len && m.offset < off + len)
+			return fail(EINVAL);
+	ibv_mr *mr = ibv_reg_mr(s->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!mr)
+		return -1;
+	ctl_msg m = {kCtlMagic, 1, off, len, reinterpret_cast<uintptr_t>(buf), mr->rkey, 0};
+	if (send_ctl(s, lk, m)) {
+		int e = errno;
+		ibv_dereg_mr(mr);
+		return fail(e);
+	}
+	s->lmaps.push_back({off, len, reinterpret_cast<uintptr_t>(buf), mr->rkey, mr});
+	return static_cast<off_t>(off);
+}
+
+SV_API int riounmap(int socket, void *buf, size_t len)
+{
+	GET(s, socket);
+	std::unique_lock<std::mutex> lk(s->mu);
+	auto it = std::find_if(s->lmaps.begin(), s->lmaps.end(), [&](const iomap &m) {
+		return m.addr == reinterpret_cast<uintptr_t>(buf) && m.len == len;
+	});
+	if (it == s->lmaps.end())
+		return fail(EINVAL);
+	iomap m = *it;
+	s->lmaps.erase(it);
+	if (s->state == st::connected && !s->peer_gone) {
+		ctl_msg c = {kCtlMagic, 2, m.offset, m.len, 0, 0, 0};
+		send_ctl(s, lk, c);
+		// Writes the peer made before it learns of the unmap may still be
+		// coming: the key stays valid until they could have landed.
+		int64_t deadline = now_ms() + 1000;
+		while (s->sq_out > 0 && !s->peer_gone && now_ms() < deadline)
+			wait_locked(s, lk, 100);
+	}
+	ibv_dereg_mr(m.mr);
+	return 0;
+}
+
+SV_API size_t riowrite(int socket, const void *buf, size_t count, off_t offset, int flags)
+{
+	rs *s = lookup(socket);
+	if (!s) {
+		errno = EBADF;
+		return static_cast<size_t>(-1);
+	}
+	std::unique_lock<std::mutex> lk(s->mu);
+	bool nb = s->nonblock || (flags & MSG_DONTWAIT);
+	if (offset < 0 || (count && !buf)) {
+		errno = EINVAL;
+		return static_cast<size_t>(-1);
+	}
+	if (!wait_connected(s, lk, nb))
+		return static_cast<size_t>(-1);
+	size_t done = 0;
+	const auto *src = static_cast<const char *>(buf);
+	while (done < count) {
+		progress(s);
+		if (s->peer_gone || s->wr_shut) {
+			if (done)
+				break;
+			errno = s->wr_shut ? EPIPE : (s->conn_err ? s->conn_err : EPIPE);
+			return static_cast<size_t>(-1);
+		}
+		uint64_t at = static_cast<uint64_t>(offset) + done;
+		const iomap *m = nullptr;
+		for (const iomap &x : s->rmaps)
+			if (at >= x.offset && at < x.offset + x.len)
+				m = &x;
+		bool room = s->slots_used < kSendSlots && s->sq_out < kSqDepth;
+		if (!m || !room) {
+			// No mapping there (yet: the peer's riomap may be on its way).
+			if (nb || done)
+				break;
+			wait_locked(s, lk, -1);
+			continue;
+		}
+		uint32_t n = static_cast<uint32_t>(std::min<uint64_t>({count - done, kSlot, m->offset + m->len - at}));
+		int slot = s->slot_head;
+		memcpy(s->sbuf + size_t(slot) * kSlot, src + done, n);
+		if (post_send(s, slot, n, 0, m->addr + (at - m->offset), m->rkey)) {
+			lost(s, ECONNRESET);
+			continue;
+		}
+		s->slots_used++;
+		s->slot_head = (slot + 1) % kSendSlots;
+		done += n;
+	}
+	if (!done && count) {
+		errno = EAGAIN;
+		return static_cast<size_t>(-1);
+	}
+	return done;
 }

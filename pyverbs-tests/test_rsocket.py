@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """rsockets (librdmacm-compat/rsocket.cpp, docs/rdmacm.md): Debian's rstream
-between two processes through softverbs-run, on an InfiniBand port and a
+and riostream between two processes through softverbs-run, on an InfiniBand port and a
 RoCE port; Debian's librspreload.so under a plain TCP echo
 (tests/progs/sv_rs_echo), with strace showing that no TCP socket carries
 the bytes; the error paths through ctypes; a peer killed mid-connection.
@@ -94,6 +94,25 @@ def test_rstream_verify_custom(link, run_env, softverbs_run, mode):
         opts += ["-T", m]
     sout, cout = rstream(run_env, softverbs_run, opts)
     for out in (sout, cout):
+        assert "custom" in table(out), out
+
+
+@pytest.mark.parametrize("mode", ["v", "av", "nv", "bv"])
+def test_riostream(link, run_env, softverbs_run, mode):
+    """riostream: riomap on each side, riowrite (RDMA WRITE into the peer's
+    mapping) both ways, each side spinning on the last byte of its buffer;
+    -T v compares every byte (a mismatch fails its exit status)."""
+    need("riostream")
+    port = next(_port)
+    opts = ["-S", "1000000", "-C", "50"]
+    for m in mode:
+        opts += ["-T", m]
+    res = pair([softverbs_run, "riostream", "-b", "127.0.0.1", "-p", str(port)] + opts,
+               [softverbs_run, "riostream", "-s", "127.0.0.1", "-p", str(port)] + opts,
+               run_env, lambda: cm_listening(port), timeout=TIMEOUT)
+    sout, cout = check_pair(res, f"riostream {opts}")
+    for out in (sout, cout):
+        assert not re.search(r"riomap|riowrite|rrecv|rsend|mismatch|error", out, re.I), out
         assert "custom" in table(out), out
 
 
