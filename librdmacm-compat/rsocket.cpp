@@ -512,7 +512,12 @@ short ready(rs *s, short events)
 	case st::connected:
 		if (!s->rxq.empty() || s->peer_fin || s->peer_gone || s->rd_shut)
 			r |= POLLIN;
-		if (s->peer_gone)
+		// As TCP: the peer's orderly end is POLLIN|POLLRDHUP (data may still
+		// be queued); POLLHUP only for a peer gone without one (killed),
+		// once nothing is left to read, or a broken connection.
+		if (s->peer_fin || s->peer_gone)
+			r |= POLLRDHUP;
+		if (s->peer_gone && ((!s->peer_fin && s->rxq.empty()) || s->conn_err == ECONNRESET))
 			r |= POLLHUP;
 		if (s->wr_shut || s->peer_gone ||
 		    (s->tx_credits > 0 && s->slots_used < kSendSlots && s->sq_out < kSqDepth))
@@ -530,7 +535,7 @@ short ready(rs *s, short events)
 		r |= POLLOUT | POLLHUP;
 		break;
 	}
-	return r & (events | POLLERR | POLLHUP | POLLNVAL);
+	return static_cast<short>(r & (events | POLLERR | POLLHUP | POLLNVAL));
 }
 
 // --------------------------------------------------- data transfer ---
