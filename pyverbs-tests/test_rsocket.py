@@ -134,10 +134,13 @@ def test_rstream_sockets_baseline(run_env, softverbs_run):
 
 # ------------------------------------------------------- librspreload ---
 
-def preload_env(run_env):
-    e = dict(run_env)
-    e["LD_PRELOAD"] = " ".join(x for x in (e.get("LD_PRELOAD"), PRELOAD) if x)
-    return e
+def preloaded(softverbs_run, argv):
+    """softverbs-run ARGV with librspreload added to the LD_PRELOAD that
+    softverbs-run makes (the view's, a sanitizer's): only ARGV gets it, not
+    softverbs-run's own bash (whose getpeername at startup the preload does
+    not survive under ASan)."""
+    return [softverbs_run, "sh", "-c",
+            f'LD_PRELOAD="${{LD_PRELOAD:+$LD_PRELOAD }}{PRELOAD}" exec "$@"', "sh"] + argv
 
 
 STRACE = ["strace", "-f", "-qq", "-e", "trace=socket,connect,bind,accept,accept4,sendto,sendmsg,write,writev"]
@@ -169,11 +172,12 @@ def test_preload_echo(link, run_env, softverbs_run, build_dir, tmp_path, srv_mod
         pytest.skip("librspreload.so not installed")
     prog = echo_prog(build_dir)
     port = next(_port)
-    e = preload_env(run_env)
     st, ct = tmp_path / "server.strace", tmp_path / "client.strace"
-    res = pair([softverbs_run, "strace", "-o", str(st)] + STRACE[1:] + [prog, "server", "127.0.0.1", str(port), srv_mode],
-               [softverbs_run, "strace", "-o", str(ct)] + STRACE[1:] + [prog, "client", "127.0.0.1", str(port), str(size), cli_mode],
-               e, lambda: cm_listening(port), timeout=TIMEOUT)
+    res = pair(preloaded(softverbs_run, ["strace", "-o", str(st)] + STRACE[1:] +
+                         [prog, "server", "127.0.0.1", str(port), srv_mode]),
+               preloaded(softverbs_run, ["strace", "-o", str(ct)] + STRACE[1:] +
+                         [prog, "client", "127.0.0.1", str(port), str(size), cli_mode]),
+               run_env, lambda: cm_listening(port), timeout=TIMEOUT)
     sout, cout = check_pair(res, "sv_rs_echo")
     ms = re.search(r"server bytes=(\d+) sum=(\w+)", sout)
     mc = re.search(r"client bytes=(\d+) sum=(\w+)", cout)
@@ -409,7 +413,7 @@ def test_killed_server(link, run_env, env, softverbs_run, build_dir):
         pytest.skip("librspreload.so not installed")
     prog = echo_prog(build_dir)
     port = next(_port)
-    srv = start([softverbs_run, prog, "server", "127.0.0.1", str(port), "block"], preload_env(run_env))
+    srv = start(preloaded(softverbs_run, [prog, "server", "127.0.0.1", str(port), "block"]), run_env)
     cli = None
     try:
         wait_ready(srv, lambda: cm_listening(port))
@@ -441,13 +445,13 @@ def test_killed_client(link, run_env, softverbs_run, build_dir):
         pytest.skip("librspreload.so not installed")
     prog = echo_prog(build_dir)
     port = next(_port)
-    e = preload_env(run_env)
-    srv = start([softverbs_run, prog, "server", "127.0.0.1", str(port), "block"], e)
+    srv = start(preloaded(softverbs_run, [prog, "server", "127.0.0.1", str(port), "block"]), run_env)
     cli = None
     try:
         wait_ready(srv, lambda: cm_listening(port))
         # a client that will never finish: far more bytes than it has time for
-        cli = start([softverbs_run, prog, "client", "127.0.0.1", str(port), "100000000000", "poll"], e)
+        cli = start(preloaded(softverbs_run, [prog, "client", "127.0.0.1", str(port), "100000000000", "poll"]),
+                    run_env)
         time.sleep(1.5)
         assert cli.poll() is None, cli.stdout.read()
         os.killpg(cli.pid, signal.SIGKILL)
