@@ -287,6 +287,13 @@ void apply_ctl(rs *s, const ctl_msg &m)
 		v.push_back({m.offset, m.len, m.addr, m.rkey, nullptr});
 }
 
+// What a failed completion means: a reset, unless it is a flush or the
+// peer had already ended its stream (a credit update it no longer takes).
+int broken(const rs *s, ibv_wc_status st)
+{
+	return st == IBV_WC_WR_FLUSH_ERR || s->peer_fin ? EPIPE : ECONNRESET;
+}
+
 // Takes what the CQ has.
 void drain_cq(rs *s)
 {
@@ -302,10 +309,7 @@ void drain_cq(rs *s)
 			if (w.opcode & IBV_WC_RECV) {
 				int slot = static_cast<int>(w.wr_id);
 				if (w.status != IBV_WC_SUCCESS) {
-					if (w.status != IBV_WC_WR_FLUSH_ERR)
-						lost(s, ECONNRESET);
-					else
-						lost(s, EPIPE);
+					lost(s, broken(s, w.status));
 					continue;
 				}
 				uint32_t imm = (w.wc_flags & IBV_WC_WITH_IMM) ? ntohl(w.imm_data) : 0;
@@ -333,7 +337,7 @@ void drain_cq(rs *s)
 					s->sq_kinds.pop_front();
 				}
 				if (w.status != IBV_WC_SUCCESS)
-					lost(s, w.status == IBV_WC_WR_FLUSH_ERR ? EPIPE : ECONNRESET);
+					lost(s, broken(s, w.status));
 			}
 		}
 	}
@@ -372,8 +376,8 @@ int post_send(rs *s, int slot, uint32_t len, uint32_t imm, uint64_t raddr = 0, u
 // Gives credits back with an empty message once half the window is owed.
 void maybe_credit(rs *s, bool force)
 {
-	if (!s->id || !s->id->qp || s->peer_gone || s->state != st::connected)
-		return;
+	if (!s->id || !s->id->qp || s->peer_gone || s->peer_fin || s->state != st::connected)
+		return;  // (after the peer's end of stream it sends no more data)
 	if (s->owed == 0 || (!force && s->owed < kCredits / 2) || s->sq_out >= kSqDepth)
 		return;
 	if (!post_send(s, 0, 0, static_cast<uint32_t>(s->owed)))
@@ -517,12 +521,12 @@ short ready(rs *s, short events)
 		// once nothing is left to read, or a broken connection.
 		if (s->peer_fin || s->peer_gone)
 			r |= POLLRDHUP;
-		if (s->peer_gone && ((!s->peer_fin && s->rxq.empty()) || s->conn_err == ECONNRESET))
+		if (s->peer_gone && s->rxq.empty() && (!s->peer_fin || s->conn_err == ECONNRESET))
 			r |= POLLHUP;
 		if (s->wr_shut || s->peer_gone ||
 		    (s->tx_credits > 0 && s->slots_used < kSendSlots && s->sq_out < kSqDepth))
 			r |= POLLOUT;
-		if (s->peer_gone && s->conn_err == ECONNRESET)
+		if (s->peer_gone && s->conn_err == ECONNRESET && s->rxq.empty())
 			r |= POLLERR;
 		break;
 	case st::error:
