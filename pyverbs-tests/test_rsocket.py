@@ -161,10 +161,11 @@ def check_strace(path, what):
     assert not big, f"{what}: payload through a syscall:\n" + "\n".join(big[:10])
 
 
-@pytest.mark.parametrize("srv_mode,cli_mode,size", [("block", "poll", 3_000_000),
-                                                    ("poll", "select", 1_000_000),
-                                                    ("block", "poll", 1)])
-def test_preload_echo(link, run_env, softverbs_run, build_dir, tmp_path, srv_mode, cli_mode, size):
+@pytest.mark.parametrize("srv_mode,cli_mode,size,addr", [("block", "poll", 3_000_000, "127.0.0.1"),
+                                                         ("poll", "select", 1_000_000, "127.0.0.1"),
+                                                         ("block", "poll", 1, "127.0.0.1"),
+                                                         ("poll", "poll", 500_000, "::1")])
+def test_preload_echo(link, run_env, softverbs_run, build_dir, tmp_path, srv_mode, cli_mode, size, addr):
     """A TCP echo under librspreload: both sides traced, the stream checked
     byte by byte by the client, its checksum matched by the server."""
     need("strace")
@@ -174,9 +175,9 @@ def test_preload_echo(link, run_env, softverbs_run, build_dir, tmp_path, srv_mod
     port = next(_port)
     st, ct = tmp_path / "server.strace", tmp_path / "client.strace"
     res = pair(preloaded(softverbs_run, ["strace", "-o", str(st)] + STRACE[1:] +
-                         [prog, "server", "127.0.0.1", str(port), srv_mode]),
+                         [prog, "server", addr, str(port), srv_mode]),
                preloaded(softverbs_run, ["strace", "-o", str(ct)] + STRACE[1:] +
-                         [prog, "client", "127.0.0.1", str(port), str(size), cli_mode]),
+                         [prog, "client", addr, str(port), str(size), cli_mode]),
                run_env, lambda: cm_listening(port), timeout=TIMEOUT)
     sout, cout = check_pair(res, "sv_rs_echo")
     ms = re.search(r"server bytes=(\d+) sum=(\w+)", sout)
