@@ -380,6 +380,70 @@ def test_errors(link, env):
     }, r
 
 
+def test_threads(link, env):
+    """One rsocket used by two threads at once (a blocking rsend of 20 MB
+    and a blocking rrecv of its echo), the echo made by a third thread on
+    the accepted socket, all in one process: every byte comes back and no
+    thread is left blocked."""
+    port = next(_port)
+    code = ('''
+import threading
+a, alen = sin("127.0.0.1", PORT)
+l = sock()
+assert rs.rbind(l, a, alen) == 0
+assert rs.rlisten(l, 1) == 0
+c = sock()
+res = {}
+def conn():
+    res["c"] = rs.rconnect(c, a, alen)
+t = threading.Thread(target=conn); t.start()
+acc = rs.raccept(l, None, None)
+t.join()
+assert res["c"] == 0 and acc >= 0
+N = 20_000_000
+data = os.urandom(1 << 20)
+def sender():
+    sent = 0
+    while sent < N:
+        n = min(len(data), N - sent)
+        r = rs.rsend(c, data[:n], n, 0)
+        assert r > 0, err(r)
+        sent += r
+    rs.rshutdown(c, socket.SHUT_WR)
+def echo():
+    b = ctypes.create_string_buffer(1 << 20)
+    while True:
+        n = rs.rrecv(acc, b, 1 << 20, 0)
+        assert n >= 0, err(n)
+        if n == 0:
+            break
+        off = 0
+        while off < n:
+            r = rs.rsend(acc, b.raw[off:n], n - off, 0)
+            assert r > 0, err(r)
+            off += r
+    rs.rclose(acc)
+got = [0]
+def receiver():
+    b = ctypes.create_string_buffer(1 << 20)
+    while True:
+        n = rs.rrecv(c, b, 1 << 20, 0)
+        assert n >= 0, err(n)
+        if n == 0:
+            break
+        got[0] += n
+ts = [threading.Thread(target=f) for f in (sender, echo, receiver)]
+t0 = time.monotonic()
+for t in ts: t.start()
+for t in ts: t.join(120)
+alive = [t.is_alive() for t in ts]
+print(json.dumps({"got": got[0], "alive": alive}), flush=True)
+os._exit(0)  # a thread left blocked must not hold the exit
+''').replace("PORT", str(port))
+    r = rs_child(code, env, timeout=TIMEOUT)
+    assert r == {"got": 20_000_000, "alive": [False, False, False]}, r
+
+
 # --------------------------------------------------- a killed peer ---
 
 PEER = r'''
