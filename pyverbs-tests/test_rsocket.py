@@ -132,6 +132,30 @@ def test_rstream_sockets_baseline(run_env, softverbs_run):
     check_pair(res, "rstream -T s")
 
 
+def test_rcopy(link, run_env, softverbs_run, tmp_path):
+    """rcopy: a 5 MB file of random bytes to an rcopy server, compared."""
+    need("rcopy")
+    port = next(_port)
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(os.urandom(5_000_000))
+    srv = start([softverbs_run, "rcopy", "-p", str(port)], run_env)
+    try:
+        wait_ready(srv, lambda: cm_listening(port))
+        p = svtest.run([softverbs_run, "rcopy", str(src), f"127.0.0.1:{dst}", "-p", str(port)],
+                       run_env, timeout=TIMEOUT)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "5000000 bytes" in p.stdout, p.stdout
+        # the server has finished once it waits for the next connection
+        deadline = time.monotonic() + 30
+        while (not dst.exists() or dst.stat().st_size < 5_000_000) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dst.read_bytes() == src.read_bytes()
+    finally:
+        kill_group(srv)
+        out = srv.stdout.read() if srv.stdout else ""
+    assert "5000000 bytes" in out and "done" in out, out
+
+
 # ------------------------------------------------------- librspreload ---
 
 def preloaded(softverbs_run, argv):
