@@ -27,6 +27,7 @@
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,6 +53,13 @@ int fail(int e)
 {
 	errno = e;
 	return -1;
+}
+
+// The library's own sockets come from the system call, not socket(): under
+// librspreload, socket() first offers every new socket to rsocket().
+int raw_socket(int domain, int type, int protocol)
+{
+	return static_cast<int>(syscall(SYS_socket, domain, type, protocol));
 }
 
 // ---------------------------------------------------------------- wire ---
@@ -324,7 +332,7 @@ bool ip_is_local(const sockaddr *a)
 		return false;
 	if (is_any(a))
 		return true;
-	int s = socket(a->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	int s = raw_socket(a->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (s < 0)
 		return false;
 	sockaddr_storage ss{};
@@ -1129,7 +1137,7 @@ int bind_name_locked(cm_id *p, const sockaddr *addr)
 	sockaddr_storage ss{};
 	memcpy(&ss, addr, addr_len(addr));
 	auto *sa = reinterpret_cast<sockaddr *>(&ss);
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int fd = raw_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return errno;
 	uint16_t port = get_port(sa);
@@ -1270,7 +1278,7 @@ int connect_listener_once(cm_id *p, const sockaddr *dst)
 	else
 		names = {names[0], "anyib"};
 	for (const std::string &n : names) {
-		int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		int fd = raw_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 		if (fd < 0)
 			return -errno;
 		socklen_t len;
