@@ -851,3 +851,114 @@ def test_connect_without_qp_disconnect_timewait(env):
                  "RDMA_CM_EVENT_ESTABLISHED",
                  ["RDMA_CM_EVENT_DISCONNECTED", "RDMA_CM_EVENT_DISCONNECTED",
                   "RDMA_CM_EVENT_TIMEWAIT_EXIT", "RDMA_CM_EVENT_TIMEWAIT_EXIT"]]
+
+
+def registry_in_use(fabric):
+    """In-use records of the fabric's registry: QPs, MRs, and the objects
+    (CQ, RQ, SRQ, service ring) by kind, read from the segment."""
+    import mmap
+    import softverbs_fabric
+    L = softverbs_fabric.layout()
+    f = softverbs_fabric.fabric(fabric)
+    with open(f["path"], "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+        try:
+            def u32(off):
+                return int.from_bytes(m[off:off + 4], "little")
+            qps = sum(1 for i in range(L["max_qps"])
+                      if u32(L["reg.qps"] + i * L["qp.size"] + L["qp.in_use"]))
+            mrs = sum(1 for i in range(L["max_mrs"])
+                      if u32(L["reg.mrs"] + i * L["mr.size"] + L["mr.state"]))
+            objs = {}
+            names = {L[k]: k[4:] for k in ("OBJ_CQ", "OBJ_RQ", "OBJ_SRQ", "OBJ_SVC")}
+            for i in range(L["max_objs"]):
+                base = L["reg.objs"] + i * L["obj.size"]
+                if u32(base + L["obj.in_use"]):
+                    kind = names.get(u32(base + L["obj.kind"]), "other")
+                    objs[kind] = objs.get(kind, 0) + 1
+        finally:
+            m.close()
+    return {"qps": qps, "mrs": mrs, "objs": objs, "live_leases": f["live_leases"]}
+
+
+MANY = 1000
+
+
+def test_many_connections_leak_nothing(link, env, fabric, build_dir):
+    """A thousand RC connections through rdma_cm, one after the other
+    (tests/progs/sv_cm_many.c): each carries one message each way with its
+    sequence number, payload and checksum checked, is disconnected, and all
+    its objects destroyed.  Afterwards neither side has more fds open than
+    after its first connection, nor the fabric more segments; with both
+    processes still alive the registry holds no QP, MR, CQ or RQ; after
+    they exit no lease is live and only the registry segment is left."""
+    prog = build_dir / "tests" / "progs" / "sv_cm_many"
+    if not prog.exists():
+        pytest.skip("sv_cm_many not built (librdmacm-dev missing)")
+    port = next(_port)
+    prefix = f"{svtest.segment_prefix()}{fabric}"
+    procs = []
+
+    def done_line(p, what):
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("DONE "):
+                return line
+        raise AssertionError(f"{what} ended without DONE (rc {p.wait()}):\n{''.join(lines)}")
+
+    try:
+        t0 = time.monotonic()
+        srv = subprocess.Popen([str(prog), "server", "127.0.0.1", str(port), str(MANY), prefix],
+                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(srv)
+        assert srv.stdout.readline().strip() == "LISTENING"
+        cli = subprocess.Popen([str(prog), "client", "127.0.0.1", str(port), str(MANY), prefix],
+                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(cli)
+        import threading
+        timer = threading.Timer(180, lambda: [kill_group(p) for p in procs])
+        timer.start()
+        try:
+            cdone = done_line(cli, "client")
+            sdone = done_line(srv, "server")
+        finally:
+            timer.cancel()
+        elapsed = time.monotonic() - t0
+        reg = registry_in_use(fabric)
+        segs_alive = sorted(os.listdir("/dev/shm"))
+        for p in (cli, srv):
+            p.stdin.close()
+        rest = []
+        for p in (cli, srv):
+            rest.append(p.stdout.read())
+            p.wait(timeout=30)
+        assert cli.returncode == 0 and srv.returncode == 0, rest
+    finally:
+        for p in procs:
+            kill_group(p)
+    pat = re.compile(r"DONE conns=(\d+) fds=(\d+)/(\d+)/(\d+)/(\d+) "
+                     r"shm=(\d+)/(\d+)/(\d+)/(\d+) ms=(\d+)")
+    for what, line in (("client", cdone), ("server", sdone)):
+        m = pat.match(line)
+        assert m, line
+        conns, f0, f1, f2, f3, s0, s1, s2, s3, ms = map(int, m.groups())
+        assert conns == MANY, line
+        assert f2 == f1, f"{what} leaked {f2 - f1} fds over {MANY - 1} connections: {line}"
+        assert s2 == s1, f"{what} leaked {s2 - s1} segments over {MANY - 1} connections: {line}"
+        # What the library keeps for the process's life once every id and
+        # channel is gone: the CM thread's epoll and the device contexts.
+        assert f3 - f0 <= 8, f"{what}: {f3 - f0} fds kept after all ids are gone: {line}"
+    # Both alive, every id destroyed: only each context's service ring left.
+    assert reg["qps"] == 0 and reg["mrs"] == 0, reg
+    assert set(reg["objs"]) <= {"SVC"}, reg
+    assert reg["live_leases"] == 2, reg
+    import softverbs_fabric
+    f = softverbs_fabric.fabric(fabric)
+    assert f["live_leases"] == 0, f["leases"]
+    left = sorted(s for s in os.listdir("/dev/shm") if s.startswith(prefix))
+    assert left == [prefix], (left, [s for s in segs_alive if s.startswith(prefix)])
+    assert elapsed < 120, f"{MANY} connections took {elapsed:.1f} s"
+    print(cdone, sdone, reg, f"{elapsed:.1f} s")
