@@ -73,7 +73,7 @@ enum msg_type : uint8_t {
 // Private data limits of the IB CM less the rdma_cm header, as the kernel's.
 constexpr int kReqPdata = 56, kRepPdata = 196, kRejPdata = 148;
 constexpr int kSidrReqPdata = 180, kSidrRepPdata = 136;
-constexpr int kRejInvalidServiceId = 8, kRejConsumer = 28;
+constexpr int kRejInvalidServiceId = 8, kRejConsumer = 28, kRejVendorOptionNotSupported = 35;
 
 struct wire_msg {
 	uint32_t magic;
@@ -1528,6 +1528,63 @@ SV_API int rdma_resolve_route(rdma_cm_id *id, int timeout_ms)
 	return 0;
 }
 
+namespace {
+// A new QP's ECE: the id's local ECE becomes the QP's; on the passive side
+// (a REQ with ECE came) the QP is told the peer's options, or none if the
+// peer is of another vendor.  A provider without ECE (EOPNOTSUPP) is no
+// error: the id then has none.
+int ece_on_new_qp(cm_id *p, ibv_qp *qp)
+{
+	ibv_ece e{};
+	int r = ibv_query_ece(qp, &e);
+	if (r && r != EOPNOTSUPP)
+		return r;
+	p->local_ece.vendor_id = r ? 0 : e.vendor_id;
+	p->local_ece.options = r ? 0 : e.options;
+	if (!p->remote_ece.vendor_id || r)
+		return 0;
+	ibv_ece want{};
+	want.vendor_id = p->local_ece.vendor_id;
+	if (p->remote_ece.vendor_id == p->local_ece.vendor_id)
+		want.options = p->remote_ece.options;
+	r = ibv_set_ece(qp, &want);
+	if (r && r != EOPNOTSUPP)
+		return r;
+	// What the QP will use is what the REP offers back.
+	if (!ibv_query_ece(qp, &e))
+		p->local_ece.options = e.options;
+	return 0;
+}
+
+// The active side's QP when the REP comes: its options are those the REP
+// answered (none if the peer has no ECE); a REP naming another vendor than
+// the REQ's is a broken handshake (EINVAL).
+int ece_on_rep(cm_id *p)
+{
+	ibv_ece want{};
+	if (!p->remote_ece.vendor_id) {
+		if (!p->local_ece.vendor_id)
+			return 0;
+		want.vendor_id = p->local_ece.vendor_id;
+	} else if (p->remote_ece.vendor_id != p->local_ece.vendor_id) {
+		return EINVAL;
+	} else {
+		want = p->remote_ece;
+		want.comp_mask = 0;
+	}
+	int r = ibv_set_ece(p->id.qp, &want);
+	if (r && r != EOPNOTSUPP)
+		return r;
+	ibv_ece e{};
+	r = ibv_query_ece(p->id.qp, &e);
+	if (r && r != EOPNOTSUPP)
+		return r;
+	p->local_ece.options = r ? 0 : e.options;
+	return 0;
+}
+
+} // namespace
+
 SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
 {
 	if (!id || !attr)
@@ -1568,7 +1625,9 @@ SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
 		return fail(e);
 	}
 	p->id.qp = qp;
-	int e = modify_locked(p, IBV_QPS_INIT);
+	int e = ece_on_new_qp(p, qp);
+	if (!e)
+		e = modify_locked(p, IBV_QPS_INIT);
 	if (!e && a.qp_type == IBV_QPT_UD) {
 		e = modify_locked(p, IBV_QPS_RTR);
 		if (!e)
@@ -1808,6 +1867,8 @@ SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 					return fail(e);
 			}
 			m.qpn = p->id.qp ? p->id.qp->qp_num : (conn_param ? conn_param->qp_num : 0);
+			// The REP answers the REQ's vendor with our options, as the kernel's.
+			m.ece_vendor = p->remote_ece.vendor_id;
 			m.psn = p->psn;
 			m.qkey = RDMA_UDP_QKEY;
 			m.resp_res = p->resp_res;
@@ -1833,7 +1894,8 @@ SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 	return 0;
 }
 
-SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+namespace {
+int reject_with(rdma_cm_id *id, const void *private_data, uint8_t private_data_len, uint32_t reason)
 {
 	if (!id)
 		return fail(EINVAL);
@@ -1845,17 +1907,25 @@ SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private
 	if (check_pdata(private_data, private_data_len, ud ? kSidrRepPdata : kRejPdata))
 		return fail(EINVAL);
 	wire_msg m = base_msg(p, ud ? M_SIDR_REP : M_REJ);
-	m.status = ud ? 1 : kRejConsumer;
+	m.status = ud ? 1 : reason;
 	put_pdata(m, private_data, private_data_len);
 	send_msg(p->conn_fd, m);
 	close_conn(p);
 	p->state = st::rejected;
 	return 0;
 }
+} // namespace
 
+SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+	return reject_with(id, private_data, private_data_len, kRejConsumer);
+}
+
+// The REJ's reason is the IB CM's "vendor option not supported" (35): the
+// peer's REJECTED has status 35.
 SV_API int rdma_reject_ece(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
 {
-	return rdma_reject(id, private_data, private_data_len);
+	return reject_with(id, private_data, private_data_len, kRejVendorOptionNotSupported);
 }
 
 SV_API int rdma_notify(rdma_cm_id *id, ibv_event_type event)
@@ -1940,7 +2010,9 @@ SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
 		if (p->req_event == e)
 			p->req_event = nullptr;
 		if (e->conn_resp && p->id.qp && p->state == st::rep_rcvd) {
-			int err = modify_locked(p, IBV_QPS_RTR);
+			int err = ece_on_rep(p);
+			if (!err)
+				err = modify_locked(p, IBV_QPS_RTR);
 			if (!err)
 				err = modify_locked(p, IBV_QPS_RTS);
 			wire_msg m = base_msg(p, err ? M_REJ : M_RTU);
@@ -2479,22 +2551,32 @@ SV_API int rdma_leave_multicast(rdma_cm_id *id, sockaddr *addr)
 }
 
 // ----------------------------------------------------------------- ECE ---
-// Carried in REQ and REP: what rdma_set_local_ece sets, the peer reads.
+// A REQ carries the id's local ECE; a REP the vendor of the REQ's and the
+// passive side's options.  Ids with a QP take theirs from the QP
+// (ibv_query_ece, in rdma_create_qp) and agree with the peer through
+// ibv_set_ece (ece_on_new_qp, ece_on_rep); ids without one (an external
+// QP) exchange what the user set, for the user to apply.
 
 SV_API int rdma_set_local_ece(rdma_cm_id *id, ibv_ece *ece)
 {
-	if (!id || !ece || ece->comp_mask)
+	if (!id || id->qp || !ece || !ece->vendor_id || ece->comp_mask)
 		return fail(EINVAL);
 	std::lock_guard<std::mutex> lk(G().mu);
-	to_priv(id)->local_ece = *ece;
+	cm_id *p = to_priv(id);
+	p->local_ece.vendor_id = ece->vendor_id;
+	p->local_ece.options = ece->options;
+	p->local_ece.comp_mask = 0;
 	return 0;
 }
 
 SV_API int rdma_get_remote_ece(rdma_cm_id *id, ibv_ece *ece)
 {
-	if (!id || !ece)
+	if (!id || id->qp || !ece)
 		return fail(EINVAL);
 	std::lock_guard<std::mutex> lk(G().mu);
-	*ece = to_priv(id)->remote_ece;
+	cm_id *p = to_priv(id);
+	ece->vendor_id = p->remote_ece.vendor_id;
+	ece->options = p->remote_ece.options;
+	ece->comp_mask = 0;
 	return 0;
 }

@@ -962,3 +962,154 @@ def test_many_connections_leak_nothing(link, env, fabric, build_dir):
     assert left == [prefix], (left, [s for s in segs_alive if s.startswith(prefix)])
     assert elapsed < 120, f"{MANY} connections took {elapsed:.1f} s"
     print(cdone, sdone, reg, f"{elapsed:.1f} s")
+
+
+ECE_CTYPES = r'''
+    class Ece(ctypes.Structure):
+        _fields_ = [("vendor_id", ctypes.c_uint32), ("options", ctypes.c_uint32),
+                    ("comp_mask", ctypes.c_uint32)]
+    for f in ("rdma_set_local_ece", "rdma_get_remote_ece", "rdma_reject_ece"):
+        getattr(cm, f).restype = ctypes.c_int
+    def ece(e):
+        return [e.vendor_id, e.options, e.comp_mask]
+    def pair(ch):
+        """A listener on 127.0.0.1 and an id with its route resolved to it."""
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = new_id(ch)
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_ADDR_RESOLVED"
+        assert cm.rdma_resolve_route(c, 1000) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_ROUTE_RESOLVED"
+        return l, c
+'''
+
+
+def test_ece_carried_in_req_and_rep(env):
+    """Ids without QPs (an external QP's case): the passive side reads the
+    REQ's ECE with rdma_get_remote_ece, the active side the REP's (the
+    REQ's vendor, the passive side's options); rdma_set_local_ece refuses
+    vendor 0, a comp_mask, and ids with a QP, as rdma-core's does."""
+    r, _ = cm_child(textwrap.dedent(ECE_CTYPES) + textwrap.dedent('''
+        ch = cm.rdma_create_event_channel()
+        l, c = pair(ch)
+        out = {}
+        out["vendor0"] = err(cm.rdma_set_local_ece(c, ctypes.byref(Ece(0, 1, 0))))
+        out["mask"] = err(cm.rdma_set_local_ece(c, ctypes.byref(Ece(0x1234, 1, 1))))
+        out["null"] = err(cm.rdma_set_local_ece(c, None))
+        assert cm.rdma_set_local_ece(c, ctypes.byref(Ece(0x1234, 0xabcd0001, 0))) == 0
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        assert ev[0] == "RDMA_CM_EVENT_CONNECT_REQUEST", ev
+        child = P(ev[2])
+        got = Ece(7, 7, 7)
+        assert cm.rdma_get_remote_ece(child, ctypes.byref(got)) == 0
+        out["passive_remote"] = ece(got)
+        assert cm.rdma_set_local_ece(child, ctypes.byref(Ece(0x1234, 0x5678, 0))) == 0
+        a = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x222)
+        assert cm.rdma_accept(child, ctypes.byref(a)) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_CONNECT_RESPONSE"
+        got = Ece(7, 7, 7)
+        assert cm.rdma_get_remote_ece(c, ctypes.byref(got)) == 0
+        out["active_remote"] = ece(got)
+        for i in (child, c, l):
+            assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    '''), env)
+    assert r == {"vendor0": "EINVAL", "mask": "EINVAL", "null": "EINVAL",
+                 "passive_remote": [0x1234, 0xabcd0001, 0],
+                 "active_remote": [0x1234, 0x5678, 0]}, r
+
+
+def test_ece_with_qps_and_reject_ece(env):
+    """loop0's ECE through verbs: ibv_query_ece gives the device's vendor
+    (0xffffff, as ibv_query_device) and no options; ibv_set_ece refuses
+    vendor 0 (EOPNOTSUPP), another vendor or a comp_mask (EINVAL), and
+    accepts none of the options asked for (loop has none), answering so in
+    the ece.  Ids with QPs connect with it (their ECE taken from the QP);
+    rdma_get_remote_ece and rdma_set_local_ece refuse ids with a QP.  Then
+    rdma_reject_ece: the peer's REJECTED has status 35."""
+    r, _ = cm_child(textwrap.dedent(ECE_CTYPES) + textwrap.dedent('''
+        vb = ctypes.CDLL("libibverbs.so.1", use_errno=True)
+        class QpInit(ctypes.Structure):
+            _fields_ = [("qp_context", P), ("send_cq", P), ("recv_cq", P), ("srq", P),
+                        ("max_send_wr", ctypes.c_uint32), ("max_recv_wr", ctypes.c_uint32),
+                        ("max_send_sge", ctypes.c_uint32), ("max_recv_sge", ctypes.c_uint32),
+                        ("max_inline_data", ctypes.c_uint32), ("qp_type", ctypes.c_int),
+                        ("sq_sig_all", ctypes.c_int)]
+        def qp_of(i):
+            return ctypes.cast(i, ctypes.POINTER(P))[3]   # rdma_cm_id.qp
+        def make_qp(i):
+            a = QpInit(None, None, None, None, 1, 1, 1, 1, 0, 2, 0)   # IBV_QPT_RC
+            assert cm.rdma_create_qp(i, None, ctypes.byref(a)) == 0, err(-1)
+            return P(qp_of(i))
+        ch = cm.rdma_create_event_channel()
+        l, c = pair(ch)
+        out = {}
+        qp = make_qp(c)
+        e = Ece(7, 7, 7)
+        out["query"] = [vb.ibv_query_ece(qp, ctypes.byref(e)), ece(e)]
+        out["set_vendor0"] = vb.ibv_set_ece(qp, ctypes.byref(Ece(0, 1, 0)))
+        out["set_other"] = vb.ibv_set_ece(qp, ctypes.byref(Ece(0x1234, 1, 0)))
+        out["set_mask"] = vb.ibv_set_ece(qp, ctypes.byref(Ece(0xffffff, 1, 1)))
+        e = Ece(0xffffff, 0x3, 0)
+        out["set"] = [vb.ibv_set_ece(qp, ctypes.byref(e)), ece(e)]
+        e = Ece(7, 7, 7)
+        vb.ibv_query_ece(qp, ctypes.byref(e))
+        out["query_after_set"] = ece(e)
+        out["local_with_qp"] = err(cm.rdma_set_local_ece(c, ctypes.byref(Ece(0x1234, 1, 0))))
+        out["remote_with_qp"] = err(cm.rdma_get_remote_ece(c, ctypes.byref(Ece())))
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        child = P(ev[2])
+        e = Ece(7, 7, 7)
+        assert cm.rdma_get_remote_ece(child, ctypes.byref(e)) == 0
+        out["passive_remote"] = ece(e)      # the REQ's: the active QP's
+        cqp = make_qp(child)
+        e = Ece(7, 7, 7)
+        vb.ibv_query_ece(cqp, ctypes.byref(e))
+        out["passive_qp"] = ece(e)
+        a = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0)
+        assert cm.rdma_accept(child, ctypes.byref(a)) == 0
+        out["events"] = sorted(get_event(ch)[0] for _ in range(2))
+        assert cm.rdma_disconnect(c) == 0
+        get_event(ch); get_event(ch)
+        for i in (child, c):
+            cm.rdma_destroy_qp(i)
+            assert cm.rdma_destroy_id(i) == 0
+        # rdma_reject_ece
+        c = new_id(ch)
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        get_event(ch); assert cm.rdma_resolve_route(c, 1000) == 0; get_event(ch)
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        child = P(ev[2])
+        why = ctypes.create_string_buffer(b"no such option")
+        assert cm.rdma_reject_ece(child, why, 14) == 0
+        out["again"] = err(cm.rdma_reject_ece(child, why, 14))
+        evp = ctypes.POINTER(Event)()
+        assert cm.rdma_get_cm_event(P(ch), ctypes.byref(evp)) == 0
+        x = evp.contents
+        out["rejected"] = [cm.rdma_event_str(x.event).decode(), x.status,
+                           ctypes.string_at(x.private_data, 14).decode()]
+        cm.rdma_ack_cm_event(evp)
+        for i in (child, c, l):
+            assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    '''), env)
+    assert r == {
+        "query": [0, [0xffffff, 0, 0]],
+        "set_vendor0": 95, "set_other": 22, "set_mask": 22,   # EOPNOTSUPP, EINVAL
+        "set": [0, [0xffffff, 0, 0]], "query_after_set": [0xffffff, 0, 0],
+        "local_with_qp": "EINVAL", "remote_with_qp": "EINVAL",
+        "passive_remote": [0xffffff, 0, 0], "passive_qp": [0xffffff, 0, 0],
+        "events": ["RDMA_CM_EVENT_ESTABLISHED", "RDMA_CM_EVENT_ESTABLISHED"],
+        "again": "EINVAL",
+        "rejected": ["RDMA_CM_EVENT_REJECTED", 35, "no such option"],
+    }, r
