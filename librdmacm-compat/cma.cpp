@@ -2171,20 +2171,31 @@ SV_API int rdma_migrate_id(rdma_cm_id *id, rdma_event_channel *channel)
 		return -1;
 	G().cv.wait(lk, [p] { return p->reported == p->acked; });
 	channel_priv *from = p->chan;
-	// Queued events of the id move with it.
-	for (event_priv *e : from->q) {
-		if (e->dead || e->about != p || e->counted != p)
+	if (from == to)
+		return 0;
+	// Queued events of the id move with it, as the kernel's: those it counts
+	// (a listener's CONNECT_REQUESTs too).  The event itself moves (a child
+	// points at its CONNECT_REQUEST); a dead entry takes its place, which
+	// the old channel's counter still counts.
+	for (event_priv *&slot : from->q) {
+		event_priv *e = slot;
+		if (e->dead || e->counted != p)
 			continue;
-		auto *n = new event_priv(*e);
-		if (n->ev.param.conn.private_data)
-			n->ev.param.conn.private_data = n->pdata;
-		e->dead = true;
-		push_event(to, n);
+		auto *dead = new event_priv;
+		dead->dead = true;
+		slot = dead;
+		push_event(to, e);
 	}
 	bool was_sync = p->sync;
 	p->chan = to;
 	p->id.channel = &to->ch;
 	p->sync = !channel;
+	// A synchronous id's private channel goes with it, unless ids it made
+	// (a listener's children) still use it.
+	if (was_sync)
+		for (auto &kv : G().ids)
+			if (kv.second->chan == from)
+				was_sync = false;
 	if (was_sync) {
 		for (event_priv *e : from->q)
 			delete e;

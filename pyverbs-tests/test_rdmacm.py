@@ -1113,3 +1113,123 @@ def test_ece_with_qps_and_reject_ece(env):
         "again": "EINVAL",
         "rejected": ["RDMA_CM_EVENT_REJECTED", 35, "no such option"],
     }, r
+
+
+def test_migrate_id(env):
+    """rdma_migrate_id: an id moved to another channel gets its events there
+    and only there, its queued events (a listener's CONNECT_REQUEST too)
+    move with it; the call waits until the id's retrieved events are
+    acked; NULL makes the id synchronous; a NULL id is EINVAL."""
+    r, _ = cm_child('''
+        import fcntl, threading, time
+        def nonblock(ch):
+            fd = ctypes.cast(ch, ctypes.POINTER(ctypes.c_int))[0]
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        def drain(ch):
+            """Names of the events waiting on ch, without blocking."""
+            got = []
+            while True:
+                ev = ctypes.POINTER(Event)()
+                if cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) != 0:
+                    assert ctypes.get_errno() == errno.EAGAIN, err(-1)
+                    return got
+                got.append(cm.rdma_event_str(ev.contents.event).decode())
+                cm.rdma_ack_cm_event(ev)
+        def wait_one(ch, timeout=10):
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                ev = ctypes.POINTER(Event)()
+                if cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) == 0:
+                    e = ev.contents
+                    r = (cm.rdma_event_str(e.event).decode(), e.status, e.id)
+                    cm.rdma_ack_cm_event(ev)
+                    return r
+                assert ctypes.get_errno() == errno.EAGAIN, err(-1)
+                time.sleep(0.01)
+            raise AssertionError("no event")
+        cm.rdma_create_event_channel.restype = P
+        ch1, ch2 = cm.rdma_create_event_channel(), cm.rdma_create_event_channel()
+        nonblock(ch1); nonblock(ch2)
+        out = {"null_id": err(cm.rdma_migrate_id(None, P(ch2)))}
+        l = new_id(ch1)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = new_id(ch1)
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        # ADDR_RESOLVED waits on ch1: it moves with the id.
+        time.sleep(0.1)
+        assert cm.rdma_migrate_id(c, P(ch2)) == 0
+        out["id_channel"] = ctypes.cast(c, ctypes.POINTER(P))[1] == ch2
+        out["queued_moved"] = [drain(ch1), wait_one(ch2)[0]]
+        assert cm.rdma_resolve_route(c, 1000) == 0
+        out["route"] = wait_one(ch2)[0]
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        # The CONNECT_REQUEST, queued on ch1 for the listener, moves with it.
+        time.sleep(0.1)
+        assert cm.rdma_migrate_id(l, P(ch2)) == 0
+        ev = wait_one(ch2)
+        out["req"] = [ev[0], drain(ch1)]
+        child = P(ev[2])
+        a = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x222)
+        assert cm.rdma_accept(child, ctypes.byref(a)) == 0
+        out["connect_response"] = wait_one(ch2)[0]
+        # The child (on ch2 with its listener) goes to ch1: its ESTABLISHED
+        # comes there, c's stays on ch2.
+        assert cm.rdma_migrate_id(child, P(ch1)) == 0
+        assert cm.rdma_establish(c) == 0
+        ev = wait_one(ch1)
+        out["child_est"] = [ev[0], ev[2] == child.value]
+        assert cm.rdma_disconnect(c) == 0
+        evs = [wait_one(ch1), wait_one(ch2)]
+        out["disc"] = [[e[0], e[2] == i.value] for e, i in zip(evs, (child, c))]
+        time.sleep(0.2)
+        out["left"] = [drain(ch1), drain(ch2)]
+        # Migrating waits until the id's retrieved events are acked.
+        assert cm.rdma_migrate_id(c, P(ch1)) == 0
+        held = {}
+        deadline = time.monotonic() + 5
+        while len(held) < 2:   # both TIMEWAIT_EXITs (1 s after), now both on ch1
+            ev = ctypes.POINTER(Event)()
+            if cm.rdma_get_cm_event(P(ch1), ctypes.byref(ev)) == 0:
+                held[ev.contents.id] = ev
+                continue
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        cm.rdma_ack_cm_event(held[child.value])
+        ev = held[c.value]
+        timewait = [cm.rdma_event_str(ev.contents.event).decode(), ev.contents.id]
+        done = []
+        t = threading.Thread(target=lambda: done.append(cm.rdma_migrate_id(c, P(ch2))))
+        t.start()
+        time.sleep(0.3)
+        out["blocked_until_ack"] = [timewait[0], timewait[1] == c.value, not done]
+        cm.rdma_ack_cm_event(ev)
+        t.join(5)
+        out["after_ack"] = done
+        # NULL: the id becomes synchronous, its own channel.
+        s = new_id(ch1)
+        assert cm.rdma_migrate_id(s, None) == 0
+        own = ctypes.cast(s, ctypes.POINTER(P))[1]
+        out["sync_channel"] = own not in (ch1, ch2, None)
+        out["sync_resolve"] = err(cm.rdma_resolve_addr(s, None, sin("127.0.0.1", port), 1000))
+        out["sync_left"] = drain(ch1)
+        for i in (s, child, c, l):
+            assert cm.rdma_destroy_id(i) == 0
+        cm.rdma_destroy_event_channel(P(ch1)); cm.rdma_destroy_event_channel(P(ch2))
+        print(json.dumps(out))
+    ''', env)
+    assert r == {
+        "null_id": "EINVAL", "id_channel": True,
+        "queued_moved": [[], "RDMA_CM_EVENT_ADDR_RESOLVED"],
+        "route": "RDMA_CM_EVENT_ROUTE_RESOLVED",
+        "req": ["RDMA_CM_EVENT_CONNECT_REQUEST", []],
+        "connect_response": "RDMA_CM_EVENT_CONNECT_RESPONSE",
+        "child_est": ["RDMA_CM_EVENT_ESTABLISHED", True],
+        "disc": [["RDMA_CM_EVENT_DISCONNECTED", True], ["RDMA_CM_EVENT_DISCONNECTED", True]],
+        "left": [[], []],
+        "blocked_until_ack": ["RDMA_CM_EVENT_TIMEWAIT_EXIT", True, True],
+        "after_ack": [0],
+        "sync_channel": True, "sync_resolve": 0, "sync_left": [],
+    }, r
