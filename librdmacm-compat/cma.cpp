@@ -173,6 +173,9 @@ struct cm_id {
 	int64_t timewait_ms = 0; // TIMEWAIT_EXIT due then
 	uint8_t tos = 0, ack_timeout = 14;
 	int afonly = 0, reuseaddr = 0;
+	bool afonly_set = false; // RDMA_OPTION_ID_AFONLY given: else the family's default
+	int own_fd = -1;          // the port-owner marker (see check_port)
+	bool unnamed = false;     // bound beside a reuseaddr twin: takes the name at listen
 	bool own_cqs = false;
 	ibv_qp_init_attr_ex *ep_qp_attr = nullptr; // rdma_create_ep's, for rdma_get_request
 	ibv_ece local_ece{}, remote_ece{};
@@ -729,6 +732,8 @@ bool valid_type_for(st s, uint8_t t)
 	}
 }
 
+bool effective_afonly(const cm_id *p, int family);
+
 void on_request(cm_id *p, const wire_msg &m)
 {
 	cm_id *l = p->listener;
@@ -737,7 +742,11 @@ void on_request(cm_id *p, const wire_msg &m)
 	name[sizeof(m.dev)] = 0;
 	dev_entry *d = dev_by_name(name);
 	port_pick pk;
-	if (!l || !d || m.port < 1 || m.port > d->attr.phys_port_cnt || !fill_port(d, m.port, pk)) {
+	// An IPv6 wildcard listener takes IPv4 connects unless it is AFONLY.
+	bool v4_to_v6only = l && l->id.route.addr.src_addr.sa_family == AF_INET6 &&
+			    m.dst.ss_family == AF_INET && effective_afonly(l, AF_INET6);
+	if (!l || !d || v4_to_v6only || m.port < 1 || m.port > d->attr.phys_port_cnt ||
+	    !fill_port(d, m.port, pk)) {
 		wire_msg r = base_msg(p, m.type == M_REQ ? M_REJ : M_SIDR_REP);
 		r.status = m.type == M_REQ ? kRejInvalidServiceId : 2;
 		send_msg(p->conn_fd, r);
@@ -1092,6 +1101,10 @@ void destroy_locked(cm_id *p)
 		close(p->bind_fd);
 		p->bind_fd = -1;
 	}
+	if (p->own_fd >= 0) {
+		close(p->own_fd);
+		p->own_fd = -1;
+	}
 	// Children the user never saw (or whose request is still queued) go
 	// with their listener; peers see the socket close.
 	for (cm_id *c : std::vector<cm_id *>(p->children)) {
@@ -1124,6 +1137,215 @@ void destroy_locked(cm_id *p)
 	delete p;
 }
 
+// ------------------------------------------------------ port ownership ---
+// The kernel's rules for ids bound to one port of a port space
+// (cma_check_port): a bind conflicts with every other owner of the port
+// unless both have REUSEADDR, or both are AFONLY and of different
+// families; a wildcard and anything else then conflict (EADDRNOTAVAIL), as
+// do two binds of one address (EADDRINUSE).  A listener has no REUSEADDR.
+// IPv4 ids are AFONLY unless told otherwise, IPv6 ids as
+// net.ipv6.bindv6only (0: an IPv6 wildcard takes IPv4 too).
+//
+// Every owner, in any process, holds a marker socket named
+//   softverbs-cm/<uid>/<fabric>/<ps>/o/<port>/<family><flags>/<address hash>/<random>
+// (flags: r reuseaddr, a afonly, w wildcard); a bind reads the markers of
+// its port from /proc/net/unix under a per-port lock socket.
+
+bool effective_afonly(const cm_id *p, int family)
+{
+	if (p->afonly_set)
+		return p->afonly != 0;
+	if (family == AF_INET)
+		return true;
+	if (family == AF_INET6) {
+		static int v6only = [] {
+			int v = 0;
+			if (FILE *f = fopen("/proc/sys/net/ipv6/bindv6only", "r")) {
+				if (fscanf(f, "%d", &v) != 1)
+					v = 0;
+				fclose(f);
+			}
+			return v;
+		}();
+		return v6only != 0;
+	}
+	return false;
+}
+
+char family_char(int family)
+{
+	return family == AF_INET ? '4' : family == AF_INET6 ? '6' : 'b';
+}
+
+std::string owner_prefix(int ps, uint16_t port)
+{
+	char buf[160];
+	snprintf(buf, sizeof(buf), "softverbs-cm/%u/%s/%x/o/%u/", static_cast<unsigned>(getuid()),
+		 G().fabric_key.c_str(), ps, port);
+	return buf;
+}
+
+uint64_t addr_hash(const std::string &text)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (unsigned char c : text)
+		h = (h ^ c) * 1099511628211ull;
+	return h;
+}
+
+struct owner {
+	char family;
+	bool reuse, afonly, any;
+	std::string hash;
+};
+
+std::vector<owner> list_owners(int ps, uint16_t port, const std::string &except)
+{
+	std::vector<owner> out;
+	std::string want = "@" + owner_prefix(ps, port);
+	FILE *f = fopen("/proc/net/unix", "r");
+	if (!f)
+		return out;
+	char line[512];
+	while (fgets(line, sizeof(line), f)) {
+		char *at = strstr(line, want.c_str());
+		if (!at)
+			continue;
+		at[strcspn(at, "\n")] = 0;
+		std::string rest = at + want.size(); // <family><flags>/<hash>/<random>
+		if (rest.size() < 5 || rest[4] != '/' || except == at + 1)
+			continue;
+		owner o;
+		o.family = rest[0];
+		o.reuse = rest[1] == 'r';
+		o.afonly = rest[2] == 'a';
+		o.any = rest[3] == 'w';
+		o.hash = rest.substr(5, rest.find('/', 5) - 5);
+		out.push_back(o);
+	}
+	fclose(f);
+	return out;
+}
+
+// The marker's name for p bound to sa (without the leading NUL).
+std::string owner_name(const cm_id *p, const sockaddr *sa, bool reuse)
+{
+	char buf[200];
+	snprintf(buf, sizeof(buf), "%s%c%c%c%c/%016llx/%08x", owner_prefix(p->id.ps, get_port(sa)).c_str(),
+		 family_char(sa->sa_family), reuse ? 'r' : '-',
+		 effective_afonly(p, sa->sa_family) ? 'a' : '-', is_any(sa) ? 'w' : '-',
+		 static_cast<unsigned long long>(addr_hash(addr_text(sa))), rand24() << 8 | (rand24() & 0xff));
+	return buf;
+}
+
+int bind_abstract(int fd, const std::string &name)
+{
+	sockaddr_un un{};
+	un.sun_family = AF_UNIX;
+	if (name.size() + 1 >= sizeof(un.sun_path))
+		return ENAMETOOLONG;
+	memcpy(un.sun_path + 1, name.data(), name.size());
+	socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+	return bind(fd, reinterpret_cast<sockaddr *>(&un), len) ? errno : 0;
+}
+
+// Name of p's marker now, for list_owners to skip.
+std::string own_marker(const cm_id *p)
+{
+	if (p->own_fd < 0)
+		return "";
+	sockaddr_un un{};
+	socklen_t len = sizeof(un);
+	if (getsockname(p->own_fd, reinterpret_cast<sockaddr *>(&un), &len) || len <= offsetof(sockaddr_un, sun_path) + 1)
+		return "";
+	return std::string(un.sun_path + 1, len - offsetof(sockaddr_un, sun_path) - 1);
+}
+
+// Publishes (or replaces) p's marker for sa with the flags of now.
+int publish_owner(cm_id *p, const sockaddr *sa, bool reuse)
+{
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return errno;
+	int e = EADDRINUSE;
+	for (int tries = 0; tries < 8 && e == EADDRINUSE; tries++)
+		e = bind_abstract(fd, owner_name(p, sa, reuse));
+	if (e) {
+		close(fd);
+		return e;
+	}
+	if (p->own_fd >= 0)
+		close(p->own_fd);
+	p->own_fd = fd;
+	return 0;
+}
+
+// May p own sa's port (reuse: its REUSEADDR counts)?  0, EADDRINUSE or
+// EADDRNOTAVAIL.
+int check_port(const cm_id *p, const sockaddr *sa, bool reuse)
+{
+	bool afonly = effective_afonly(p, sa->sa_family);
+	bool any = is_any(sa);
+	char fam = family_char(sa->sa_family);
+	char hash[20];
+	snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(addr_hash(addr_text(sa))));
+	for (const owner &o : list_owners(p->id.ps, get_port(sa), own_marker(p))) {
+		if (reuse && o.reuse)
+			continue;
+		if (afonly && o.afonly && fam != o.family)
+			continue;
+		if (any || o.any)
+			return EADDRNOTAVAIL;
+		if (fam == o.family && o.hash == hash)
+			return EADDRINUSE;
+	}
+	return 0;
+}
+
+// Serialises check and bind of one port across processes: a socket name
+// held meanwhile (a dead holder frees it).
+struct port_lock {
+	int fd = -1;
+	port_lock(int ps, uint16_t port)
+	{
+		char buf[160];
+		snprintf(buf, sizeof(buf), "softverbs-cm/%u/%s/%x/L/%u", static_cast<unsigned>(getuid()),
+			 G().fabric_key.c_str(), ps, port);
+		fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		for (int i = 0; fd >= 0 && i < 5000; i++) {
+			if (bind_abstract(fd, buf) != EADDRINUSE)
+				return;
+			usleep(1000);
+		}
+	}
+	~port_lock()
+	{
+		if (fd >= 0)
+			close(fd);
+	}
+};
+
+// Takes sa's port for p: the rules above, then the name connects look for
+// (unless a REUSEADDR twin has it: taken at listen), then the marker.
+int take_port(cm_id *p, int fd, const sockaddr *sa)
+{
+	port_lock lock(p->id.ps, get_port(sa));
+	if (int e = check_port(p, sa, p->reuseaddr != 0))
+		return e;
+	socklen_t len;
+	sockaddr_un un = sock_name(p->id.ps, addr_text(sa), get_port(sa), len);
+	bool unnamed = false;
+	if (bind(fd, reinterpret_cast<sockaddr *>(&un), len)) {
+		if (errno != EADDRINUSE || !p->reuseaddr)
+			return errno;
+		unnamed = true;
+	}
+	if (int e = publish_owner(p, sa, p->reuseaddr != 0))
+		return e;
+	p->unnamed = unnamed;
+	return 0;
+}
+
 int bind_name_locked(cm_id *p, const sockaddr *addr)
 {
 	sockaddr_storage ss{};
@@ -1133,24 +1355,25 @@ int bind_name_locked(cm_id *p, const sockaddr *addr)
 	if (fd < 0)
 		return errno;
 	uint16_t port = get_port(sa);
-	std::string text = addr_text(sa);
 	int err = 0;
 	if (port) {
-		socklen_t len;
-		sockaddr_un un = sock_name(p->id.ps, text, port, len);
-		if (bind(fd, reinterpret_cast<sockaddr *>(&un), len))
-			err = errno == EADDRINUSE ? EADDRINUSE : errno;
+		err = take_port(p, fd, sa);
 	} else {
 		err = EADDRINUSE;
-		for (int tries = 0; tries < 2000 && err == EADDRINUSE; tries++) {
+		for (int tries = 0; tries < 2000 && (err == EADDRINUSE || err == EADDRNOTAVAIL); tries++) {
 			port = static_cast<uint16_t>(32768 + rand24() % (60999 - 32768 + 1));
-			socklen_t len;
-			sockaddr_un un = sock_name(p->id.ps, text, port, len);
-			err = bind(fd, reinterpret_cast<sockaddr *>(&un), len) ? errno : 0;
+			set_port(sa, port);
+			err = take_port(p, fd, sa);
 		}
+		if (err == EADDRINUSE)
+			err = EADDRNOTAVAIL; // no ephemeral port left, as the kernel says
 	}
 	if (err) {
 		close(fd);
+		if (p->own_fd >= 0) {
+			close(p->own_fd);
+			p->own_fd = -1;
+		}
 		return err;
 	}
 	set_port(sa, port);
@@ -1777,6 +2000,24 @@ SV_API int rdma_listen(rdma_cm_id *id, int backlog)
 	}
 	if (p->state != st::bound)
 		return fail(EINVAL);
+	{
+		// A listener may share its port with no one the rules do not
+		// allow, REUSEADDR or not, and is no longer reusable.
+		const sockaddr *sa = &p->id.route.addr.src_addr;
+		port_lock lock(p->id.ps, get_port(sa));
+		if (int e = check_port(p, sa, false))
+			return fail(e);
+		if (p->unnamed) {
+			socklen_t len;
+			sockaddr_un un = sock_name(p->id.ps, addr_text(sa), get_port(sa), len);
+			if (bind(p->bind_fd, reinterpret_cast<sockaddr *>(&un), len))
+				return fail(errno == EADDRINUSE ? EADDRINUSE : errno);
+			p->unnamed = false;
+		}
+		p->reuseaddr = 0;
+		if (int e = publish_owner(p, sa, false))
+			return fail(e);
+	}
 	if (listen(p->bind_fd, backlog > 0 ? backlog : 128))
 		return -1;
 	p->state = st::listen;
@@ -2120,17 +2361,29 @@ SV_API int rdma_set_option(rdma_cm_id *id, int level, int optname, void *optval,
 				return fail(EINVAL);
 			p->tos = *static_cast<uint8_t *>(optval);
 			return 0;
-		case RDMA_OPTION_ID_REUSEADDR:
+		case RDMA_OPTION_ID_REUSEADDR: {
 			if (optlen != sizeof(int))
 				return fail(EINVAL);
-			p->reuseaddr = *static_cast<int *>(optval);
+			// As the kernel: set before a bind, or turned on before listening.
+			int v = *static_cast<int *>(optval);
+			if (p->state != st::idle && (!v || p->state == st::listen))
+				return fail(EINVAL);
+			p->reuseaddr = v;
+			if (p->own_fd >= 0)
+				if (int e = publish_owner(p, &p->id.route.addr.src_addr, v != 0))
+					return fail(e);
 			return 0;
+		}
 		case RDMA_OPTION_ID_AFONLY:
 			if (optlen != sizeof(int))
 				return fail(EINVAL);
-			if (p->state != st::idle)
+			if (p->state != st::idle && p->state != st::bound)
 				return fail(EINVAL);
 			p->afonly = *static_cast<int *>(optval);
+			p->afonly_set = true;
+			if (p->own_fd >= 0)
+				if (int e = publish_owner(p, &p->id.route.addr.src_addr, p->reuseaddr != 0))
+					return fail(e);
 			return 0;
 		case RDMA_OPTION_ID_ACK_TIMEOUT:
 			if (optlen != sizeof(uint8_t))

@@ -1233,3 +1233,135 @@ def test_migrate_id(env):
         "after_ack": [0],
         "sync_channel": True, "sync_resolve": 0, "sync_left": [],
     }, r
+
+
+BIND_CTYPES = r'''
+    def opt(i, name, v):
+        x = ctypes.c_int(v)
+        return err(cm.rdma_set_option(i, 0, name, ctypes.byref(x), 4))
+    REUSE, AFONLY = 1, 2
+    def bound(ch, ip, port, *opts):
+        i = new_id(ch)
+        for name, v in opts:
+            assert opt(i, name, v) == 0
+        return i, err(cm.rdma_bind_addr(i, sin(ip, port)))
+    def port_of(i):
+        return socket.ntohs(cm.rdma_get_src_port(i))
+'''
+
+
+def test_bind_rules_reuseaddr_afonly(env):
+    """The kernel's bind rules (cma_check_port) on one port: a wildcard and
+    a specific address conflict (EADDRNOTAVAIL), one address twice is
+    EADDRINUSE, in one process or across two; REUSEADDR on both lets them
+    share until one listens (a listener shares with no one); an IPv4 and an
+    IPv6 wildcard conflict unless the IPv6 one is AFONLY; and the options'
+    own errors."""
+    holder = subprocess.Popen(
+        [svtest.PYTHON, "-c", CTYPES + textwrap.dedent(BIND_CTYPES) + textwrap.dedent('''
+            ch = cm.rdma_create_event_channel()
+            l, e = bound(ch, "0.0.0.0", 0)
+            assert e == 0 and cm.rdma_listen(l, 4) == 0
+            print(port_of(l), flush=True)
+            sys.stdin.read()
+        ''')], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        other_port = int(holder.stdout.readline())
+        r, _ = cm_child(textwrap.dedent(BIND_CTYPES) + textwrap.dedent(f'''
+            ch = cm.rdma_create_event_channel()
+            out = {{}}
+            # Another process's IPv4 wildcard listener.
+            out["cross_specific"] = bound(ch, "127.0.0.1", {other_port})[1]
+            out["cross_any"] = bound(ch, "0.0.0.0", {other_port})[1]
+            # Here: the wildcard first, then a specific address.
+            a, e = bound(ch, "0.0.0.0", 0); assert e == 0
+            P1 = port_of(a)
+            out["any_then_specific"] = bound(ch, "127.0.0.1", P1)[1]
+            out["any_twice"] = bound(ch, "0.0.0.0", P1)[1]
+            # A specific address first.
+            s, e = bound(ch, "127.0.0.1", 0); assert e == 0
+            P2 = port_of(s)
+            out["specific_twice"] = bound(ch, "127.0.0.1", P2)[1]
+            out["specific_then_any"] = bound(ch, "0.0.0.0", P2)[1]
+            assert cm.rdma_destroy_id(s) == 0
+            out["after_destroy"] = bound(ch, "0.0.0.0", P2)[1]
+            # REUSEADDR on both: shared until one listens.
+            r1, e = bound(ch, "127.0.0.1", 0, (REUSE, 1)); assert e == 0
+            P3 = port_of(r1)
+            r2, out["reuse_both"] = bound(ch, "127.0.0.1", P3, (REUSE, 1))
+            out["reuse_one"] = bound(ch, "127.0.0.1", P3)[1]
+            ra, out["reuse_any"] = bound(ch, "0.0.0.0", P3, (REUSE, 1))
+            assert cm.rdma_destroy_id(ra) == 0
+            out["listen_shared"] = err(cm.rdma_listen(r1, 4))
+            assert cm.rdma_destroy_id(r2) == 0
+            out["listen_alone"] = err(cm.rdma_listen(r1, 4))
+            out["reuse_on_listener_port"] = bound(ch, "127.0.0.1", P3, (REUSE, 1))[1]
+            # IPv4 and IPv6 wildcards.
+            v4, e = bound(ch, "0.0.0.0", 0); assert e == 0
+            P4 = port_of(v4)
+            out["v6_any_on_v4_any"] = bound(ch, "::", P4)[1]
+            v6, out["v6only_any_on_v4_any"] = bound(ch, "::", P4, (AFONLY, 1))
+            assert cm.rdma_destroy_id(v6) == 0
+            out["v6only_specific_on_v4_any"] = bound(ch, "::1", P4, (AFONLY, 1))[1]
+            # The options' errors.
+            out["reuse_off_bound"] = opt(v4, REUSE, 0)
+            assert cm.rdma_listen(v4, 4) == 0
+            out["reuse_on_listener"] = opt(v4, REUSE, 1)
+            out["afonly_on_listener"] = opt(v4, AFONLY, 1)
+            print(json.dumps(out))
+        '''), env)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert r == {
+        "cross_specific": "EADDRNOTAVAIL", "cross_any": "EADDRNOTAVAIL",
+        "any_then_specific": "EADDRNOTAVAIL", "any_twice": "EADDRNOTAVAIL",
+        "specific_twice": "EADDRINUSE", "specific_then_any": "EADDRNOTAVAIL",
+        "after_destroy": 0,
+        "reuse_both": 0, "reuse_one": "EADDRINUSE", "reuse_any": 0,
+        "listen_shared": "EADDRINUSE", "listen_alone": 0, "reuse_on_listener_port": "EADDRINUSE",
+        "v6_any_on_v4_any": "EADDRNOTAVAIL", "v6only_any_on_v4_any": 0,
+        "v6only_specific_on_v4_any": 0,
+        "reuse_off_bound": "EINVAL", "reuse_on_listener": "EINVAL",
+        "afonly_on_listener": "EINVAL",
+    }, r
+
+
+def test_afonly_ipv6_wildcard_listener(env):
+    """An IPv6 wildcard listener takes IPv4 connects (its CONNECT_REQUEST
+    shows the IPv4 addresses); with RDMA_OPTION_ID_AFONLY it does not: the
+    IPv4 connect is REJECTED with reason 8 (no such service), at once."""
+    r, _ = cm_child(textwrap.dedent(BIND_CTYPES) + textwrap.dedent('''
+        import time
+        ch = cm.rdma_create_event_channel()
+        out = {}
+        for afonly in (0, 1):
+            l, e = bound(ch, "::", 0, (AFONLY, afonly)); assert e == 0
+            assert cm.rdma_listen(l, 4) == 0
+            c = new_id(ch)
+            assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port_of(l)), 1000) == 0
+            get_event(ch); assert cm.rdma_resolve_route(c, 1000) == 0; get_event(ch)
+            p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+            t0 = time.monotonic()
+            assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+            ev = ctypes.POINTER(Event)()
+            assert cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) == 0
+            x = ev.contents
+            got = [cm.rdma_event_str(x.event).decode(), x.status, time.monotonic() - t0 < 0.5]
+            if x.event == 4:   # CONNECT_REQUEST: the addresses it carries
+                child = P(x.id)
+                sa = ctypes.string_at(child.value + 32, 8)   # id->route.addr.src_addr
+                got.append([struct.unpack("=H", sa[:2])[0] == socket.AF_INET,
+                            socket.inet_ntoa(sa[4:8])])
+            cm.rdma_ack_cm_event(ev)
+            if x.event == 4:
+                assert cm.rdma_reject(child, None, 0) == 0
+                assert get_event(ch)[0] == "RDMA_CM_EVENT_REJECTED"
+                assert cm.rdma_destroy_id(child) == 0
+            out[str(afonly)] = got
+            for i in (c, l):
+                assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    '''), env)
+    assert r == {"0": ["RDMA_CM_EVENT_CONNECT_REQUEST", 0, True, [True, "127.0.0.1"]],
+                 "1": ["RDMA_CM_EVENT_REJECTED", 8, True]}, r
