@@ -198,6 +198,9 @@ struct global {
 	uint64_t next_serial = 1;
 	int ep = -1;
 	std::string fabric_key;
+	// Marks of listeners destroyed lately (fd, when it goes): see
+	// connect_listener.
+	std::vector<std::pair<int, int64_t>> tombs;
 };
 
 global &G()
@@ -733,6 +736,9 @@ bool valid_type_for(st s, uint8_t t)
 }
 
 bool effective_afonly(const cm_id *p, int family);
+void tomb_listener(const cm_id *p);
+int bind_abstract(int fd, const std::string &name);
+void expire_tombs(int64_t now);
 
 void on_request(cm_id *p, const wire_msg &m)
 {
@@ -954,6 +960,7 @@ void cm_thread()
 		std::lock_guard<std::mutex> lk(G().mu);
 		// Setups that ran out of time, and when the next one does.
 		int64_t now = now_ms(), next = -1;
+		expire_tombs(now);
 		for (auto &kv : G().ids) {
 			cm_id *p = kv.second;
 			if (p->timewait_ms && p->timewait_ms <= now) {
@@ -1096,6 +1103,8 @@ void destroy_locked(cm_id *p)
 	global &g = G();
 	g.ids.erase(p->serial);
 	close_conn(p);
+	if (p->state == st::listen)
+		tomb_listener(p);
 	if (p->bind_fd >= 0) {
 		epoll_ctl(g.ep, EPOLL_CTL_DEL, p->bind_fd, nullptr);
 		close(p->bind_fd);
@@ -1225,6 +1234,63 @@ std::vector<owner> list_owners(int ps, uint16_t port, const std::string &except)
 	}
 	fclose(f);
 	return out;
+}
+
+std::string tomb_prefix(int ps, uint16_t port)
+{
+	char buf[160];
+	snprintf(buf, sizeof(buf), "softverbs-cm/%u/%s/%x/T/%u/", static_cast<unsigned>(getuid()),
+		 G().fabric_key.c_str(), ps, port);
+	return buf;
+}
+
+// A listener being destroyed leaves a mark on its port for a while.
+void tomb_listener(const cm_id *p)
+{
+	uint16_t port = get_port(&p->id.route.addr.src_addr);
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	char tail[16];
+	snprintf(tail, sizeof(tail), "%08x", rand24() << 8 | (rand24() & 0xff));
+	if (bind_abstract(fd, tomb_prefix(p->id.ps, port) + tail)) {
+		close(fd);
+		return;
+	}
+	G().tombs.emplace_back(fd, now_ms() + 1000);
+}
+
+void expire_tombs(int64_t now)
+{
+	auto &t = G().tombs;
+	for (size_t i = 0; i < t.size();) {
+		if (t[i].second <= now) {
+			close(t[i].first);
+			t[i] = t.back();
+			t.pop_back();
+		} else {
+			i++;
+		}
+	}
+}
+
+bool port_in_use_lately(int ps, uint16_t port)
+{
+	std::string owners, tombs;
+	{
+		std::lock_guard<std::mutex> lk(G().mu); // G().fabric_key
+		owners = "@" + owner_prefix(ps, port);
+		tombs = "@" + tomb_prefix(ps, port);
+	}
+	FILE *f = fopen("/proc/net/unix", "r");
+	if (!f)
+		return true; // cannot tell: wait as before
+	char line[512];
+	bool found = false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, owners.c_str()) || strstr(line, tombs.c_str());
+	fclose(f);
+	return found;
 }
 
 // The marker's name for p bound to sa (without the leading NUL).
@@ -1470,14 +1536,21 @@ int connect_listener_once(cm_id *p, const sockaddr *dst);
 // A listener may be between two binds of its port (perftest -R closes the
 // id that took its control connection and listens again for the data
 // connection): a REQ refused is retried for up to kReqRetryMs before it
-// counts as rejected.
+// counts as rejected, but only if the port has an owner (its marker, see
+// check_port) or had a listener lately (a listener destroyed leaves a mark
+// for 1 to 2 s, tomb_listener): a port nobody uses gets its REJECTED
+// (reason 8) at once.
 constexpr int kReqRetryMs = 1000;
+
+bool port_in_use_lately(int ps, uint16_t port);
 
 int connect_listener(cm_id *p, const sockaddr *dst)
 {
 	for (int waited = 0;; waited += 10) {
 		int fd = connect_listener_once(p, dst);
 		if (fd >= 0 || fd != -ECONNREFUSED || waited >= kReqRetryMs)
+			return fd;
+		if (!waited && !port_in_use_lately(p->id.ps, get_port(dst)))
 			return fd;
 		usleep(10000);
 	}

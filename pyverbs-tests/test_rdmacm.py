@@ -1365,3 +1365,63 @@ def test_afonly_ipv6_wildcard_listener(env):
     '''), env)
     assert r == {"0": ["RDMA_CM_EVENT_CONNECT_REQUEST", 0, True, [True, "127.0.0.1"]],
                  "1": ["RDMA_CM_EVENT_REJECTED", 8, True]}, r
+
+
+def test_refused_req_retried_only_for_a_recent_listener(env):
+    """A REQ to a port nobody has is REJECTED (reason 8) at once; one to a
+    port whose listener was just destroyed is retried (for up to 1 s), so a
+    listener that comes back meanwhile (perftest -R's data connection)
+    takes it."""
+    r, _ = cm_child('''
+        import threading, time
+        ch = cm.rdma_create_event_channel()
+        def route(port):
+            c = new_id(ch)
+            assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+            assert get_event(ch)[0] == "RDMA_CM_EVENT_ADDR_RESOLVED"
+            assert cm.rdma_resolve_route(c, 1000) == 0
+            assert get_event(ch)[0] == "RDMA_CM_EVENT_ROUTE_RESOLVED"
+            return c
+        out = {}
+        # A port nobody ever had: the first ephemeral port of a throwaway id.
+        t = new_id(ch)
+        assert cm.rdma_bind_addr(t, sin("127.0.0.1", 0)) == 0
+        free = socket.ntohs(cm.rdma_get_src_port(t))
+        assert cm.rdma_destroy_id(t) == 0
+        c = route(free)
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        t0 = time.monotonic()
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        out["nobody"] = [ev[0], ev[1], time.monotonic() - t0 < 0.3]
+        assert cm.rdma_destroy_id(c) == 0
+        # A listener destroyed, and another on its port 200 ms later.
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("0.0.0.0", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = route(port)
+        assert cm.rdma_destroy_id(l) == 0
+        box = []
+        def relisten():
+            time.sleep(0.2)
+            l2 = new_id(ch)
+            assert cm.rdma_bind_addr(l2, sin("0.0.0.0", port)) == 0
+            assert cm.rdma_listen(l2, 4) == 0
+            box.append(l2)
+        th = threading.Thread(target=relisten)
+        th.start()
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        th.join()
+        ev = get_event(ch)
+        out["relisten"] = [ev[0], ev[3] == box[0].value]
+        assert cm.rdma_reject(P(ev[2]), None, 0) == 0
+        ev2 = get_event(ch)
+        out["rejected"] = [ev2[0], ev2[1]]
+        for i in (P(ev[2]), c, box[0]):
+            assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    ''', env)
+    assert r == {"nobody": ["RDMA_CM_EVENT_REJECTED", 8, True],
+                 "relisten": ["RDMA_CM_EVENT_CONNECT_REQUEST", True],
+                 "rejected": ["RDMA_CM_EVENT_REJECTED", 28]}, r
