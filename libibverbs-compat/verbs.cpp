@@ -505,8 +505,10 @@ EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
 {
 	if (!qp || !ece)
 		return EINVAL;
-	if (!ece->vendor_id)
-		return EINVAL;
+	if (!ece->vendor_id) { // rdma-core's answer: no vendor, nothing to set
+		errno = EOPNOTSUPP;
+		return EOPNOTSUPP;
+	}
 	OPS_OR(qp->context, set_ece, EOPNOTSUPP);
 	return ops_->set_ece(qp, ece);
 }

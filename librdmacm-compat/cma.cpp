@@ -81,7 +81,7 @@ enum msg_type : uint8_t {
 // Private data limits of the IB CM less the rdma_cm header, as the kernel's.
 constexpr int kReqPdata = 56, kRepPdata = 196, kRejPdata = 148;
 constexpr int kSidrReqPdata = 180, kSidrRepPdata = 136;
-constexpr int kRejInvalidServiceId = 8, kRejConsumer = 28;
+constexpr int kRejInvalidServiceId = 8, kRejConsumer = 28, kRejVendorOptionNotSupported = 35;
 
 struct wire_msg {
 	uint32_t magic;
@@ -181,6 +181,9 @@ struct cm_id {
 	int64_t timewait_ms = 0; // TIMEWAIT_EXIT due then
 	uint8_t tos = 0, ack_timeout = 14;
 	int afonly = 0, reuseaddr = 0;
+	bool afonly_set = false; // RDMA_OPTION_ID_AFONLY given: else the family's default
+	int own_fd = -1;          // the port-owner marker (see check_port)
+	bool unnamed = false;     // bound beside a reuseaddr twin: takes the name at listen
 	bool own_cqs = false;
 	ibv_qp_init_attr_ex *ep_qp_attr = nullptr; // rdma_create_ep's, for rdma_get_request
 	ibv_ece local_ece{}, remote_ece{};
@@ -203,6 +206,9 @@ struct global {
 	uint64_t next_serial = 1;
 	int ep = -1;
 	std::string fabric_key;
+	// Marks of listeners destroyed lately (fd, when it goes): see
+	// connect_listener.
+	std::vector<std::pair<int, int64_t>> tombs;
 };
 
 global &G()
@@ -737,6 +743,11 @@ bool valid_type_for(st s, uint8_t t)
 	}
 }
 
+bool effective_afonly(const cm_id *p, int family);
+void tomb_listener(const cm_id *p);
+int bind_abstract(int fd, const std::string &name);
+void expire_tombs(int64_t now);
+
 void on_request(cm_id *p, const wire_msg &m)
 {
 	cm_id *l = p->listener;
@@ -745,7 +756,11 @@ void on_request(cm_id *p, const wire_msg &m)
 	name[sizeof(m.dev)] = 0;
 	dev_entry *d = dev_by_name(name);
 	port_pick pk;
-	if (!l || !d || m.port < 1 || m.port > d->attr.phys_port_cnt || !fill_port(d, m.port, pk)) {
+	// An IPv6 wildcard listener takes IPv4 connects unless it is AFONLY.
+	bool v4_to_v6only = l && l->id.route.addr.src_addr.sa_family == AF_INET6 &&
+			    m.dst.ss_family == AF_INET && effective_afonly(l, AF_INET6);
+	if (!l || !d || v4_to_v6only || m.port < 1 || m.port > d->attr.phys_port_cnt ||
+	    !fill_port(d, m.port, pk)) {
 		wire_msg r = base_msg(p, m.type == M_REQ ? M_REJ : M_SIDR_REP);
 		r.status = m.type == M_REQ ? kRejInvalidServiceId : 2;
 		send_msg(p->conn_fd, r);
@@ -953,6 +968,7 @@ void cm_thread()
 		std::lock_guard<std::mutex> lk(G().mu);
 		// Setups that ran out of time, and when the next one does.
 		int64_t now = now_ms(), next = -1;
+		expire_tombs(now);
 		for (auto &kv : G().ids) {
 			cm_id *p = kv.second;
 			if (p->timewait_ms && p->timewait_ms <= now) {
@@ -1095,10 +1111,16 @@ void destroy_locked(cm_id *p)
 	global &g = G();
 	g.ids.erase(p->serial);
 	close_conn(p);
+	if (p->state == st::listen)
+		tomb_listener(p);
 	if (p->bind_fd >= 0) {
 		epoll_ctl(g.ep, EPOLL_CTL_DEL, p->bind_fd, nullptr);
 		close(p->bind_fd);
 		p->bind_fd = -1;
+	}
+	if (p->own_fd >= 0) {
+		close(p->own_fd);
+		p->own_fd = -1;
 	}
 	// Children the user never saw (or whose request is still queued) go
 	// with their listener; peers see the socket close.
@@ -1132,6 +1154,272 @@ void destroy_locked(cm_id *p)
 	delete p;
 }
 
+// ------------------------------------------------------ port ownership ---
+// The kernel's rules for ids bound to one port of a port space
+// (cma_check_port): a bind conflicts with every other owner of the port
+// unless both have REUSEADDR, or both are AFONLY and of different
+// families; a wildcard and anything else then conflict (EADDRNOTAVAIL), as
+// do two binds of one address (EADDRINUSE).  A listener has no REUSEADDR.
+// IPv4 ids are AFONLY unless told otherwise, IPv6 ids as
+// net.ipv6.bindv6only (0: an IPv6 wildcard takes IPv4 too).
+//
+// Every owner, in any process, holds a marker socket named
+//   softverbs-cm/<uid>/<fabric>/<ps>/o/<port>/<family><flags>/<address hash>/<random>
+// (flags: r reuseaddr, a afonly, w wildcard); a bind reads the markers of
+// its port from /proc/net/unix under a per-port lock socket.
+
+bool effective_afonly(const cm_id *p, int family)
+{
+	if (p->afonly_set)
+		return p->afonly != 0;
+	if (family == AF_INET)
+		return true;
+	if (family == AF_INET6) {
+		static int v6only = [] {
+			int v = 0;
+			if (FILE *f = fopen("/proc/sys/net/ipv6/bindv6only", "r")) {
+				if (fscanf(f, "%d", &v) != 1)
+					v = 0;
+				fclose(f);
+			}
+			return v;
+		}();
+		return v6only != 0;
+	}
+	return false;
+}
+
+char family_char(int family)
+{
+	return family == AF_INET ? '4' : family == AF_INET6 ? '6' : 'b';
+}
+
+std::string owner_prefix(int ps, uint16_t port)
+{
+	char buf[160];
+	snprintf(buf, sizeof(buf), "softverbs-cm/%u/%s/%x/o/%u/", static_cast<unsigned>(getuid()),
+		 G().fabric_key.c_str(), ps, port);
+	return buf;
+}
+
+uint64_t addr_hash(const std::string &text)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (unsigned char c : text)
+		h = (h ^ c) * 1099511628211ull;
+	return h;
+}
+
+struct owner {
+	char family;
+	bool reuse, afonly, any;
+	std::string hash;
+};
+
+std::vector<owner> list_owners(int ps, uint16_t port, const std::string &except)
+{
+	std::vector<owner> out;
+	std::string want = "@" + owner_prefix(ps, port);
+	FILE *f = fopen("/proc/net/unix", "r");
+	if (!f)
+		return out;
+	char line[512];
+	while (fgets(line, sizeof(line), f)) {
+		char *at = strstr(line, want.c_str());
+		if (!at)
+			continue;
+		at[strcspn(at, "\n")] = 0;
+		std::string rest = at + want.size(); // <family><flags>/<hash>/<random>
+		if (rest.size() < 5 || rest[4] != '/' || except == at + 1)
+			continue;
+		owner o;
+		o.family = rest[0];
+		o.reuse = rest[1] == 'r';
+		o.afonly = rest[2] == 'a';
+		o.any = rest[3] == 'w';
+		o.hash = rest.substr(5, rest.find('/', 5) - 5);
+		out.push_back(o);
+	}
+	fclose(f);
+	return out;
+}
+
+std::string tomb_prefix(int ps, uint16_t port)
+{
+	char buf[160];
+	snprintf(buf, sizeof(buf), "softverbs-cm/%u/%s/%x/T/%u/", static_cast<unsigned>(getuid()),
+		 G().fabric_key.c_str(), ps, port);
+	return buf;
+}
+
+// A listener being destroyed leaves a mark on its port for a while.
+void tomb_listener(const cm_id *p)
+{
+	uint16_t port = get_port(&p->id.route.addr.src_addr);
+	int fd = raw_socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	char tail[16];
+	snprintf(tail, sizeof(tail), "%08x", rand24() << 8 | (rand24() & 0xff));
+	if (bind_abstract(fd, tomb_prefix(p->id.ps, port) + tail)) {
+		close(fd);
+		return;
+	}
+	G().tombs.emplace_back(fd, now_ms() + 1000);
+}
+
+void expire_tombs(int64_t now)
+{
+	auto &t = G().tombs;
+	for (size_t i = 0; i < t.size();) {
+		if (t[i].second <= now) {
+			close(t[i].first);
+			t[i] = t.back();
+			t.pop_back();
+		} else {
+			i++;
+		}
+	}
+}
+
+bool port_in_use_lately(int ps, uint16_t port)
+{
+	std::string owners, tombs;
+	{
+		std::lock_guard<std::mutex> lk(G().mu); // G().fabric_key
+		owners = "@" + owner_prefix(ps, port);
+		tombs = "@" + tomb_prefix(ps, port);
+	}
+	FILE *f = fopen("/proc/net/unix", "r");
+	if (!f)
+		return true; // cannot tell: wait as before
+	char line[512];
+	bool found = false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, owners.c_str()) || strstr(line, tombs.c_str());
+	fclose(f);
+	return found;
+}
+
+// The marker's name for p bound to sa (without the leading NUL).
+std::string owner_name(const cm_id *p, const sockaddr *sa, bool reuse)
+{
+	char buf[200];
+	snprintf(buf, sizeof(buf), "%s%c%c%c%c/%016llx/%08x", owner_prefix(p->id.ps, get_port(sa)).c_str(),
+		 family_char(sa->sa_family), reuse ? 'r' : '-',
+		 effective_afonly(p, sa->sa_family) ? 'a' : '-', is_any(sa) ? 'w' : '-',
+		 static_cast<unsigned long long>(addr_hash(addr_text(sa))), rand24() << 8 | (rand24() & 0xff));
+	return buf;
+}
+
+int bind_abstract(int fd, const std::string &name)
+{
+	sockaddr_un un{};
+	un.sun_family = AF_UNIX;
+	if (name.size() + 1 >= sizeof(un.sun_path))
+		return ENAMETOOLONG;
+	memcpy(un.sun_path + 1, name.data(), name.size());
+	socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+	return bind(fd, reinterpret_cast<sockaddr *>(&un), len) ? errno : 0;
+}
+
+// Name of p's marker now, for list_owners to skip.
+std::string own_marker(const cm_id *p)
+{
+	if (p->own_fd < 0)
+		return "";
+	sockaddr_un un{};
+	socklen_t len = sizeof(un);
+	if (getsockname(p->own_fd, reinterpret_cast<sockaddr *>(&un), &len) || len <= offsetof(sockaddr_un, sun_path) + 1)
+		return "";
+	return std::string(un.sun_path + 1, len - offsetof(sockaddr_un, sun_path) - 1);
+}
+
+// Publishes (or replaces) p's marker for sa with the flags of now.
+int publish_owner(cm_id *p, const sockaddr *sa, bool reuse)
+{
+	int fd = raw_socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return errno;
+	int e = EADDRINUSE;
+	for (int tries = 0; tries < 8 && e == EADDRINUSE; tries++)
+		e = bind_abstract(fd, owner_name(p, sa, reuse));
+	if (e) {
+		close(fd);
+		return e;
+	}
+	if (p->own_fd >= 0)
+		close(p->own_fd);
+	p->own_fd = fd;
+	return 0;
+}
+
+// May p own sa's port (reuse: its REUSEADDR counts)?  0, EADDRINUSE or
+// EADDRNOTAVAIL.
+int check_port(const cm_id *p, const sockaddr *sa, bool reuse)
+{
+	bool afonly = effective_afonly(p, sa->sa_family);
+	bool any = is_any(sa);
+	char fam = family_char(sa->sa_family);
+	char hash[20];
+	snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(addr_hash(addr_text(sa))));
+	for (const owner &o : list_owners(p->id.ps, get_port(sa), own_marker(p))) {
+		if (reuse && o.reuse)
+			continue;
+		if (afonly && o.afonly && fam != o.family)
+			continue;
+		if (any || o.any)
+			return EADDRNOTAVAIL;
+		if (fam == o.family && o.hash == hash)
+			return EADDRINUSE;
+	}
+	return 0;
+}
+
+// Serialises check and bind of one port across processes: a socket name
+// held meanwhile (a dead holder frees it).
+struct port_lock {
+	int fd = -1;
+	port_lock(int ps, uint16_t port)
+	{
+		char buf[160];
+		snprintf(buf, sizeof(buf), "softverbs-cm/%u/%s/%x/L/%u", static_cast<unsigned>(getuid()),
+			 G().fabric_key.c_str(), ps, port);
+		fd = raw_socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		for (int i = 0; fd >= 0 && i < 5000; i++) {
+			if (bind_abstract(fd, buf) != EADDRINUSE)
+				return;
+			usleep(1000);
+		}
+	}
+	~port_lock()
+	{
+		if (fd >= 0)
+			close(fd);
+	}
+};
+
+// Takes sa's port for p: the rules above, then the name connects look for
+// (unless a REUSEADDR twin has it: taken at listen), then the marker.
+int take_port(cm_id *p, int fd, const sockaddr *sa)
+{
+	port_lock lock(p->id.ps, get_port(sa));
+	if (int e = check_port(p, sa, p->reuseaddr != 0))
+		return e;
+	socklen_t len;
+	sockaddr_un un = sock_name(p->id.ps, addr_text(sa), get_port(sa), len);
+	bool unnamed = false;
+	if (bind(fd, reinterpret_cast<sockaddr *>(&un), len)) {
+		if (errno != EADDRINUSE || !p->reuseaddr)
+			return errno;
+		unnamed = true;
+	}
+	if (int e = publish_owner(p, sa, p->reuseaddr != 0))
+		return e;
+	p->unnamed = unnamed;
+	return 0;
+}
+
 int bind_name_locked(cm_id *p, const sockaddr *addr)
 {
 	sockaddr_storage ss{};
@@ -1141,24 +1429,25 @@ int bind_name_locked(cm_id *p, const sockaddr *addr)
 	if (fd < 0)
 		return errno;
 	uint16_t port = get_port(sa);
-	std::string text = addr_text(sa);
 	int err = 0;
 	if (port) {
-		socklen_t len;
-		sockaddr_un un = sock_name(p->id.ps, text, port, len);
-		if (bind(fd, reinterpret_cast<sockaddr *>(&un), len))
-			err = errno == EADDRINUSE ? EADDRINUSE : errno;
+		err = take_port(p, fd, sa);
 	} else {
 		err = EADDRINUSE;
-		for (int tries = 0; tries < 2000 && err == EADDRINUSE; tries++) {
+		for (int tries = 0; tries < 2000 && (err == EADDRINUSE || err == EADDRNOTAVAIL); tries++) {
 			port = static_cast<uint16_t>(32768 + rand24() % (60999 - 32768 + 1));
-			socklen_t len;
-			sockaddr_un un = sock_name(p->id.ps, text, port, len);
-			err = bind(fd, reinterpret_cast<sockaddr *>(&un), len) ? errno : 0;
+			set_port(sa, port);
+			err = take_port(p, fd, sa);
 		}
+		if (err == EADDRINUSE)
+			err = EADDRNOTAVAIL; // no ephemeral port left, as the kernel says
 	}
 	if (err) {
 		close(fd);
+		if (p->own_fd >= 0) {
+			close(p->own_fd);
+			p->own_fd = -1;
+		}
 		return err;
 	}
 	set_port(sa, port);
@@ -1255,14 +1544,21 @@ int connect_listener_once(cm_id *p, const sockaddr *dst);
 // A listener may be between two binds of its port (perftest -R closes the
 // id that took its control connection and listens again for the data
 // connection): a REQ refused is retried for up to kReqRetryMs before it
-// counts as rejected.
+// counts as rejected, but only if the port has an owner (its marker, see
+// check_port) or had a listener lately (a listener destroyed leaves a mark
+// for 1 to 2 s, tomb_listener): a port nobody uses gets its REJECTED
+// (reason 8) at once.
 constexpr int kReqRetryMs = 1000;
+
+bool port_in_use_lately(int ps, uint16_t port);
 
 int connect_listener(cm_id *p, const sockaddr *dst)
 {
 	for (int waited = 0;; waited += 10) {
 		int fd = connect_listener_once(p, dst);
 		if (fd >= 0 || fd != -ECONNREFUSED || waited >= kReqRetryMs)
+			return fd;
+		if (!waited && !port_in_use_lately(p->id.ps, get_port(dst)))
 			return fd;
 		usleep(10000);
 	}
@@ -1536,6 +1832,63 @@ SV_API int rdma_resolve_route(rdma_cm_id *id, int timeout_ms)
 	return 0;
 }
 
+namespace {
+// A new QP's ECE: the id's local ECE becomes the QP's; on the passive side
+// (a REQ with ECE came) the QP is told the peer's options, or none if the
+// peer is of another vendor.  A provider without ECE (EOPNOTSUPP) is no
+// error: the id then has none.
+int ece_on_new_qp(cm_id *p, ibv_qp *qp)
+{
+	ibv_ece e{};
+	int r = ibv_query_ece(qp, &e);
+	if (r && r != EOPNOTSUPP)
+		return r;
+	p->local_ece.vendor_id = r ? 0 : e.vendor_id;
+	p->local_ece.options = r ? 0 : e.options;
+	if (!p->remote_ece.vendor_id || r)
+		return 0;
+	ibv_ece want{};
+	want.vendor_id = p->local_ece.vendor_id;
+	if (p->remote_ece.vendor_id == p->local_ece.vendor_id)
+		want.options = p->remote_ece.options;
+	r = ibv_set_ece(qp, &want);
+	if (r && r != EOPNOTSUPP)
+		return r;
+	// What the QP will use is what the REP offers back.
+	if (!ibv_query_ece(qp, &e))
+		p->local_ece.options = e.options;
+	return 0;
+}
+
+// The active side's QP when the REP comes: its options are those the REP
+// answered (none if the peer has no ECE); a REP naming another vendor than
+// the REQ's is a broken handshake (EINVAL).
+int ece_on_rep(cm_id *p)
+{
+	ibv_ece want{};
+	if (!p->remote_ece.vendor_id) {
+		if (!p->local_ece.vendor_id)
+			return 0;
+		want.vendor_id = p->local_ece.vendor_id;
+	} else if (p->remote_ece.vendor_id != p->local_ece.vendor_id) {
+		return EINVAL;
+	} else {
+		want = p->remote_ece;
+		want.comp_mask = 0;
+	}
+	int r = ibv_set_ece(p->id.qp, &want);
+	if (r && r != EOPNOTSUPP)
+		return r;
+	ibv_ece e{};
+	r = ibv_query_ece(p->id.qp, &e);
+	if (r && r != EOPNOTSUPP)
+		return r;
+	p->local_ece.options = r ? 0 : e.options;
+	return 0;
+}
+
+} // namespace
+
 SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
 {
 	if (!id || !attr)
@@ -1576,7 +1929,9 @@ SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
 		return fail(e);
 	}
 	p->id.qp = qp;
-	int e = modify_locked(p, IBV_QPS_INIT);
+	int e = ece_on_new_qp(p, qp);
+	if (!e)
+		e = modify_locked(p, IBV_QPS_INIT);
 	if (!e && a.qp_type == IBV_QPT_UD) {
 		e = modify_locked(p, IBV_QPS_RTR);
 		if (!e)
@@ -1726,6 +2081,24 @@ SV_API int rdma_listen(rdma_cm_id *id, int backlog)
 	}
 	if (p->state != st::bound)
 		return fail(EINVAL);
+	{
+		// A listener may share its port with no one the rules do not
+		// allow, REUSEADDR or not, and is no longer reusable.
+		const sockaddr *sa = &p->id.route.addr.src_addr;
+		port_lock lock(p->id.ps, get_port(sa));
+		if (int e = check_port(p, sa, false))
+			return fail(e);
+		if (p->unnamed) {
+			socklen_t len;
+			sockaddr_un un = sock_name(p->id.ps, addr_text(sa), get_port(sa), len);
+			if (bind(p->bind_fd, reinterpret_cast<sockaddr *>(&un), len))
+				return fail(errno == EADDRINUSE ? EADDRINUSE : errno);
+			p->unnamed = false;
+		}
+		p->reuseaddr = 0;
+		if (int e = publish_owner(p, sa, false))
+			return fail(e);
+	}
 	if (listen(p->bind_fd, backlog > 0 ? backlog : 128))
 		return -1;
 	p->state = st::listen;
@@ -1816,6 +2189,8 @@ SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 					return fail(e);
 			}
 			m.qpn = p->id.qp ? p->id.qp->qp_num : (conn_param ? conn_param->qp_num : 0);
+			// The REP answers the REQ's vendor with our options, as the kernel's.
+			m.ece_vendor = p->remote_ece.vendor_id;
 			m.psn = p->psn;
 			m.qkey = RDMA_UDP_QKEY;
 			m.resp_res = p->resp_res;
@@ -1841,7 +2216,8 @@ SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 	return 0;
 }
 
-SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+namespace {
+int reject_with(rdma_cm_id *id, const void *private_data, uint8_t private_data_len, uint32_t reason)
 {
 	if (!id)
 		return fail(EINVAL);
@@ -1853,17 +2229,25 @@ SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private
 	if (check_pdata(private_data, private_data_len, ud ? kSidrRepPdata : kRejPdata))
 		return fail(EINVAL);
 	wire_msg m = base_msg(p, ud ? M_SIDR_REP : M_REJ);
-	m.status = ud ? 1 : kRejConsumer;
+	m.status = ud ? 1 : reason;
 	put_pdata(m, private_data, private_data_len);
 	send_msg(p->conn_fd, m);
 	close_conn(p);
 	p->state = st::rejected;
 	return 0;
 }
+} // namespace
 
+SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+	return reject_with(id, private_data, private_data_len, kRejConsumer);
+}
+
+// The REJ's reason is the IB CM's "vendor option not supported" (35): the
+// peer's REJECTED has status 35.
 SV_API int rdma_reject_ece(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
 {
-	return rdma_reject(id, private_data, private_data_len);
+	return reject_with(id, private_data, private_data_len, kRejVendorOptionNotSupported);
 }
 
 SV_API int rdma_notify(rdma_cm_id *id, ibv_event_type event)
@@ -1948,7 +2332,9 @@ SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
 		if (p->req_event == e)
 			p->req_event = nullptr;
 		if (e->conn_resp && p->id.qp && p->state == st::rep_rcvd) {
-			int err = modify_locked(p, IBV_QPS_RTR);
+			int err = ece_on_rep(p);
+			if (!err)
+				err = modify_locked(p, IBV_QPS_RTR);
 			if (!err)
 				err = modify_locked(p, IBV_QPS_RTS);
 			wire_msg m = base_msg(p, err ? M_REJ : M_RTU);
@@ -2056,17 +2442,29 @@ SV_API int rdma_set_option(rdma_cm_id *id, int level, int optname, void *optval,
 				return fail(EINVAL);
 			p->tos = *static_cast<uint8_t *>(optval);
 			return 0;
-		case RDMA_OPTION_ID_REUSEADDR:
+		case RDMA_OPTION_ID_REUSEADDR: {
 			if (optlen != sizeof(int))
 				return fail(EINVAL);
-			p->reuseaddr = *static_cast<int *>(optval);
+			// As the kernel: set before a bind, or turned on before listening.
+			int v = *static_cast<int *>(optval);
+			if (p->state != st::idle && (!v || p->state == st::listen))
+				return fail(EINVAL);
+			p->reuseaddr = v;
+			if (p->own_fd >= 0)
+				if (int e = publish_owner(p, &p->id.route.addr.src_addr, v != 0))
+					return fail(e);
 			return 0;
+		}
 		case RDMA_OPTION_ID_AFONLY:
 			if (optlen != sizeof(int))
 				return fail(EINVAL);
-			if (p->state != st::idle)
+			if (p->state != st::idle && p->state != st::bound)
 				return fail(EINVAL);
 			p->afonly = *static_cast<int *>(optval);
+			p->afonly_set = true;
+			if (p->own_fd >= 0)
+				if (int e = publish_owner(p, &p->id.route.addr.src_addr, p->reuseaddr != 0))
+					return fail(e);
 			return 0;
 		case RDMA_OPTION_ID_ACK_TIMEOUT:
 			if (optlen != sizeof(uint8_t))
@@ -2107,20 +2505,31 @@ SV_API int rdma_migrate_id(rdma_cm_id *id, rdma_event_channel *channel)
 		return -1;
 	G().cv.wait(lk, [p] { return p->reported == p->acked; });
 	channel_priv *from = p->chan;
-	// Queued events of the id move with it.
-	for (event_priv *e : from->q) {
-		if (e->dead || e->about != p || e->counted != p)
+	if (from == to)
+		return 0;
+	// Queued events of the id move with it, as the kernel's: those it counts
+	// (a listener's CONNECT_REQUESTs too).  The event itself moves (a child
+	// points at its CONNECT_REQUEST); a dead entry takes its place, which
+	// the old channel's counter still counts.
+	for (event_priv *&slot : from->q) {
+		event_priv *e = slot;
+		if (e->dead || e->counted != p)
 			continue;
-		auto *n = new event_priv(*e);
-		if (n->ev.param.conn.private_data)
-			n->ev.param.conn.private_data = n->pdata;
-		e->dead = true;
-		push_event(to, n);
+		auto *dead = new event_priv;
+		dead->dead = true;
+		slot = dead;
+		push_event(to, e);
 	}
 	bool was_sync = p->sync;
 	p->chan = to;
 	p->id.channel = &to->ch;
 	p->sync = !channel;
+	// A synchronous id's private channel goes with it, unless ids it made
+	// (a listener's children) still use it.
+	if (was_sync)
+		for (auto &kv : G().ids)
+			if (kv.second->chan == from)
+				was_sync = false;
 	if (was_sync) {
 		for (event_priv *e : from->q)
 			delete e;
@@ -2487,22 +2896,32 @@ SV_API int rdma_leave_multicast(rdma_cm_id *id, sockaddr *addr)
 }
 
 // ----------------------------------------------------------------- ECE ---
-// Carried in REQ and REP: what rdma_set_local_ece sets, the peer reads.
+// A REQ carries the id's local ECE; a REP the vendor of the REQ's and the
+// passive side's options.  Ids with a QP take theirs from the QP
+// (ibv_query_ece, in rdma_create_qp) and agree with the peer through
+// ibv_set_ece (ece_on_new_qp, ece_on_rep); ids without one (an external
+// QP) exchange what the user set, for the user to apply.
 
 SV_API int rdma_set_local_ece(rdma_cm_id *id, ibv_ece *ece)
 {
-	if (!id || !ece || ece->comp_mask)
+	if (!id || id->qp || !ece || !ece->vendor_id || ece->comp_mask)
 		return fail(EINVAL);
 	std::lock_guard<std::mutex> lk(G().mu);
-	to_priv(id)->local_ece = *ece;
+	cm_id *p = to_priv(id);
+	p->local_ece.vendor_id = ece->vendor_id;
+	p->local_ece.options = ece->options;
+	p->local_ece.comp_mask = 0;
 	return 0;
 }
 
 SV_API int rdma_get_remote_ece(rdma_cm_id *id, ibv_ece *ece)
 {
-	if (!id || !ece)
+	if (!id || id->qp || !ece)
 		return fail(EINVAL);
 	std::lock_guard<std::mutex> lk(G().mu);
-	*ece = to_priv(id)->remote_ece;
+	cm_id *p = to_priv(id);
+	ece->vendor_id = p->remote_ece.vendor_id;
+	ece->options = p->remote_ece.options;
+	ece->comp_mask = 0;
 	return 0;
 }

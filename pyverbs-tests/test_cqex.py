@@ -240,12 +240,19 @@ out({"s": [s[0]["wr_id"], s[0]["status"]], "d": mb.read(10, 0).decode()})
     assert r == {"s": [1, 0], "d": "via parent"}
 
 
-def test_ece_and_srq_ops_not_supported(env):
+def test_ece_through_pyverbs(env):
+    """ibv_query_ece: the device's vendor (as ibv_query_device), no options;
+    ibv_set_ece accepts none of the options asked for (loop has none) and
+    refuses another vendor (pyverbs' QP.query_ece, QP.set_ece)."""
     r = run("""
-from pyverbs.srq import SRQ, SrqInitAttr, SrqAttr
-from pyverbs.wr import SGE
+from pyverbs.qp import ECE
 a, b, ca, cb = pair()
-ece = errno_of(a.query_ece)
-out({"ece": ece})
+q = a.query_ece()
+other = errno_of(a.set_ece, ECE(0x1234, 1, 0))
+ok = errno_of(a.set_ece, ECE(0xffffff, 5, 0))
+q2 = a.query_ece()
+out({"q": [q.vendor_id, q.options, q.comp_mask], "other": other, "ok": ok,
+     "q2": [q2.vendor_id, q2.options], "vendor": ctx.query_device().vendor_id})
 """, env)
-    assert r["ece"] == errno.EOPNOTSUPP
+    assert r == {"q": [0xffffff, 0, 0], "other": errno.EINVAL, "ok": 0, "q2": [0xffffff, 0],
+                 "vendor": 0xffffff}, r

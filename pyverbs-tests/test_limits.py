@@ -355,3 +355,38 @@ except PyverbsRDMAError as x:
 """], e)
     assert p.stdout.strip().endswith('"refused"'), p.stdout + p.stderr
     assert var in p.stderr or var.lower().replace("softverbs_", "") in p.stderr, p.stderr
+
+
+def test_full_dev_shm_is_enomem_not_sigbus(env):
+    """A queue's memory is taken when it is created: on a /dev/shm too small
+    for it (a container's is 64 MiB) creation fails with ENOMEM, where a
+    lazily filled segment would raise SIGBUS later in whichever process first
+    touched the missing page.  Run in a mount namespace of its own with
+    an 8 MiB /dev/shm (needs unshare -m, so root or user namespaces)."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("unshare -m is not allowed here")
+    script = r"""
+import json
+import pyverbs.device as d
+from pyverbs.cq import CQ
+from pyverbs.pyverbs_error import PyverbsRDMAError
+ctx = d.Context(name="loop0")
+small = CQ(ctx, 100)
+res = {}
+try:
+    big = CQ(ctx, 60000)  # about 16 MiB of ring and payload
+    res["big"] = 0
+except PyverbsRDMAError as ex:
+    res["big"] = ex.error_code
+CQ(ctx, 100).close()
+res["small"] = 0
+small.close()
+print(json.dumps(res))
+"""
+    p = subprocess.run(
+        ["unshare", "-m", "sh", "-c",
+         'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$0" -c "$1"',
+         "/usr/bin/python3", script],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"rc {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert json.loads(p.stdout.splitlines()[-1]) == {"big": errno.ENOMEM, "small": 0}, p.stdout

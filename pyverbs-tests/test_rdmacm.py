@@ -851,3 +851,577 @@ def test_connect_without_qp_disconnect_timewait(env):
                  "RDMA_CM_EVENT_ESTABLISHED",
                  ["RDMA_CM_EVENT_DISCONNECTED", "RDMA_CM_EVENT_DISCONNECTED",
                   "RDMA_CM_EVENT_TIMEWAIT_EXIT", "RDMA_CM_EVENT_TIMEWAIT_EXIT"]]
+
+
+def registry_in_use(fabric):
+    """In-use records of the fabric's registry: QPs, MRs, and the objects
+    (CQ, RQ, SRQ, service ring) by kind, read from the segment."""
+    import mmap
+    import softverbs_fabric
+    L = softverbs_fabric.layout()
+    f = softverbs_fabric.fabric(fabric)
+    with open(f["path"], "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+        try:
+            def u32(off):
+                return int.from_bytes(m[off:off + 4], "little")
+            qps = sum(1 for i in range(L["max_qps"])
+                      if u32(L["reg.qps"] + i * L["qp.size"] + L["qp.in_use"]))
+            mrs = sum(1 for i in range(L["max_mrs"])
+                      if u32(L["reg.mrs"] + i * L["mr.size"] + L["mr.state"]))
+            objs = {}
+            names = {L[k]: k[4:] for k in ("OBJ_CQ", "OBJ_RQ", "OBJ_SRQ", "OBJ_SVC")}
+            for i in range(L["max_objs"]):
+                base = L["reg.objs"] + i * L["obj.size"]
+                if u32(base + L["obj.in_use"]):
+                    kind = names.get(u32(base + L["obj.kind"]), "other")
+                    objs[kind] = objs.get(kind, 0) + 1
+        finally:
+            m.close()
+    return {"qps": qps, "mrs": mrs, "objs": objs, "live_leases": f["live_leases"]}
+
+
+MANY = 1000
+
+
+def test_many_connections_leak_nothing(link, env, fabric, build_dir):
+    """A thousand RC connections through rdma_cm, one after the other
+    (tests/progs/sv_cm_many.c): each carries one message each way with its
+    sequence number, payload and checksum checked, is disconnected, and all
+    its objects destroyed.  Afterwards neither side has more fds open than
+    after its first connection, nor the fabric more segments; with both
+    processes still alive the registry holds no QP, MR, CQ or RQ; after
+    they exit no lease is live and only the registry segment is left."""
+    prog = build_dir / "tests" / "progs" / "sv_cm_many"
+    if not prog.exists():
+        pytest.skip("sv_cm_many not built (librdmacm-dev missing)")
+    port = next(_port)
+    prefix = f"{svtest.segment_prefix()}{fabric}"
+    procs = []
+
+    def done_line(p, what):
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("DONE "):
+                return line
+        raise AssertionError(f"{what} ended without DONE (rc {p.wait()}):\n{''.join(lines)}")
+
+    try:
+        t0 = time.monotonic()
+        srv = subprocess.Popen([str(prog), "server", "127.0.0.1", str(port), str(MANY), prefix],
+                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(srv)
+        assert srv.stdout.readline().strip() == "LISTENING"
+        cli = subprocess.Popen([str(prog), "client", "127.0.0.1", str(port), str(MANY), prefix],
+                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(cli)
+        import threading
+        timer = threading.Timer(180, lambda: [kill_group(p) for p in procs])
+        timer.start()
+        try:
+            cdone = done_line(cli, "client")
+            sdone = done_line(srv, "server")
+        finally:
+            timer.cancel()
+        elapsed = time.monotonic() - t0
+        reg = registry_in_use(fabric)
+        segs_alive = sorted(os.listdir("/dev/shm"))
+        for p in (cli, srv):
+            p.stdin.close()
+        rest = []
+        for p in (cli, srv):
+            rest.append(p.stdout.read())
+            p.wait(timeout=30)
+        assert cli.returncode == 0 and srv.returncode == 0, rest
+    finally:
+        for p in procs:
+            kill_group(p)
+    pat = re.compile(r"DONE conns=(\d+) fds=(\d+)/(\d+)/(\d+)/(\d+) "
+                     r"shm=(\d+)/(\d+)/(\d+)/(\d+) ms=(\d+)")
+    for what, line in (("client", cdone), ("server", sdone)):
+        m = pat.match(line)
+        assert m, line
+        conns, f0, f1, f2, f3, s0, s1, s2, s3, ms = map(int, m.groups())
+        assert conns == MANY, line
+        assert f2 == f1, f"{what} leaked {f2 - f1} fds over {MANY - 1} connections: {line}"
+        assert s2 == s1, f"{what} leaked {s2 - s1} segments over {MANY - 1} connections: {line}"
+        # What the library keeps for the process's life once every id and
+        # channel is gone: the CM thread's epoll and the device contexts.
+        assert f3 - f0 <= 8, f"{what}: {f3 - f0} fds kept after all ids are gone: {line}"
+    # Both alive, every id destroyed: only each context's service ring left.
+    assert reg["qps"] == 0 and reg["mrs"] == 0, reg
+    assert set(reg["objs"]) <= {"SVC"}, reg
+    assert reg["live_leases"] == 2, reg
+    import softverbs_fabric
+    f = softverbs_fabric.fabric(fabric)
+    assert f["live_leases"] == 0, f["leases"]
+    left = sorted(s for s in os.listdir("/dev/shm") if s.startswith(prefix))
+    assert left == [prefix], (left, [s for s in segs_alive if s.startswith(prefix)])
+    assert elapsed < 120, f"{MANY} connections took {elapsed:.1f} s"
+    print(cdone, sdone, reg, f"{elapsed:.1f} s")
+
+
+ECE_CTYPES = r'''
+    class Ece(ctypes.Structure):
+        _fields_ = [("vendor_id", ctypes.c_uint32), ("options", ctypes.c_uint32),
+                    ("comp_mask", ctypes.c_uint32)]
+    for f in ("rdma_set_local_ece", "rdma_get_remote_ece", "rdma_reject_ece"):
+        getattr(cm, f).restype = ctypes.c_int
+    def ece(e):
+        return [e.vendor_id, e.options, e.comp_mask]
+    def pair(ch):
+        """A listener on 127.0.0.1 and an id with its route resolved to it."""
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = new_id(ch)
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_ADDR_RESOLVED"
+        assert cm.rdma_resolve_route(c, 1000) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_ROUTE_RESOLVED"
+        return l, c
+'''
+
+
+def test_ece_carried_in_req_and_rep(env):
+    """Ids without QPs (an external QP's case): the passive side reads the
+    REQ's ECE with rdma_get_remote_ece, the active side the REP's (the
+    REQ's vendor, the passive side's options); rdma_set_local_ece refuses
+    vendor 0, a comp_mask, and ids with a QP, as rdma-core's does."""
+    r, _ = cm_child(textwrap.dedent(ECE_CTYPES) + textwrap.dedent('''
+        ch = cm.rdma_create_event_channel()
+        l, c = pair(ch)
+        out = {}
+        out["vendor0"] = err(cm.rdma_set_local_ece(c, ctypes.byref(Ece(0, 1, 0))))
+        out["mask"] = err(cm.rdma_set_local_ece(c, ctypes.byref(Ece(0x1234, 1, 1))))
+        out["null"] = err(cm.rdma_set_local_ece(c, None))
+        assert cm.rdma_set_local_ece(c, ctypes.byref(Ece(0x1234, 0xabcd0001, 0))) == 0
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        assert ev[0] == "RDMA_CM_EVENT_CONNECT_REQUEST", ev
+        child = P(ev[2])
+        got = Ece(7, 7, 7)
+        assert cm.rdma_get_remote_ece(child, ctypes.byref(got)) == 0
+        out["passive_remote"] = ece(got)
+        assert cm.rdma_set_local_ece(child, ctypes.byref(Ece(0x1234, 0x5678, 0))) == 0
+        a = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x222)
+        assert cm.rdma_accept(child, ctypes.byref(a)) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_CONNECT_RESPONSE"
+        got = Ece(7, 7, 7)
+        assert cm.rdma_get_remote_ece(c, ctypes.byref(got)) == 0
+        out["active_remote"] = ece(got)
+        for i in (child, c, l):
+            assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    '''), env)
+    assert r == {"vendor0": "EINVAL", "mask": "EINVAL", "null": "EINVAL",
+                 "passive_remote": [0x1234, 0xabcd0001, 0],
+                 "active_remote": [0x1234, 0x5678, 0]}, r
+
+
+def test_ece_with_qps_and_reject_ece(env):
+    """loop0's ECE through verbs: ibv_query_ece gives the device's vendor
+    (0xffffff, as ibv_query_device) and no options; ibv_set_ece refuses
+    vendor 0 (EOPNOTSUPP), another vendor or a comp_mask (EINVAL), and
+    accepts none of the options asked for (loop has none), answering so in
+    the ece.  Ids with QPs connect with it (their ECE taken from the QP);
+    rdma_get_remote_ece and rdma_set_local_ece refuse ids with a QP.  Then
+    rdma_reject_ece: the peer's REJECTED has status 35."""
+    r, _ = cm_child(textwrap.dedent(ECE_CTYPES) + textwrap.dedent('''
+        vb = ctypes.CDLL("libibverbs.so.1", use_errno=True)
+        class QpInit(ctypes.Structure):
+            _fields_ = [("qp_context", P), ("send_cq", P), ("recv_cq", P), ("srq", P),
+                        ("max_send_wr", ctypes.c_uint32), ("max_recv_wr", ctypes.c_uint32),
+                        ("max_send_sge", ctypes.c_uint32), ("max_recv_sge", ctypes.c_uint32),
+                        ("max_inline_data", ctypes.c_uint32), ("qp_type", ctypes.c_int),
+                        ("sq_sig_all", ctypes.c_int)]
+        def qp_of(i):
+            return ctypes.cast(i, ctypes.POINTER(P))[3]   # rdma_cm_id.qp
+        def make_qp(i):
+            a = QpInit(None, None, None, None, 1, 1, 1, 1, 0, 2, 0)   # IBV_QPT_RC
+            assert cm.rdma_create_qp(i, None, ctypes.byref(a)) == 0, err(-1)
+            return P(qp_of(i))
+        ch = cm.rdma_create_event_channel()
+        l, c = pair(ch)
+        out = {}
+        qp = make_qp(c)
+        e = Ece(7, 7, 7)
+        out["query"] = [vb.ibv_query_ece(qp, ctypes.byref(e)), ece(e)]
+        out["set_vendor0"] = vb.ibv_set_ece(qp, ctypes.byref(Ece(0, 1, 0)))
+        out["set_other"] = vb.ibv_set_ece(qp, ctypes.byref(Ece(0x1234, 1, 0)))
+        out["set_mask"] = vb.ibv_set_ece(qp, ctypes.byref(Ece(0xffffff, 1, 1)))
+        e = Ece(0xffffff, 0x3, 0)
+        out["set"] = [vb.ibv_set_ece(qp, ctypes.byref(e)), ece(e)]
+        e = Ece(7, 7, 7)
+        vb.ibv_query_ece(qp, ctypes.byref(e))
+        out["query_after_set"] = ece(e)
+        out["local_with_qp"] = err(cm.rdma_set_local_ece(c, ctypes.byref(Ece(0x1234, 1, 0))))
+        out["remote_with_qp"] = err(cm.rdma_get_remote_ece(c, ctypes.byref(Ece())))
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        child = P(ev[2])
+        e = Ece(7, 7, 7)
+        assert cm.rdma_get_remote_ece(child, ctypes.byref(e)) == 0
+        out["passive_remote"] = ece(e)      # the REQ's: the active QP's
+        cqp = make_qp(child)
+        e = Ece(7, 7, 7)
+        vb.ibv_query_ece(cqp, ctypes.byref(e))
+        out["passive_qp"] = ece(e)
+        a = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0)
+        assert cm.rdma_accept(child, ctypes.byref(a)) == 0
+        out["events"] = sorted(get_event(ch)[0] for _ in range(2))
+        assert cm.rdma_disconnect(c) == 0
+        get_event(ch); get_event(ch)
+        for i in (child, c):
+            cm.rdma_destroy_qp(i)
+            assert cm.rdma_destroy_id(i) == 0
+        # rdma_reject_ece
+        c = new_id(ch)
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        get_event(ch); assert cm.rdma_resolve_route(c, 1000) == 0; get_event(ch)
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        child = P(ev[2])
+        why = ctypes.create_string_buffer(b"no such option")
+        assert cm.rdma_reject_ece(child, why, 14) == 0
+        out["again"] = err(cm.rdma_reject_ece(child, why, 14))
+        evp = ctypes.POINTER(Event)()
+        assert cm.rdma_get_cm_event(P(ch), ctypes.byref(evp)) == 0
+        x = evp.contents
+        out["rejected"] = [cm.rdma_event_str(x.event).decode(), x.status,
+                           ctypes.string_at(x.private_data, 14).decode()]
+        cm.rdma_ack_cm_event(evp)
+        for i in (child, c, l):
+            assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    '''), env)
+    assert r == {
+        "query": [0, [0xffffff, 0, 0]],
+        "set_vendor0": 95, "set_other": 22, "set_mask": 22,   # EOPNOTSUPP, EINVAL
+        "set": [0, [0xffffff, 0, 0]], "query_after_set": [0xffffff, 0, 0],
+        "local_with_qp": "EINVAL", "remote_with_qp": "EINVAL",
+        "passive_remote": [0xffffff, 0, 0], "passive_qp": [0xffffff, 0, 0],
+        "events": ["RDMA_CM_EVENT_ESTABLISHED", "RDMA_CM_EVENT_ESTABLISHED"],
+        "again": "EINVAL",
+        "rejected": ["RDMA_CM_EVENT_REJECTED", 35, "no such option"],
+    }, r
+
+
+def test_migrate_id(env):
+    """rdma_migrate_id: an id moved to another channel gets its events there
+    and only there, its queued events (a listener's CONNECT_REQUEST too)
+    move with it; the call waits until the id's retrieved events are
+    acked; NULL makes the id synchronous; a NULL id is EINVAL."""
+    r, _ = cm_child('''
+        import fcntl, threading, time
+        def nonblock(ch):
+            fd = ctypes.cast(ch, ctypes.POINTER(ctypes.c_int))[0]
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        def drain(ch):
+            """Names of the events waiting on ch, without blocking."""
+            got = []
+            while True:
+                ev = ctypes.POINTER(Event)()
+                if cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) != 0:
+                    assert ctypes.get_errno() == errno.EAGAIN, err(-1)
+                    return got
+                got.append(cm.rdma_event_str(ev.contents.event).decode())
+                cm.rdma_ack_cm_event(ev)
+        def wait_one(ch, timeout=10):
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                ev = ctypes.POINTER(Event)()
+                if cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) == 0:
+                    e = ev.contents
+                    r = (cm.rdma_event_str(e.event).decode(), e.status, e.id)
+                    cm.rdma_ack_cm_event(ev)
+                    return r
+                assert ctypes.get_errno() == errno.EAGAIN, err(-1)
+                time.sleep(0.01)
+            raise AssertionError("no event")
+        cm.rdma_create_event_channel.restype = P
+        ch1, ch2 = cm.rdma_create_event_channel(), cm.rdma_create_event_channel()
+        nonblock(ch1); nonblock(ch2)
+        out = {"null_id": err(cm.rdma_migrate_id(None, P(ch2)))}
+        l = new_id(ch1)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = new_id(ch1)
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        # ADDR_RESOLVED waits on ch1: it moves with the id.
+        time.sleep(0.1)
+        assert cm.rdma_migrate_id(c, P(ch2)) == 0
+        out["id_channel"] = ctypes.cast(c, ctypes.POINTER(P))[1] == ch2
+        out["queued_moved"] = [drain(ch1), wait_one(ch2)[0]]
+        assert cm.rdma_resolve_route(c, 1000) == 0
+        out["route"] = wait_one(ch2)[0]
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        # The CONNECT_REQUEST, queued on ch1 for the listener, moves with it.
+        time.sleep(0.1)
+        assert cm.rdma_migrate_id(l, P(ch2)) == 0
+        ev = wait_one(ch2)
+        out["req"] = [ev[0], drain(ch1)]
+        child = P(ev[2])
+        a = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x222)
+        assert cm.rdma_accept(child, ctypes.byref(a)) == 0
+        out["connect_response"] = wait_one(ch2)[0]
+        # The child (on ch2 with its listener) goes to ch1: its ESTABLISHED
+        # comes there, c's stays on ch2.
+        assert cm.rdma_migrate_id(child, P(ch1)) == 0
+        assert cm.rdma_establish(c) == 0
+        ev = wait_one(ch1)
+        out["child_est"] = [ev[0], ev[2] == child.value]
+        assert cm.rdma_disconnect(c) == 0
+        evs = [wait_one(ch1), wait_one(ch2)]
+        out["disc"] = [[e[0], e[2] == i.value] for e, i in zip(evs, (child, c))]
+        time.sleep(0.2)
+        out["left"] = [drain(ch1), drain(ch2)]
+        # Migrating waits until the id's retrieved events are acked.
+        assert cm.rdma_migrate_id(c, P(ch1)) == 0
+        held = {}
+        deadline = time.monotonic() + 5
+        while len(held) < 2:   # both TIMEWAIT_EXITs (1 s after), now both on ch1
+            ev = ctypes.POINTER(Event)()
+            if cm.rdma_get_cm_event(P(ch1), ctypes.byref(ev)) == 0:
+                held[ev.contents.id] = ev
+                continue
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        cm.rdma_ack_cm_event(held[child.value])
+        ev = held[c.value]
+        timewait = [cm.rdma_event_str(ev.contents.event).decode(), ev.contents.id]
+        done = []
+        t = threading.Thread(target=lambda: done.append(cm.rdma_migrate_id(c, P(ch2))))
+        t.start()
+        time.sleep(0.3)
+        out["blocked_until_ack"] = [timewait[0], timewait[1] == c.value, not done]
+        cm.rdma_ack_cm_event(ev)
+        t.join(5)
+        out["after_ack"] = done
+        # NULL: the id becomes synchronous, its own channel.
+        s = new_id(ch1)
+        assert cm.rdma_migrate_id(s, None) == 0
+        own = ctypes.cast(s, ctypes.POINTER(P))[1]
+        out["sync_channel"] = own not in (ch1, ch2, None)
+        out["sync_resolve"] = err(cm.rdma_resolve_addr(s, None, sin("127.0.0.1", port), 1000))
+        out["sync_left"] = drain(ch1)
+        for i in (s, child, c, l):
+            assert cm.rdma_destroy_id(i) == 0
+        cm.rdma_destroy_event_channel(P(ch1)); cm.rdma_destroy_event_channel(P(ch2))
+        print(json.dumps(out))
+    ''', env)
+    assert r == {
+        "null_id": "EINVAL", "id_channel": True,
+        "queued_moved": [[], "RDMA_CM_EVENT_ADDR_RESOLVED"],
+        "route": "RDMA_CM_EVENT_ROUTE_RESOLVED",
+        "req": ["RDMA_CM_EVENT_CONNECT_REQUEST", []],
+        "connect_response": "RDMA_CM_EVENT_CONNECT_RESPONSE",
+        "child_est": ["RDMA_CM_EVENT_ESTABLISHED", True],
+        "disc": [["RDMA_CM_EVENT_DISCONNECTED", True], ["RDMA_CM_EVENT_DISCONNECTED", True]],
+        "left": [[], []],
+        "blocked_until_ack": ["RDMA_CM_EVENT_TIMEWAIT_EXIT", True, True],
+        "after_ack": [0],
+        "sync_channel": True, "sync_resolve": 0, "sync_left": [],
+    }, r
+
+
+BIND_CTYPES = r'''
+    def opt(i, name, v):
+        x = ctypes.c_int(v)
+        return err(cm.rdma_set_option(i, 0, name, ctypes.byref(x), 4))
+    REUSE, AFONLY = 1, 2
+    def bound(ch, ip, port, *opts):
+        i = new_id(ch)
+        for name, v in opts:
+            assert opt(i, name, v) == 0
+        return i, err(cm.rdma_bind_addr(i, sin(ip, port)))
+    def port_of(i):
+        return socket.ntohs(cm.rdma_get_src_port(i))
+'''
+
+
+def test_bind_rules_reuseaddr_afonly(env):
+    """The kernel's bind rules (cma_check_port) on one port: a wildcard and
+    a specific address conflict (EADDRNOTAVAIL), one address twice is
+    EADDRINUSE, in one process or across two; REUSEADDR on both lets them
+    share until one listens (a listener shares with no one); an IPv4 and an
+    IPv6 wildcard conflict unless the IPv6 one is AFONLY; and the options'
+    own errors."""
+    holder = subprocess.Popen(
+        [svtest.PYTHON, "-c", CTYPES + textwrap.dedent(BIND_CTYPES) + textwrap.dedent('''
+            ch = cm.rdma_create_event_channel()
+            l, e = bound(ch, "0.0.0.0", 0)
+            assert e == 0 and cm.rdma_listen(l, 4) == 0
+            print(port_of(l), flush=True)
+            sys.stdin.read()
+        ''')], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        other_port = int(holder.stdout.readline())
+        r, _ = cm_child(textwrap.dedent(BIND_CTYPES) + textwrap.dedent(f'''
+            ch = cm.rdma_create_event_channel()
+            out = {{}}
+            # Another process's IPv4 wildcard listener.
+            out["cross_specific"] = bound(ch, "127.0.0.1", {other_port})[1]
+            out["cross_any"] = bound(ch, "0.0.0.0", {other_port})[1]
+            # Here: the wildcard first, then a specific address.
+            a, e = bound(ch, "0.0.0.0", 0); assert e == 0
+            P1 = port_of(a)
+            out["any_then_specific"] = bound(ch, "127.0.0.1", P1)[1]
+            out["any_twice"] = bound(ch, "0.0.0.0", P1)[1]
+            # A specific address first.
+            s, e = bound(ch, "127.0.0.1", 0); assert e == 0
+            P2 = port_of(s)
+            out["specific_twice"] = bound(ch, "127.0.0.1", P2)[1]
+            out["specific_then_any"] = bound(ch, "0.0.0.0", P2)[1]
+            assert cm.rdma_destroy_id(s) == 0
+            out["after_destroy"] = bound(ch, "0.0.0.0", P2)[1]
+            # REUSEADDR on both: shared until one listens.
+            r1, e = bound(ch, "127.0.0.1", 0, (REUSE, 1)); assert e == 0
+            P3 = port_of(r1)
+            r2, out["reuse_both"] = bound(ch, "127.0.0.1", P3, (REUSE, 1))
+            out["reuse_one"] = bound(ch, "127.0.0.1", P3)[1]
+            ra, out["reuse_any"] = bound(ch, "0.0.0.0", P3, (REUSE, 1))
+            assert cm.rdma_destroy_id(ra) == 0
+            out["listen_shared"] = err(cm.rdma_listen(r1, 4))
+            assert cm.rdma_destroy_id(r2) == 0
+            out["listen_alone"] = err(cm.rdma_listen(r1, 4))
+            out["reuse_on_listener_port"] = bound(ch, "127.0.0.1", P3, (REUSE, 1))[1]
+            # IPv4 and IPv6 wildcards.
+            v4, e = bound(ch, "0.0.0.0", 0); assert e == 0
+            P4 = port_of(v4)
+            out["v6_any_on_v4_any"] = bound(ch, "::", P4)[1]
+            v6, out["v6only_any_on_v4_any"] = bound(ch, "::", P4, (AFONLY, 1))
+            assert cm.rdma_destroy_id(v6) == 0
+            out["v6only_specific_on_v4_any"] = bound(ch, "::1", P4, (AFONLY, 1))[1]
+            # The options' errors.
+            out["reuse_off_bound"] = opt(v4, REUSE, 0)
+            assert cm.rdma_listen(v4, 4) == 0
+            out["reuse_on_listener"] = opt(v4, REUSE, 1)
+            out["afonly_on_listener"] = opt(v4, AFONLY, 1)
+            print(json.dumps(out))
+        '''), env)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert r == {
+        "cross_specific": "EADDRNOTAVAIL", "cross_any": "EADDRNOTAVAIL",
+        "any_then_specific": "EADDRNOTAVAIL", "any_twice": "EADDRNOTAVAIL",
+        "specific_twice": "EADDRINUSE", "specific_then_any": "EADDRNOTAVAIL",
+        "after_destroy": 0,
+        "reuse_both": 0, "reuse_one": "EADDRINUSE", "reuse_any": 0,
+        "listen_shared": "EADDRINUSE", "listen_alone": 0, "reuse_on_listener_port": "EADDRINUSE",
+        "v6_any_on_v4_any": "EADDRNOTAVAIL", "v6only_any_on_v4_any": 0,
+        "v6only_specific_on_v4_any": 0,
+        "reuse_off_bound": "EINVAL", "reuse_on_listener": "EINVAL",
+        "afonly_on_listener": "EINVAL",
+    }, r
+
+
+def test_afonly_ipv6_wildcard_listener(env):
+    """An IPv6 wildcard listener takes IPv4 connects (its CONNECT_REQUEST
+    shows the IPv4 addresses); with RDMA_OPTION_ID_AFONLY it does not: the
+    IPv4 connect is REJECTED with reason 8 (no such service), at once."""
+    r, _ = cm_child(textwrap.dedent(BIND_CTYPES) + textwrap.dedent('''
+        import time
+        ch = cm.rdma_create_event_channel()
+        out = {}
+        for afonly in (0, 1):
+            l, e = bound(ch, "::", 0, (AFONLY, afonly)); assert e == 0
+            assert cm.rdma_listen(l, 4) == 0
+            c = new_id(ch)
+            assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port_of(l)), 1000) == 0
+            get_event(ch); assert cm.rdma_resolve_route(c, 1000) == 0; get_event(ch)
+            p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+            t0 = time.monotonic()
+            assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+            ev = ctypes.POINTER(Event)()
+            assert cm.rdma_get_cm_event(P(ch), ctypes.byref(ev)) == 0
+            x = ev.contents
+            got = [cm.rdma_event_str(x.event).decode(), x.status, time.monotonic() - t0 < 0.5]
+            if x.event == 4:   # CONNECT_REQUEST: the addresses it carries
+                child = P(x.id)
+                sa = ctypes.string_at(child.value + 32, 8)   # id->route.addr.src_addr
+                got.append([struct.unpack("=H", sa[:2])[0] == socket.AF_INET,
+                            socket.inet_ntoa(sa[4:8])])
+            cm.rdma_ack_cm_event(ev)
+            if x.event == 4:
+                assert cm.rdma_reject(child, None, 0) == 0
+                assert get_event(ch)[0] == "RDMA_CM_EVENT_REJECTED"
+                assert cm.rdma_destroy_id(child) == 0
+            out[str(afonly)] = got
+            for i in (c, l):
+                assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    '''), env)
+    assert r == {"0": ["RDMA_CM_EVENT_CONNECT_REQUEST", 0, True, [True, "127.0.0.1"]],
+                 "1": ["RDMA_CM_EVENT_REJECTED", 8, True]}, r
+
+
+def test_refused_req_retried_only_for_a_recent_listener(env):
+    """A REQ to a port nobody has is REJECTED (reason 8) at once; one to a
+    port whose listener was just destroyed is retried (for up to 1 s), so a
+    listener that comes back meanwhile (perftest -R's data connection)
+    takes it."""
+    r, _ = cm_child('''
+        import threading, time
+        ch = cm.rdma_create_event_channel()
+        def route(port):
+            c = new_id(ch)
+            assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+            assert get_event(ch)[0] == "RDMA_CM_EVENT_ADDR_RESOLVED"
+            assert cm.rdma_resolve_route(c, 1000) == 0
+            assert get_event(ch)[0] == "RDMA_CM_EVENT_ROUTE_RESOLVED"
+            return c
+        out = {}
+        # A port nobody ever had: the first ephemeral port of a throwaway id.
+        t = new_id(ch)
+        assert cm.rdma_bind_addr(t, sin("127.0.0.1", 0)) == 0
+        free = socket.ntohs(cm.rdma_get_src_port(t))
+        assert cm.rdma_destroy_id(t) == 0
+        c = route(free)
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        t0 = time.monotonic()
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        ev = get_event(ch)
+        out["nobody"] = [ev[0], ev[1], time.monotonic() - t0 < 0.3]
+        assert cm.rdma_destroy_id(c) == 0
+        # A listener destroyed, and another on its port 200 ms later.
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("0.0.0.0", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = route(port)
+        assert cm.rdma_destroy_id(l) == 0
+        box = []
+        def relisten():
+            time.sleep(0.2)
+            l2 = new_id(ch)
+            assert cm.rdma_bind_addr(l2, sin("0.0.0.0", port)) == 0
+            assert cm.rdma_listen(l2, 4) == 0
+            box.append(l2)
+        th = threading.Thread(target=relisten)
+        th.start()
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        th.join()
+        ev = get_event(ch)
+        out["relisten"] = [ev[0], ev[3] == box[0].value]
+        assert cm.rdma_reject(P(ev[2]), None, 0) == 0
+        ev2 = get_event(ch)
+        out["rejected"] = [ev2[0], ev2[1]]
+        for i in (P(ev[2]), c, box[0]):
+            assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    ''', env)
+    assert r == {"nobody": ["RDMA_CM_EVENT_REJECTED", 8, True],
+                 "relisten": ["RDMA_CM_EVENT_CONNECT_REQUEST", True],
+                 "rejected": ["RDMA_CM_EVENT_REJECTED", 28]}, r

@@ -211,6 +211,7 @@ struct loop_qp {
 	uint32_t slot; // In the registry's qps[]
 	uint32_t qpn;
 	uint32_t pdn;
+	uint32_t ece_options = 0; // Accepted by ibv_set_ece (loop_query.cpp)
 	ibv_qp_type type;
 	bool opened; // A handle from ibv_open_qp on another's XRC target QP
 	obj_ref rq_ref;
@@ -394,6 +395,8 @@ ibv_qp *loop_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr);
 ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr);
 int loop_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int mask);
 int loop_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init);
+int loop_query_ece(ibv_qp *qp, ibv_ece *ece);
+int loop_set_ece(ibv_qp *qp, ibv_ece *ece);
 int loop_destroy_qp(ibv_qp *qp);
 int loop_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
 // Moves a QP to ERR (if not already) and flushes its receive queue; usable on

@@ -483,6 +483,11 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 	return true;
 }
 
+static_assert((uint64_t(kMaxCqe) + 1) * (sizeof(sv_cqe) + sizeof(sv_cqe_payload)) +
+			      sizeof(sv_cq_ring) + 2 * 4096 <=
+		      kMaxQueueBytes,
+	      "a CQ of max_cqe entries fits the queue segment bound");
+
 loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
 {
 	if (cqe < 1 || cqe > kMaxCqe) {

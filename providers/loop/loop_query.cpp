@@ -264,4 +264,38 @@ int loop_query_rt_values(ibv_context *ctx, ibv_values_ex *values)
 	return 0;
 }
 
+// ECE (ibv_query_ece, ibv_set_ece): vendor_id is the device's, as in
+// ibv_query_device.  loop has no optional behaviour for peers to agree on,
+// so it accepts none of the options asked for: set_ece takes and records
+// the request, and answers (its ece is IN/OUT), as query_ece does after,
+// with the options in force, none.
+namespace {
+constexpr uint32_t kEceOptions = 0; // the option bits loop implements
+} // namespace
+
+int loop_query_ece(ibv_qp *ibqp, ibv_ece *ece)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("ibv_query_ece", qp, qp->life, kLifeQp);
+	ece->vendor_id = kVendorId;
+	ece->options = qp->ece_options;
+	ece->comp_mask = 0;
+	return 0;
+}
+
+int loop_set_ece(ibv_qp *ibqp, ibv_ece *ece)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("ibv_set_ece", qp, qp->life, kLifeQp);
+	if (ece->comp_mask || ece->vendor_id != kVendorId) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	qp->ece_options = ece->options & kEceOptions;
+	ece->options = qp->ece_options;
+	return 0;
+}
+
 } // namespace loop

@@ -44,9 +44,19 @@ std::mutex g_map_lock;
 std::unordered_map<uint32_t, std::shared_ptr<queue_mapping>> &g_maps =
 	*new std::unordered_map<uint32_t, std::shared_ptr<queue_mapping>>;
 
-// The largest queue segment anyone makes: a CQ of the most entries with its
-// payload array, with room to spare.  A bigger file is not one of ours.
-constexpr size_t kMaxQueueBytes = size_t(1) << 32;
+// Takes the segment's memory now: tmpfs hands out pages as they are first
+// touched, and a /dev/shm that is full then (a container's is 64 MiB) would
+// raise SIGBUS in whichever process touches the page, perhaps a peer writing
+// a completion.  Reserved here, a full /dev/shm is ENOMEM at creation.
+int reserve_segment(int fd, size_t bytes)
+{
+	int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+	if (e == ENOSPC || e == EFBIG)
+		return ENOMEM;
+	// A file system without fallocate keeps the lazy behaviour.
+	return e == EOPNOTSUPP || e == EINVAL ? 0 : e;
+}
+
 // Names tried before queue_create gives up: each try has a fresh nonce, so
 // only someone who fills /dev/shm with every name could exhaust them.
 constexpr int kNameTries = 16;
@@ -174,6 +184,8 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 	// The umask may have taken the owner's bits: peers open it read-write.
 	if (fd >= 0 && (fchmod(fd, 0600) < 0 || ftruncate(fd, static_cast<off_t>(bytes)) < 0))
 		err = errno;
+	else if (fd >= 0 && (err = reserve_segment(fd, bytes)))
+		;
 	else if (fd >= 0)
 		p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (fd >= 0 && !err && p == MAP_FAILED)

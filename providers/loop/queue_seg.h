@@ -13,6 +13,11 @@
 
 namespace loop {
 
+// The largest queue segment anyone makes: a CQ of the most entries with its
+// payload array, with room to spare (loop_cq.cpp asserts it).  A bigger file
+// is not one of ours.
+inline constexpr size_t kMaxQueueBytes = size_t(1) << 32;
+
 struct obj_ref {
 	uint32_t slot = 0;
 	uint32_t gen = 0;
