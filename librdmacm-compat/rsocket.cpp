@@ -1231,6 +1231,14 @@ SV_API int rsetsockopt(int socket, int level, int optname, const void *optval, s
 		*p *= 2;  // as Linux reports it back
 	if (level == SOL_SOCKET && optname == SO_KEEPALIVE)
 		*p = *p != 0;
+	if (level == SOL_SOCKET && optname == SO_REUSEADDR && s->id) {
+		// The CM's own REUSEADDR (the kernel rdma_cm's port rules), as
+		// rdma-core's rsockets do.  The CM refuses some late changes
+		// (off once bound, anything once listening) that TCP allows:
+		// then the stored value is all there is.
+		int v = *p != 0;
+		rdma_set_option(s->id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &v, sizeof(v));
+	}
 	return 0;
 }
 
