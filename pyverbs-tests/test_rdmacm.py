@@ -243,23 +243,33 @@ def test_fi_pingpong_verbs(link, run_env, softverbs_run):
         assert rows and all("=100" in r for r in rows), out
 
 
-@pytest.mark.parametrize("verb", ["write", "read"])
-def test_fio_rdma(link, run_env, softverbs_run, verb):
+@pytest.mark.parametrize("verb,seconds", [("write", 0), ("read", 0), ("write", 5)])
+def test_fio_rdma(link, run_env, softverbs_run, verb, seconds):
     """fio's rdma engine: the reader is its server, the writer its client.
     (--verb=send is left out: fio's server accepts with rnr_retry_count 0,
     which the IB CM hands to the client's QP, so any SEND that finds no
     receive posted fails with RNR_RETRY_EXC_ERR, here as on an HCA.)
-    --thread keeps fio's jobs in the process group that is killed."""
+    --thread keeps fio's jobs in the process group that is killed.
+    With `seconds`, a time-based run (issue 11: a 5-second write run) that
+    must last that long and move more than the 8 MiB file once."""
     need("fio")
     port = next(_port)
     common = [softverbs_run, "fio", "--thread", "--ioengine=rdma", f"--port={port}",
               "--bs=64k", "--size=8m"]
+    timed = ["--time_based", f"--runtime={seconds}"] if seconds else []
     res = pair(common + ["--name=srv", "--rw=read"],
-               common + ["--name=cli", "--hostname=127.0.0.1", f"--verb={verb}", "--rw=write"],
+               common + ["--name=cli", "--hostname=127.0.0.1", f"--verb={verb}", "--rw=write"]
+               + timed,
                run_env, lambda: cm_listening(port))
     sout, cout = check_pair(res, f"fio rdma {verb}")
     assert "err= 0" in sout and "err= 0" in cout, sout + cout
-    assert "io=8192KiB" in cout or "io=8.00MiB" in cout, cout
+    if not seconds:
+        assert "io=8192KiB" in cout or "io=8.00MiB" in cout, cout
+        return
+    m = re.search(r"io=([\d.]+)([KMG])iB .*run=(\d+)-(\d+)msec", cout)
+    assert m, cout
+    moved = float(m.group(1)) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+    assert int(m.group(3)) >= seconds * 1000 and moved > 8 << 20, cout
 
 
 @pytest.mark.parametrize("group", ["224.0.0.7", "ff0e::7"])
