@@ -14,7 +14,6 @@
 
 #include <atomic>
 #include <cstddef>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -194,7 +193,7 @@ struct send_wr {
 	uint32_t remote_qkey;
 	// XRC
 	uint32_t xrc_srqn;
-	uint64_t sq_index; // Position in the send queue (loop_qp::sq_posted when posted)
+	uint64_t sq_index; // Its WQE's number in the send queue (loop_qp::sq_posted when posted)
 	// Retry state
 	int rnr_left;
 	int retry_left;
@@ -228,7 +227,24 @@ struct loop_qp {
 	std::atomic<uint64_t> sq_retired;
 	std::mutex rq_lock; // Posting receives
 	ibv_qp_attr attr;   // What modify_qp set, for query_qp
-	std::deque<send_wr> backlog; // WRs waiting behind an RNR or a retry
+	// The send queue: a ring of WQEs in shared memory (sv_sq_ring,
+	// kernel-abi/softverbs-abi.h).  The WQEs in [sq_cons, sq_posted) are
+	// the requester's backlog: the head one may wait for an RNR timer or
+	// a retry, and those behind it wait with it.  The geometry and the
+	// indices here are the trusted copies; the ring's header only
+	// publishes them.  Under sq_lock, but for sq_retired.
+	sv_sq_ring *sq = nullptr;
+	size_t sq_bytes = 0;
+	uint32_t sq_mask = 0;
+	uint32_t sq_stride = 0;
+	uint64_t sq_cons = 0;
+	// The head WQE as the requester decoded it, with its retry state;
+	// valid while sq_head_valid.
+	bool sq_head_valid = false;
+	send_wr sq_head;
+	// Per slot: the fast-register key object a library-posted WQE names
+	// (process memory: never read from the ring).
+	std::vector<loop_mr *> sq_frmr;
 	bool in_progress_list;
 	// SENDs whose data waits in the peer's CQE payload for the peer to
 	// place it.  Anything this QP moves later places them first, so that
@@ -460,6 +476,14 @@ void qp_flush_backlog(loop_qp *qp);
 // Runs the backlog of a QP (called by the progress thread); returns the time
 // of the next retry or 0 when the backlog is empty.
 uint64_t qp_run_backlog(loop_qp *qp);
+// The send-queue ring of a QP: made at create (room for cap.max_send_wr
+// WQEs of cap.max_send_sge SGEs or cap.max_inline_data bytes), unmapped at
+// destroy.  0 or an errno.
+int sq_create(loop_qp *qp);
+void sq_destroy(loop_qp *qp);
+// Empties the send queue (back to RESET): nothing left completes.  Caller
+// holds sq_lock.
+void sq_reset(loop_qp *qp);
 
 // Striped fabric-wide lock for atomics on (target process, address).
 class atomic_guard {
