@@ -133,6 +133,7 @@ struct loop_cq {
 	uint64_t claim_since;
 	bool placing_self;
 	uint64_t head; // Next entry to poll: the owner's own copy of the ring's cons
+	bool agent = false; // Polled by an agent (softverbs_dv_cq_agent), under lock
 };
 
 struct loop_srq {
@@ -245,6 +246,12 @@ struct loop_qp {
 	// Per slot: the fast-register key object a library-posted WQE names
 	// (process memory: never read from the ring).
 	std::vector<loop_mr *> sq_frmr;
+	// Handed to an agent (softverbs_dv_qp_agent): the agent is the ring's
+	// producer, the engine thread serves its doorbell, and ibv_post_send
+	// fails with EINVAL.  sq_bad_db: a doorbell value refused (ignored
+	// until the agent rings another).  Under sq_lock.
+	bool agent = false;
+	uint64_t sq_bad_db = 0;
 	bool in_progress_list;
 	// SENDs whose data waits in the peer's CQE payload for the peer to
 	// place it.  Anything this QP moves later places them first, so that
@@ -484,6 +491,17 @@ void sq_destroy(loop_qp *qp);
 // Empties the send queue (back to RESET): nothing left completes.  Caller
 // holds sq_lock.
 void sq_reset(loop_qp *qp);
+// The engine thread's part: takes the WQEs an agent rang for and runs
+// them (takes sq_lock).  Returns how many WQEs the doorbell added; sets
+// need_progress when some wait for a retry.
+int sq_serve_doorbell(loop_qp *qp, bool &need_progress);
+// softverbs_dv_qp_agent / softverbs_dv_cq_agent.
+int loop_dv_qp_agent(ibv_qp *qp, int on, softverbs_dv_sq *sq);
+int loop_dv_cq_agent(ibv_cq *cq, int on, softverbs_dv_cq *out);
+
+// loop_engine.cpp: the thread that serves agents' doorbells.  0 or ENOMEM.
+int engine_add(loop_qp *qp);
+void engine_remove(loop_qp *qp);
 
 // Striped fabric-wide lock for atomics on (target process, address).
 class atomic_guard {

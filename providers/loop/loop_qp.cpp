@@ -725,6 +725,8 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		return EBUSY;
 	}
 	progress_remove(qp);
+	if (qp->agent)
+		engine_remove(qp);
 	{
 		registry_guard g(fab);
 		sv_qp_rec &rec = fab.reg()->qps[qp->slot];

@@ -977,6 +977,32 @@ uint64_t timeout_ns(uint8_t timeout)
 
 static_assert(SV_WQE_OP_FAST_REG == kWrFastReg, "the fast-register opcode is the ABI's");
 static_assert(kMaxSge <= UINT8_MAX, "ctrl.num_sge holds any SGE count");
+// <infiniband/softverbs_dv.h> mirrors the ABI's layouts for its inline helpers.
+static_assert(SOFTVERBS_SQ_FORMAT_VERSION == SV_SQ_FORMAT_VERSION);
+static_assert(SOFTVERBS_WQE_HDR_SIZE == SV_WQE_HDR_SIZE);
+static_assert(SOFTVERBS_WQE_INLINE == SV_WQE_INLINE);
+static_assert(SOFTVERBS_CQE_SQ_INDEX == SV_CQE_SQ_INDEX);
+static_assert(SOFTVERBS_WQE_OP_FAST_REG == SV_WQE_OP_FAST_REG);
+static_assert(SV_CQE_PLACE == 2, "softverbs_dv_cq_poll tests bit 2");
+static_assert(sizeof(softverbs_wqe) == sizeof(sv_send_wqe));
+static_assert(offsetof(softverbs_wqe, raddr) == offsetof(sv_send_wqe, raddr));
+static_assert(offsetof(softverbs_wqe, atomic) == offsetof(sv_send_wqe, atomic));
+static_assert(offsetof(softverbs_wqe, ud) == offsetof(sv_send_wqe, ud));
+static_assert(offsetof(softverbs_wqe, mem) == offsetof(sv_send_wqe, mem));
+static_assert(sizeof(softverbs_wqe_ctrl) == sizeof(sv_wqe_ctrl));
+static_assert(offsetof(softverbs_wqe_ctrl, send_flags) == offsetof(sv_wqe_ctrl, send_flags));
+static_assert(offsetof(softverbs_wqe_ctrl, wr_id) == offsetof(sv_wqe_ctrl, wr_id));
+static_assert(offsetof(softverbs_wqe_ctrl, imm) == offsetof(sv_wqe_ctrl, imm));
+static_assert(offsetof(softverbs_wqe_ctrl, inline_len) == offsetof(sv_wqe_ctrl, inline_len));
+static_assert(offsetof(softverbs_wqe_ctrl, index) == offsetof(sv_wqe_ctrl, index));
+static_assert(sizeof(softverbs_sge) == sizeof(sv_sge));
+static_assert(sizeof(softverbs_cqe) == sizeof(sv_cqe));
+static_assert(offsetof(softverbs_cqe, wr_id) == offsetof(sv_cqe, wr_id));
+static_assert(offsetof(softverbs_cqe, byte_len) == offsetof(sv_cqe, byte_len));
+static_assert(offsetof(softverbs_cqe, qp_num) == offsetof(sv_cqe, qp_num));
+static_assert(offsetof(softverbs_cqe, src_qp) == offsetof(sv_cqe, src_qp));
+static_assert(offsetof(softverbs_cqe, flags) == offsetof(sv_cqe, flags));
+static_assert(offsetof(softverbs_cqe, timestamp) == offsetof(sv_cqe, timestamp));
 
 sv_send_wqe *sq_slot(loop_qp *qp, uint64_t index)
 {
@@ -1439,7 +1465,7 @@ int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
 		std::lock_guard<std::mutex> g(qp->sq_lock);
 		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
 		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
-		    qp->type == IBV_QPT_XRC_RECV) {
+		    qp->type == IBV_QPT_XRC_RECV || qp->agent) {
 			*bad = wr;
 			return EINVAL;
 		}
@@ -1492,7 +1518,7 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 		std::lock_guard<std::mutex> g(qp->sq_lock);
 		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
 		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
-		    qp->type == IBV_QPT_XRC_RECV)
+		    qp->type == IBV_QPT_XRC_RECV || qp->agent)
 			return EINVAL;
 		uint64_t used = qp->sq_posted.load(std::memory_order_relaxed) -
 				qp->sq_retired.load(std::memory_order_acquire);
@@ -1562,6 +1588,112 @@ void sq_reset(loop_qp *qp)
 	qp->sq_retired.store(posted, std::memory_order_release);
 	if (qp->sq)
 		std::atomic_ref<uint64_t>(qp->sq->retired).store(posted, std::memory_order_release);
+}
+
+int sq_serve_doorbell(loop_qp *qp, bool &need_progress)
+{
+	std::lock_guard<std::mutex> g(qp->sq_lock);
+	if (!qp->agent || !qp->sq)
+		return 0;
+	uint64_t db = std::atomic_ref<uint64_t>(qp->sq->db_record).load(std::memory_order_acquire);
+	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+	if (db == posted || db == qp->sq_bad_db)
+		return 0;
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+	// A doorbell that goes back, or past the ring's slots, is refused; so
+	// is one rung before the QP can send (ring again once it can).
+	uint64_t count = uint64_t{qp->sq_mask} + 1;
+	if (db - posted > count || db - qp->sq_cons > count || state == IBV_QPS_RESET ||
+	    state == IBV_QPS_INIT || state == IBV_QPS_RTR) {
+		qp->sq_bad_db = db;
+		debug_log("QP %#x: agent doorbell %llu refused (posted %llu, state %u)", qp->qpn,
+			  static_cast<unsigned long long>(db), static_cast<unsigned long long>(posted),
+			  state);
+		return 0;
+	}
+	qp->sq_posted.store(db, std::memory_order_release);
+	int n = static_cast<int>(db - posted);
+	if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
+		flush_backlog(qp);
+		return n;
+	}
+	drain(qp);
+	need_progress = qp->sq_cons != db;
+	return n;
+}
+
+int loop_dv_qp_agent(ibv_qp *ibqp, int on, softverbs_dv_sq *out)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("softverbs_dv_qp_agent", qp, qp->life, kLifeQp);
+	if (!qp->sq || qp->opened ||
+	    (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC && qp->type != IBV_QPT_UD))
+		return EINVAL;
+	if (on) {
+		if (!out)
+			return EINVAL;
+		{
+			std::lock_guard<std::mutex> g(qp->sq_lock);
+			if (qp->agent)
+				return EBUSY;
+			// Handed over empty: every WQE the library posted has
+			// completed and been polled.
+			uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+			if (qp->sq_cons != posted ||
+			    qp->sq_retired.load(std::memory_order_acquire) != posted)
+				return EBUSY;
+			sv_sq_ring *r = qp->sq;
+			std::atomic_ref<uint64_t>(r->retired).store(posted, std::memory_order_relaxed);
+			std::atomic_ref<uint64_t>(r->prod).store(posted, std::memory_order_relaxed);
+			std::atomic_ref<uint32_t>(r->sleeping).store(0, std::memory_order_relaxed);
+			std::atomic_ref<uint64_t>(r->db_record).store(posted, std::memory_order_release);
+			qp->sq_bad_db = posted;
+			qp->agent = true;
+			memset(out, 0, sizeof(*out));
+			out->ring = r;
+			out->slots = reinterpret_cast<char *>(r) + SV_SQ_HDR_SIZE;
+			out->prod = &r->prod;
+			out->db_record = &r->db_record;
+			out->sleeping = &r->sleeping;
+			out->retired = &r->retired;
+			out->format_version = SV_SQ_FORMAT_VERSION;
+			out->count = qp->sq_mask + 1;
+			out->stride = qp->sq_stride;
+			out->max_sge = qp->cap.max_send_sge;
+			out->max_inline = qp->cap.max_inline_data;
+			out->max_wr = qp->cap.max_send_wr;
+			out->qpn = qp->qpn;
+			out->next = posted;
+			out->freed = posted;
+		}
+		if (int e = engine_add(qp)) {
+			std::lock_guard<std::mutex> g(qp->sq_lock);
+			qp->agent = false;
+			return e;
+		}
+		return 0;
+	}
+	{
+		std::lock_guard<std::mutex> g(qp->sq_lock);
+		if (!qp->agent)
+			return EINVAL;
+		uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+		uint64_t db =
+			std::atomic_ref<uint64_t>(qp->sq->db_record).load(std::memory_order_acquire);
+		if (qp->sq_cons != posted || (db != posted && db != qp->sq_bad_db))
+			return EBUSY; // Work is still in the ring
+		qp->agent = false;
+		// The agent's retired count, as far as it is believable.
+		uint64_t r = std::atomic_ref<uint64_t>(qp->sq->retired).load(std::memory_order_acquire);
+		uint64_t mine = qp->sq_retired.load(std::memory_order_acquire);
+		if (r - mine <= posted - mine)
+			qp->sq_retired.store(r, std::memory_order_release);
+	}
+	engine_remove(qp);
+	return 0;
 }
 
 } // namespace loop
