@@ -236,6 +236,7 @@ struct loop_qp {
 	// publishes them.  Under sq_lock, but for sq_retired.
 	sv_sq_ring *sq = nullptr;
 	size_t sq_bytes = 0;
+	ibv_pd *sq_alloc_pd = nullptr; // The parent domain whose allocator gave the ring
 	uint32_t sq_mask = 0;
 	uint32_t sq_stride = 0;
 	uint64_t sq_cons = 0;
@@ -477,6 +478,11 @@ ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr);
 int loop_dealloc_td(ibv_td *td);
 ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *attr);
 int loop_dealloc_parent_domain(loop_pd *pd);
+// Memory from a parent domain's allocator: IBV_ALLOCATOR_USE_DEFAULT when pd
+// is not a parent domain with allocators (or its alloc says so), nullptr
+// when the allocator failed.  pd_free gives memory pd_alloc gave back.
+void *pd_alloc(ibv_pd *pd, size_t size, size_t alignment, uint64_t resource_type);
+void pd_free(ibv_pd *pd, void *ptr, uint64_t resource_type);
 // Completes every WR of the backlog flushed (the QP went to ERR).  Caller
 // holds sq_lock.
 void qp_flush_backlog(loop_qp *qp);
@@ -486,7 +492,10 @@ uint64_t qp_run_backlog(loop_qp *qp);
 // The send-queue ring of a QP: made at create (room for cap.max_send_wr
 // WQEs of cap.max_send_sge SGEs or cap.max_inline_data bytes), unmapped at
 // destroy.  0 or an errno.
-int sq_create(loop_qp *qp);
+// Under a parent domain with allocators, the ring's memory comes from its
+// alloc callback (SOFTVERBS_RES_TYPE_SQ), unless that answers
+// IBV_ALLOCATOR_USE_DEFAULT.
+int sq_create(loop_qp *qp, ibv_pd *pd);
 void sq_destroy(loop_qp *qp);
 // Empties the send queue (back to RESET): nothing left completes.  Caller
 // holds sq_lock.

@@ -444,7 +444,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		qp->cap.max_send_wr = std::max<uint32_t>(attr->cap.max_send_wr, 1);
 		qp->cap.max_send_sge = std::max<uint32_t>(attr->cap.max_send_sge, 1);
 		qp->cap.max_inline_data = kMaxInlineData;
-		if (int e = sq_create(qp)) {
+		if (int e = sq_create(qp, pd)) {
 			delete qp;
 			res_put(fab, lctx->lease, SV_RES_QP);
 			errno = e;

@@ -1540,7 +1540,7 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 	return ret;
 }
 
-int sq_create(loop_qp *qp)
+int sq_create(loop_qp *qp, ibv_pd *pd)
 {
 	uint32_t count = round_pow2(std::max<uint32_t>(qp->cap.max_send_wr, 1));
 	uint32_t data = std::max<uint32_t>({qp->cap.max_send_sge * uint32_t{sizeof(sv_sge)},
@@ -1552,10 +1552,24 @@ int sq_create(loop_qp *qp)
 	} catch (...) {
 		return ENOMEM;
 	}
-	// Shared memory, as an agent of the QP will need it; no peer maps it.
-	void *map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (map == MAP_FAILED)
+	// The application's placement first (a parent domain's allocator);
+	// else shared memory of our own.  No peer maps it.
+	void *map = pd_alloc(pd, bytes, 4096, SOFTVERBS_RES_TYPE_SQ);
+	if (!map)
 		return ENOMEM;
+	if (map != IBV_ALLOCATOR_USE_DEFAULT) {
+		if (reinterpret_cast<uintptr_t>(map) % SV_CACHELINE) {
+			pd_free(pd, map, SOFTVERBS_RES_TYPE_SQ);
+			return EINVAL; // The ring's lines must be cache lines
+		}
+		memset(map, 0, bytes);
+		qp->sq_alloc_pd = pd;
+	} else {
+		map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+			   0);
+		if (map == MAP_FAILED)
+			return ENOMEM;
+	}
 	auto *r = static_cast<sv_sq_ring *>(map);
 	r->magic = SV_SQ_MAGIC;
 	r->format_version = SV_SQ_FORMAT_VERSION;
@@ -1574,9 +1588,12 @@ int sq_create(loop_qp *qp)
 void sq_destroy(loop_qp *qp)
 {
 	std::lock_guard<std::mutex> g(qp->sq_lock);
-	if (qp->sq)
+	if (qp->sq && qp->sq_alloc_pd)
+		pd_free(qp->sq_alloc_pd, qp->sq, SOFTVERBS_RES_TYPE_SQ);
+	else if (qp->sq)
 		munmap(qp->sq, qp->sq_bytes);
 	qp->sq = nullptr;
+	qp->sq_alloc_pd = nullptr;
 	qp->sq_head_valid = false;
 }
 

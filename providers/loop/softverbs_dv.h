@@ -178,6 +178,17 @@ struct softverbs_cqe {
 	uint64_t timestamp;
 };
 
+/*
+ * Ring memory from a parent domain's allocator: a QP created under a parent
+ * domain with alloc/free callbacks (ibv_alloc_parent_domain) takes its
+ * send-queue ring from alloc, with this resource type, a size and an
+ * alignment of 4096, and gives it back through free when it is destroyed.
+ * alloc may answer IBV_ALLOCATOR_USE_DEFAULT (the library's own memory) or
+ * NULL (the QP is not created: ENOMEM).  Memory that is not 64-byte aligned
+ * is given back and the creation fails with EINVAL.
+ */
+#define SOFTVERBS_RES_TYPE_SQ 0x5356000000000001ULL
+
 /* A QP's send-queue ring, as softverbs_dv_qp_agent hands it out. */
 struct softverbs_dv_sq {
 	void *ring;	     /* The ring's header */

@@ -334,4 +334,115 @@ TEST(SqRing, MalformedWqeCompletesInError)
 	EXPECT_EQ(softverbs_dv_qp_agent(p.qp, 0, nullptr), 0);
 }
 
+// The send-queue ring of a QP made under a parent domain with allocators
+// comes from its alloc callback, with the SQ's resource type, and goes
+// back through free; IBV_ALLOCATOR_USE_DEFAULT gets the library's memory.
+struct alloc_log {
+	bool use_default = false;
+	int allocs = 0, frees = 0;
+	void *given = nullptr, *freed = nullptr;
+	size_t size = 0;
+	uint64_t type = 0, freed_type = 0;
+};
+
+void *log_alloc(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t type)
+{
+	auto *l = static_cast<alloc_log *>(ctx);
+	l->allocs++;
+	l->type = type;
+	if (l->use_default)
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	l->size = size;
+	l->given = aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
+	return l->given;
+}
+
+void log_free(ibv_pd *, void *ctx, void *ptr, uint64_t type)
+{
+	auto *l = static_cast<alloc_log *>(ctx);
+	l->frees++;
+	l->freed = ptr;
+	l->freed_type = type;
+	free(ptr);
+}
+
+TEST(SqRing, RingFromParentDomainAllocator)
+{
+	for (bool use_default : {false, true}) {
+		env e;
+		ASSERT_NE(e.pd, nullptr);
+		alloc_log log;
+		log.use_default = use_default;
+		ibv_parent_domain_init_attr pa{};
+		pa.pd = e.pd;
+		pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+			       IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+		pa.alloc = log_alloc;
+		pa.free = log_free;
+		pa.pd_context = &log;
+		ibv_pd *parent = ibv_alloc_parent_domain(e.ctx, &pa);
+		ASSERT_NE(parent, nullptr) << strerror(errno);
+		ibv_cq *cq = ibv_create_cq(e.ctx, 64, nullptr, nullptr, 0);
+		ASSERT_NE(cq, nullptr);
+		ibv_qp_init_attr a{};
+		a.send_cq = cq;
+		a.recv_cq = cq;
+		a.qp_type = IBV_QPT_RC;
+		a.cap.max_send_wr = 16;
+		a.cap.max_recv_wr = 1;
+		a.cap.max_send_sge = 1;
+		a.cap.max_recv_sge = 1;
+		ibv_qp *qp = ibv_create_qp(parent, &a);
+		ASSERT_NE(qp, nullptr) << strerror(errno);
+		EXPECT_EQ(log.allocs, 1);
+		EXPECT_EQ(log.type, SOFTVERBS_RES_TYPE_SQ);
+		ibv_qp *peer = make_qp(e, cq, 1);
+		ASSERT_NE(peer, nullptr);
+		ASSERT_TRUE(connect(qp, peer->qp_num, e.lid));
+		ASSERT_TRUE(connect(peer, qp->qp_num, e.lid));
+		softverbs_dv_sq sq;
+		ASSERT_EQ(softverbs_dv_qp_agent(qp, 1, &sq), 0);
+		if (!use_default) {
+			EXPECT_EQ(sq.ring, log.given);
+			EXPECT_LE(size_t(sq.count) * sq.stride, log.size);
+		} else {
+			EXPECT_NE(sq.ring, nullptr);
+		}
+		ASSERT_EQ(softverbs_dv_qp_agent(qp, 0, nullptr), 0);
+		// The library posts through it as through its own memory.
+		uint64_t src = 42, dst = 0;
+		ibv_mr *smr = ibv_reg_mr(e.pd, &src, 8, IBV_ACCESS_LOCAL_WRITE);
+		ibv_mr *dmr = ibv_reg_mr(e.pd, &dst, 8,
+					 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		ASSERT_TRUE(smr && dmr);
+		ibv_sge sge{reinterpret_cast<uintptr_t>(&src), 8, smr->lkey};
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = 5;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
+		wr.wr.rdma.rkey = dmr->rkey;
+		ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+		ibv_wc wc{};
+		ASSERT_EQ(ibv_poll_cq(cq, 1, &wc), 1);
+		EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+		EXPECT_EQ(dst, 42u);
+		ASSERT_EQ(ibv_destroy_qp(qp), 0);
+		if (!use_default) {
+			EXPECT_EQ(log.frees, 1);
+			EXPECT_EQ(log.freed, log.given);
+			EXPECT_EQ(log.freed_type, SOFTVERBS_RES_TYPE_SQ);
+		} else {
+			EXPECT_EQ(log.frees, 0);
+		}
+		ibv_destroy_qp(peer);
+		ibv_dereg_mr(smr);
+		ibv_dereg_mr(dmr);
+		ibv_destroy_cq(cq);
+		EXPECT_EQ(ibv_dealloc_pd(parent), 0);
+	}
+}
+
 } // namespace
