@@ -536,6 +536,177 @@ struct sv_recv_wqe {
 SV_STATIC_ASSERT(sizeof(struct sv_recv_wqe) == 16, "WQE header size");
 
 /*
+ * Send queue ring (format SV_SQ_FORMAT_VERSION).  One per QP that sends,
+ * owned by the QP's process.  Unlike the rings above no peer maps it: the
+ * owner's requester is its only consumer.  It is the QP's backlog: a WQE
+ * stays in its slot from its post until its completion (or a later one's)
+ * is polled, and the WQEs between cons and prod are the work the requester
+ * has not finished (an RNR wait or a retry holds the head, and every WQE
+ * behind it waits with it).
+ *
+ * Layout: the header (sv_sq_ring, SV_SQ_HDR_SIZE bytes), then `count` slots
+ * (a power of two) of `stride` bytes (a multiple of 64, at least
+ * SV_SQ_MIN_STRIDE).  Slot i mod count holds WQE number i.  A slot is an
+ * sv_send_wqe (SV_WQE_HDR_SIZE bytes, every segment at a fixed offset)
+ * followed by its data: ctrl.num_sge sv_sge, or with IBV_SEND_INLINE
+ * ctrl.inline_len bytes of inline data.  The stride leaves room for the
+ * QP's max_send_sge SGEs and for max(max_inline_data, SV_SQ_MIN_INLINE)
+ * bytes of inline data, so a slot can always carry a small payload inline.
+ *
+ * Ordering contract (one producer at a time: the owner's posting path holds
+ * the QP's send lock):
+ *  - Producer: only when prod - retired < count, fill slot prod (the whole
+ *    WQE and its data); store prod + 1 with release; then ring the doorbell:
+ *    store the new prod into db_record with release.  If the engine's
+ *    `sleeping` word is nonzero after the doorbell store (seq_cst, so the
+ *    store and the load are not reordered), wake it (FUTEX_WAKE on
+ *    db_record).
+ *  - Requester: read db_record with acquire; copy WQE cons out of its slot
+ *    into private memory and check it there (opcode, lengths, keys: the
+ *    ring is writable by whoever maps it, so a WQE is validated like any
+ *    other input); execute it; when its completion is written, store
+ *    acked = cons + 1 and cons = cons + 1 (release).  A WQE it must retry
+ *    stays at cons.
+ *  - Completion: the send CQE carries the WQE's index (SV_CQE_SQ_INDEX);
+ *    when the owner polls it, `retired` moves to index + 1 (release), which
+ *    frees that slot and those of the unsignaled WQEs before it.
+ * The header's counters are 64-bit and never wrap in practice; the owner
+ * keeps its own copies of prod, cons and retired and of the geometry in
+ * process memory, and publishes them here: what it reads back from this
+ * memory is never trusted.
+ */
+#define SV_SQ_FORMAT_VERSION 1
+#define SV_SQ_MAGIC 0x51535653u /* "SVSQ" */
+#define SV_WQE_HDR_SIZE 192
+#define SV_SQ_HDR_SIZE 320
+#define SV_SQ_MIN_INLINE 64 /* Inline bytes every slot has room for */
+#define SV_SQ_MIN_STRIDE (SV_WQE_HDR_SIZE + SV_SQ_MIN_INLINE)
+/* ctrl.opcode of a BMME fast-register WQE (IBV_WR_DRIVER1's value); every
+ * other opcode is an enum ibv_wr_opcode value. */
+#define SV_WQE_OP_FAST_REG 11
+
+struct sv_sq_ring {
+	/* Line 0: geometry, written once by the owner before the ring is used. */
+	uint32_t magic;		 /* SV_SQ_MAGIC */
+	uint32_t format_version; /* SV_SQ_FORMAT_VERSION */
+	uint32_t count;		 /* Slots, a power of two */
+	uint32_t stride;	 /* Bytes per slot */
+	uint32_t hdr_size;	 /* SV_SQ_HDR_SIZE: the first slot's offset */
+	uint32_t max_sge;	 /* SGEs a WQE may carry */
+	uint32_t max_inline;	 /* Inline bytes a WQE may carry */
+	uint32_t qpn;
+	uint8_t pad0[SV_CACHELINE - 32];
+	/* Line 1: the producer index. */
+	uint64_t prod;
+	uint8_t pad1[SV_CACHELINE - 8];
+	/* Line 2: the doorbell record, and the engine's sleeping flag. */
+	uint64_t db_record;
+	uint32_t sleeping;
+	uint8_t pad2[SV_CACHELINE - 12];
+	/* Line 3: the requester's consumer index. */
+	uint64_t cons;
+	uint8_t pad3[SV_CACHELINE - 8];
+	/* Line 4: cumulative acknowledgements. */
+	uint64_t acked;	  /* WQEs whose completion has been generated */
+	uint64_t retired; /* WQEs whose slots are free (completion polled) */
+	uint8_t pad4[SV_CACHELINE - 16];
+};
+SV_STATIC_ASSERT(offsetof(struct sv_sq_ring, prod) == 64, "producer line");
+SV_STATIC_ASSERT(offsetof(struct sv_sq_ring, db_record) == 128, "doorbell line");
+SV_STATIC_ASSERT(offsetof(struct sv_sq_ring, cons) == 192, "consumer line");
+SV_STATIC_ASSERT(offsetof(struct sv_sq_ring, acked) == 256, "acknowledgement line");
+SV_STATIC_ASSERT(sizeof(struct sv_sq_ring) == SV_SQ_HDR_SIZE, "SQ ring header size");
+
+enum sv_wqe_flags {
+	/* The data after the header is inline_len bytes of payload, not SGEs
+	 * (a SEND or RDMA WRITE posted with IBV_SEND_INLINE). */
+	SV_WQE_INLINE = 1 << 0,
+};
+
+/* Control segment. */
+struct sv_wqe_ctrl {
+	uint8_t opcode;	     /* enum ibv_wr_opcode, or SV_WQE_OP_FAST_REG */
+	uint8_t num_sge;     /* SGEs after the header; 0 with SV_WQE_INLINE */
+	uint16_t flags;	     /* enum sv_wqe_flags */
+	uint32_t send_flags; /* IBV_SEND_* */
+	uint64_t wr_id;
+	uint32_t imm;	     /* imm_data (network order), or the rkey to invalidate */
+	uint32_t inline_len; /* With SV_WQE_INLINE: bytes after the header */
+	uint32_t xrc_srqn;   /* XRC: the remote SRQ */
+	uint32_t index;	     /* Low 32 bits of the WQE's number (informational) */
+};
+SV_STATIC_ASSERT(sizeof(struct sv_wqe_ctrl) == 32, "control segment size");
+
+/* Remote address segment: RDMA and atomics. */
+struct sv_wqe_raddr {
+	uint64_t remote_addr;
+	uint32_t rkey;
+	uint32_t reserved;
+};
+SV_STATIC_ASSERT(sizeof(struct sv_wqe_raddr) == 16, "remote address segment size");
+
+/* Atomic operands. */
+struct sv_wqe_atomic {
+	uint64_t compare_add;
+	uint64_t swap;
+};
+SV_STATIC_ASSERT(sizeof(struct sv_wqe_atomic) == 16, "atomic segment size");
+
+/* UD address: the destination QP and its Q_Key, and the address vector
+ * itself (as mlx5 carries its AV in the WQE).  ah_index is reserved for an
+ * AH table agents may name later; 0: the vector here. */
+struct sv_wqe_ud {
+	uint32_t remote_qpn;
+	uint32_t qkey;
+	uint32_t ah_index;
+	uint16_t dlid;
+	uint8_t sl;
+	uint8_t src_path_bits;
+	uint8_t static_rate;
+	uint8_t is_global;
+	uint8_t port_num;
+	uint8_t sgid_index;
+	uint8_t hop_limit;
+	uint8_t traffic_class;
+	uint16_t reserved0;
+	uint32_t flow_label;
+	uint8_t dgid[16];
+	uint8_t reserved1[20];
+};
+SV_STATIC_ASSERT(sizeof(struct sv_wqe_ud) == 64, "UD segment size");
+
+/* Memory segment: BIND_MW and fast-register. */
+struct sv_wqe_mem {
+	uint32_t slot;	     /* The window's or key's slot in mrs[] */
+	uint32_t type;	     /* BIND_MW: the window type */
+	uint32_t lkey;	     /* BIND_MW: the MR bound to (0: unbind) */
+	uint32_t access;     /* IBV_ACCESS_* */
+	uint64_t addr;	     /* First byte, or the offset into the first block */
+	uint64_t length;
+	uint32_t npages;     /* Fast-register: blocks in the staged list */
+	uint32_t page_shift;
+	uint32_t new_key;    /* The key after the operation */
+	uint32_t reserved;
+};
+SV_STATIC_ASSERT(sizeof(struct sv_wqe_mem) == 48, "memory segment size");
+
+struct sv_send_wqe {
+	struct sv_wqe_ctrl ctrl;
+	struct sv_wqe_raddr raddr;
+	struct sv_wqe_atomic atomic;
+	struct sv_wqe_ud ud;
+	struct sv_wqe_mem mem;
+	uint8_t reserved[16];
+	/* Then num_sge sv_sge, or inline_len bytes of inline data. */
+};
+SV_STATIC_ASSERT(offsetof(struct sv_send_wqe, raddr) == 32, "raddr offset");
+SV_STATIC_ASSERT(offsetof(struct sv_send_wqe, atomic) == 48, "atomic offset");
+SV_STATIC_ASSERT(offsetof(struct sv_send_wqe, ud) == 64, "UD offset");
+SV_STATIC_ASSERT(offsetof(struct sv_send_wqe, mem) == 128, "memory offset");
+SV_STATIC_ASSERT(sizeof(struct sv_send_wqe) == SV_WQE_HDR_SIZE, "WQE header size");
+SV_STATIC_ASSERT(SV_SQ_MIN_STRIDE % SV_CACHELINE == 0, "slots are whole cache lines");
+
+/*
  * A process's service segment: the copy path for when the kernel refuses
  * cross-memory attach (Yama ptrace_scope 2 or 3, seccomp).  A requester
  * that cannot write or read a peer's memory asks the peer's service thread

@@ -78,6 +78,8 @@ struct verbs_sysfs_dev {
 
 struct verbs_device;
 struct softverbs_fast_reg_wr;
+struct softverbs_dv_sq;
+struct softverbs_dv_cq;
 
 struct verbs_device_ops {
 	const char *name;
@@ -284,6 +286,8 @@ struct verbs_context_ops {
 			      unsigned int access);
 	struct ibv_mr *(*sv_alloc_fast_reg_mr)(struct ibv_pd *pd, uint32_t max_pages);
 	int (*sv_post_fast_reg)(struct ibv_qp *qp, const struct softverbs_fast_reg_wr *wr);
+	int (*sv_dv_qp_agent)(struct ibv_qp *qp, int on, struct softverbs_dv_sq *sq);
+	int (*sv_dv_cq_agent)(struct ibv_cq *cq, int on, struct softverbs_dv_cq *cq_out);
 };
 
 /* Registration, called from a provider's constructor. */

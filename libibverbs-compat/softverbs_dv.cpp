@@ -85,3 +85,23 @@ EXPORT int softverbs_post_fast_reg(struct ibv_qp *qp, const struct softverbs_fas
 		return EOPNOTSUPP;
 	return ops->sv_post_fast_reg(qp, wr);
 }
+
+EXPORT int softverbs_dv_qp_agent(struct ibv_qp *qp, int on, struct softverbs_dv_sq *sq)
+{
+	if (!qp || (on && !sq))
+		return EINVAL;
+	const verbs_context_ops *ops = get_ops(qp->context);
+	if (!ops->sv_dv_qp_agent)
+		return EOPNOTSUPP;
+	return ops->sv_dv_qp_agent(qp, on, sq);
+}
+
+EXPORT int softverbs_dv_cq_agent(struct ibv_cq *cq, int on, struct softverbs_dv_cq *cq_out)
+{
+	if (!cq || (on && !cq_out))
+		return EINVAL;
+	const verbs_context_ops *ops = get_ops(cq->context);
+	if (!ops->sv_dv_cq_agent)
+		return EOPNOTSUPP;
+	return ops->sv_dv_cq_agent(cq, on, cq_out);
+}

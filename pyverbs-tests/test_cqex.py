@@ -215,7 +215,7 @@ from pyverbs.pd import ParentDomain, ParentDomainInitAttr, ParentDomainContext
 calls = []
 def alloc(pd, ctx_, size, align, rtype):
     calls.append("alloc")
-    return e.IBV_ALLOCATOR_USE_DEFAULT
+    return e._IBV_ALLOCATOR_USE_DEFAULT  # The library's own memory (the SQ ring)
 def free(pd, ctx_, ptr, rtype):
     calls.append("free")
 pctx = ParentDomainContext(pd, alloc, free)
@@ -235,9 +235,10 @@ a.wr_rdma_write(mb.rkey, mb.buf)
 a.wr_set_sge(SGE(ma.buf, 10, ma.lkey))
 a.wr_complete()
 s = poll(ca, 1)
-out({"s": [s[0]["wr_id"], s[0]["status"]], "d": mb.read(10, 0).decode()})
+out({"s": [s[0]["wr_id"], s[0]["status"]], "d": mb.read(10, 0).decode(), "calls": calls})
 """, env)
-    assert r == {"s": [1, 0], "d": "via parent"}
+    # The QP's send-queue ring was asked of the allocator, which declined.
+    assert r == {"s": [1, 0], "d": "via parent", "calls": ["alloc"]}
 
 
 def test_ece_through_pyverbs(env):

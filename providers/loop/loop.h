@@ -14,7 +14,6 @@
 
 #include <atomic>
 #include <cstddef>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -134,6 +133,7 @@ struct loop_cq {
 	uint64_t claim_since;
 	bool placing_self;
 	uint64_t head; // Next entry to poll: the owner's own copy of the ring's cons
+	bool agent = false; // Polled by an agent (softverbs_dv_cq_agent), under lock
 };
 
 struct loop_srq {
@@ -194,7 +194,7 @@ struct send_wr {
 	uint32_t remote_qkey;
 	// XRC
 	uint32_t xrc_srqn;
-	uint64_t sq_index; // Position in the send queue (loop_qp::sq_posted when posted)
+	uint64_t sq_index; // Its WQE's number in the send queue (loop_qp::sq_posted when posted)
 	// Retry state
 	int rnr_left;
 	int retry_left;
@@ -229,7 +229,31 @@ struct loop_qp {
 	std::atomic<uint64_t> sq_retired;
 	std::mutex rq_lock; // Posting receives
 	ibv_qp_attr attr;   // What modify_qp set, for query_qp
-	std::deque<send_wr> backlog; // WRs waiting behind an RNR or a retry
+	// The send queue: a ring of WQEs in shared memory (sv_sq_ring,
+	// kernel-abi/softverbs-abi.h).  The WQEs in [sq_cons, sq_posted) are
+	// the requester's backlog: the head one may wait for an RNR timer or
+	// a retry, and those behind it wait with it.  The geometry and the
+	// indices here are the trusted copies; the ring's header only
+	// publishes them.  Under sq_lock, but for sq_retired.
+	sv_sq_ring *sq = nullptr;
+	size_t sq_bytes = 0;
+	ibv_pd *sq_alloc_pd = nullptr; // The parent domain whose allocator gave the ring
+	uint32_t sq_mask = 0;
+	uint32_t sq_stride = 0;
+	uint64_t sq_cons = 0;
+	// The head WQE as the requester decoded it, with its retry state;
+	// valid while sq_head_valid.
+	bool sq_head_valid = false;
+	send_wr sq_head;
+	// Per slot: the fast-register key object a library-posted WQE names
+	// (process memory: never read from the ring).
+	std::vector<loop_mr *> sq_frmr;
+	// Handed to an agent (softverbs_dv_qp_agent): the agent is the ring's
+	// producer, the engine thread serves its doorbell, and ibv_post_send
+	// fails with EINVAL.  sq_bad_db: a doorbell value refused (ignored
+	// until the agent rings another).  Under sq_lock.
+	bool agent = false;
+	uint64_t sq_bad_db = 0;
 	bool in_progress_list;
 	// SENDs whose data waits in the peer's CQE payload for the peer to
 	// place it.  Anything this QP moves later places them first, so that
@@ -457,12 +481,39 @@ ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr);
 int loop_dealloc_td(ibv_td *td);
 ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *attr);
 int loop_dealloc_parent_domain(loop_pd *pd);
+// Memory from a parent domain's allocator: IBV_ALLOCATOR_USE_DEFAULT when pd
+// is not a parent domain with allocators (or its alloc says so), nullptr
+// when the allocator failed.  pd_free gives memory pd_alloc gave back.
+void *pd_alloc(ibv_pd *pd, size_t size, size_t alignment, uint64_t resource_type);
+void pd_free(ibv_pd *pd, void *ptr, uint64_t resource_type);
 // Completes every WR of the backlog flushed (the QP went to ERR).  Caller
 // holds sq_lock.
 void qp_flush_backlog(loop_qp *qp);
 // Runs the backlog of a QP (called by the progress thread); returns the time
 // of the next retry or 0 when the backlog is empty.
 uint64_t qp_run_backlog(loop_qp *qp);
+// The send-queue ring of a QP: made at create (room for cap.max_send_wr
+// WQEs of cap.max_send_sge SGEs or cap.max_inline_data bytes), unmapped at
+// destroy.  0 or an errno.
+// Under a parent domain with allocators, the ring's memory comes from its
+// alloc callback (SOFTVERBS_RES_TYPE_SQ), unless that answers
+// IBV_ALLOCATOR_USE_DEFAULT.
+int sq_create(loop_qp *qp, ibv_pd *pd);
+void sq_destroy(loop_qp *qp);
+// Empties the send queue (back to RESET): nothing left completes.  Caller
+// holds sq_lock.
+void sq_reset(loop_qp *qp);
+// The engine thread's part: takes the WQEs an agent rang for and runs
+// them (takes sq_lock).  Returns how many WQEs the doorbell added; sets
+// need_progress when some wait for a retry.
+int sq_serve_doorbell(loop_qp *qp, bool &need_progress);
+// softverbs_dv_qp_agent / softverbs_dv_cq_agent.
+int loop_dv_qp_agent(ibv_qp *qp, int on, softverbs_dv_sq *sq);
+int loop_dv_cq_agent(ibv_cq *cq, int on, softverbs_dv_cq *out);
+
+// loop_engine.cpp: the thread that serves agents' doorbells.  0 or ENOMEM.
+int engine_add(loop_qp *qp);
+void engine_remove(loop_qp *qp);
 
 // Striped fabric-wide lock for atomics on (target process, address).
 class atomic_guard {

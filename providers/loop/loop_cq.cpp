@@ -429,6 +429,8 @@ void cq_repair(loop_cq *cq)
 // Takes the next completion, if any.  Caller holds cq->lock.
 bool cq_take(loop_cq *cq, sv_cqe &out)
 {
+	if (cq->agent) [[unlikely]]
+		return false; // An agent polls this ring (softverbs_dv_cq_agent)
 	sv_cq_ring *r = cq->ring;
 	// The owner's own copy of cons: the ring's is published for producers
 	// and never read back (a peer may have written over it).
@@ -690,6 +692,8 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 	if (!cq)
 		return;
 	std::lock_guard<std::mutex> g(cq->lock);
+	if (cq->agent)
+		return; // The agent polling it has passed cq->head: nothing here is ours
 	sv_cq_ring *r = cq->ring;
 	uint64_t c = cq->head;
 	// Only the published run from cons on is ours to rearrange: producers
@@ -843,6 +847,8 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 		return EINVAL;
 	g_cq_gen.fetch_add(1, std::memory_order_acq_rel); // Idle lists may name the old ring
 	std::lock_guard<std::mutex> g(cq->lock);
+	if (cq->agent)
+		return EBUSY; // An agent holds the ring's address
 	uint64_t pending = std::atomic_ref<uint64_t>(cq->ring->prod).load() - cq->head;
 	if (static_cast<uint64_t>(cqe) < pending)
 		return EINVAL;
@@ -962,6 +968,38 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	while (cq->pushers.load(std::memory_order_seq_cst))
 		sched_yield();
 	queue_destroy(fab, oref, old);
+	return 0;
+}
+
+int loop_dv_cq_agent(ibv_cq *ibcq, int on, softverbs_dv_cq *out)
+{
+	loop_cq *cq = to_loop_cq(ibcq);
+	if (!cq->life.is(kLifeCq))
+		return life_bad("softverbs_dv_cq_agent", cq, cq->life, kLifeCq);
+	std::lock_guard<std::mutex> g(cq->lock);
+	if (on) {
+		if (!out)
+			return EINVAL;
+		if (cq->agent)
+			return EBUSY;
+		cq->agent = true;
+		memset(out, 0, sizeof(*out));
+		out->ring = cq->ring;
+		out->slots = reinterpret_cast<softverbs_cqe *>(cq->slots);
+		out->cons = &cq->ring->cons;
+		out->count = cq->mask + 1;
+		out->head = cq->head;
+		return 0;
+	}
+	if (!cq->agent)
+		return EINVAL;
+	// The agent's progress, as far as it is believable: between what the
+	// library last took and what producers have reserved.
+	uint64_t c = std::atomic_ref<uint64_t>(cq->ring->cons).load(std::memory_order_acquire);
+	uint64_t prod = std::atomic_ref<uint64_t>(cq->ring->prod).load(std::memory_order_acquire);
+	if (c - cq->head <= (prod & ~kRingClosed) - cq->head)
+		cq->head = c;
+	cq->agent = false;
 	return 0;
 }
 

@@ -307,6 +307,8 @@ const verbs_context_ops loop_ctx_ops = {
 	.sv_rereg_mr_fd = SV_C(loop_rereg_mr_fd),
 	.sv_alloc_fast_reg_mr = SV_C(loop_alloc_fast_reg_mr),
 	.sv_post_fast_reg = SV_C(loop_post_fast_reg),
+	.sv_dv_qp_agent = SV_C(loop_dv_qp_agent),
+	.sv_dv_cq_agent = SV_C(loop_dv_cq_agent),
 };
 
 // Peers copy into this process's registered memory with process_vm_writev,

@@ -73,6 +73,9 @@ inline constexpr uint64_t kResizeWaitNs = 2ULL * 1000 * 1000 * 1000;
 // CQ moderation (ibv_modify_cq): by count only, no period.
 inline constexpr uint16_t kMaxCqModCount = 65535;
 inline constexpr uint16_t kMaxCqModPeriod = 0;
+// The engine thread that serves agents' doorbells (loop_engine.cpp) spins
+// this long after the last work it found before it sleeps on a futex.
+inline constexpr uint64_t kEngineSpinNs = 50 * 1000;
 inline constexpr uint64_t kMaxDmSize = 256 * 1024; // Like an HCA's on-chip memory
 
 } // namespace loop

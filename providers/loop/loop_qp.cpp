@@ -444,6 +444,12 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		qp->cap.max_send_wr = std::max<uint32_t>(attr->cap.max_send_wr, 1);
 		qp->cap.max_send_sge = std::max<uint32_t>(attr->cap.max_send_sge, 1);
 		qp->cap.max_inline_data = kMaxInlineData;
+		if (int e = sq_create(qp, pd)) {
+			delete qp;
+			res_put(fab, lctx->lease, SV_RES_QP);
+			errno = e;
+			return nullptr;
+		}
 	}
 	if (has_rq) {
 		uint32_t entries = round_pow2(std::max<uint32_t>(attr->cap.max_recv_wr, 1));
@@ -452,6 +458,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 					 sizeof(sv_rq_ring), sge, qp->rq_ref);
 		if (!map) {
 			int e = errno;
+			sq_destroy(qp);
 			delete qp;
 			res_put(fab, lctx->lease, SV_RES_QP);
 			errno = e;
@@ -518,6 +525,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 	if (!claimed) {
 		if (qp->rq)
 			queue_destroy(fab, qp->rq_ref, qp->rq);
+		sq_destroy(qp);
 		delete qp;
 		res_put(fab, lctx->lease, SV_RES_QP);
 		errno = ENOMEM;
@@ -660,13 +668,10 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 		qp_state_ref(rec).store(next, std::memory_order_release);
 	}
 	if (next == IBV_QPS_RESET) {
-		qp->backlog.clear();
+		sq_reset(qp);
 		cq_clean(qp->rcq, qp->qpn);
 		if (qp->scq != qp->rcq)
 			cq_clean(qp->scq, qp->qpn);
-		// Nothing of the send queue is left to complete: every slot is free.
-		qp->sq_retired.store(qp->sq_posted.load(std::memory_order_relaxed),
-				     std::memory_order_release);
 	}
 	if (next == IBV_QPS_ERR)
 		qp_flush_backlog(qp); // Under sq_lock, which we hold
@@ -720,6 +725,8 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		return EBUSY;
 	}
 	progress_remove(qp);
+	if (qp->agent)
+		engine_remove(qp);
 	{
 		registry_guard g(fab);
 		sv_qp_rec &rec = fab.reg()->qps[qp->slot];
@@ -737,6 +744,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		cq_clean(qp->scq, qp->qpn);
 	if (qp->rq)
 		queue_destroy(fab, qp->rq_ref, qp->rq);
+	sq_destroy(qp);
 	qp_ex_destroy(qp);
 	// Its CQs, SRQ, PD and domain may go now; its memory is kept a while
 	// so that a stale pointer reads the dead state.

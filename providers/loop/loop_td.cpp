@@ -134,4 +134,20 @@ int loop_dealloc_parent_domain(loop_pd *pd)
 	return 0;
 }
 
+void *pd_alloc(ibv_pd *pd, size_t size, size_t alignment, uint64_t resource_type)
+{
+	if (!pd || !to_loop_pd(pd)->parent_domain)
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	auto *p = reinterpret_cast<loop_parent_domain *>(to_loop_pd(pd));
+	if (!p->alloc)
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	return p->alloc(pd, p->pd_context, size, alignment, resource_type);
+}
+
+void pd_free(ibv_pd *pd, void *ptr, uint64_t resource_type)
+{
+	auto *p = reinterpret_cast<loop_parent_domain *>(to_loop_pd(pd));
+	p->free(pd, p->pd_context, ptr, resource_type);
+}
+
 } // namespace loop

@@ -10,8 +10,12 @@
 #define SOFTVERBS_DV_H
 
 #include <infiniband/verbs.h>
+#include <linux/futex.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -95,6 +99,241 @@ int softverbs_post_fast_reg(struct ibv_qp *qp, const struct softverbs_fast_reg_w
 static inline uint32_t softverbs_key_with(uint32_t key, uint8_t k)
 {
 	return (key & ~(uint32_t)0xff) | k;
+}
+
+/* ---- Agent-driven send queues (SOFTVERBS_1.1, docs/agent.md) ---- */
+
+/*
+ * An agent is anything other than the library that posts work to a QP: a
+ * thread, another process, a GPU kernel.  It writes WQEs into the QP's
+ * send-queue ring and rings the doorbell with the inline helpers below, and
+ * polls completions from a CQ ring the same way: no call into the library
+ * on the data path.  The engine thread of the QP's process serves the
+ * doorbell: it copies each WQE out of the ring and checks it (opcode,
+ * lengths, keys) as it checks any WR, so a bad WQE fails with an error
+ * completion, never with harm to anything but its own QP.
+ *
+ * The layouts below are those of kernel-abi/softverbs-abi.h (sv_send_wqe,
+ * sv_sge, sv_cqe), which the provider asserts they match.
+ */
+#define SOFTVERBS_SQ_FORMAT_VERSION 1
+#define SOFTVERBS_WQE_HDR_SIZE 192
+#define SOFTVERBS_WQE_INLINE 1	     /* softverbs_wqe_ctrl.flags: data is inline */
+#define SOFTVERBS_CQE_SQ_INDEX 4     /* softverbs_cqe.flags: src_qp is an SQ index */
+#define SOFTVERBS_WQE_OP_FAST_REG 11 /* softverbs_wqe_ctrl.opcode of a fast-register */
+
+struct softverbs_wqe_ctrl {
+	uint8_t opcode;	     /* enum ibv_wr_opcode */
+	uint8_t num_sge;     /* SGEs after the header */
+	uint16_t flags;	     /* SOFTVERBS_WQE_INLINE */
+	uint32_t send_flags; /* IBV_SEND_* */
+	uint64_t wr_id;
+	uint32_t imm;	     /* imm_data (network order), or the rkey to invalidate */
+	uint32_t inline_len; /* With SOFTVERBS_WQE_INLINE: bytes after the header */
+	uint32_t xrc_srqn;
+	uint32_t index; /* Low 32 bits of the WQE's number */
+};
+
+struct softverbs_wqe {
+	struct softverbs_wqe_ctrl ctrl;
+	struct {
+		uint64_t remote_addr;
+		uint32_t rkey;
+		uint32_t reserved;
+	} raddr;
+	struct {
+		uint64_t compare_add;
+		uint64_t swap;
+	} atomic;
+	uint8_t ud[64];	 /* UD address: see sv_wqe_ud */
+	uint8_t mem[48]; /* BIND_MW / fast-register: see sv_wqe_mem */
+	uint8_t reserved[16];
+	/* Then ctrl.num_sge struct softverbs_sge, or ctrl.inline_len bytes. */
+};
+
+struct softverbs_sge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+
+struct softverbs_cqe {
+	uint32_t seq; /* (uint32_t)(index + 1) once the entry is written */
+	uint32_t status; /* enum ibv_wc_status */
+	uint64_t wr_id;
+	uint32_t opcode; /* enum ibv_wc_opcode */
+	uint32_t vendor_err;
+	uint32_t byte_len;
+	uint32_t imm_data;
+	uint32_t qp_num;
+	uint32_t src_qp; /* With SOFTVERBS_CQE_SQ_INDEX: the WQE's number, low 32 bits */
+	uint32_t wc_flags;
+	uint16_t pkey_index;
+	uint16_t slid;
+	uint8_t sl;
+	uint8_t dlid_path_bits;
+	uint8_t flags;
+	uint8_t reserved0;
+	uint32_t place;
+	uint64_t timestamp;
+};
+
+/*
+ * Ring memory from a parent domain's allocator: a QP created under a parent
+ * domain with alloc/free callbacks (ibv_alloc_parent_domain) takes its
+ * send-queue ring from alloc, with this resource type, a size and an
+ * alignment of 4096, and gives it back through free when it is destroyed.
+ * alloc may answer IBV_ALLOCATOR_USE_DEFAULT (the library's own memory) or
+ * NULL (the QP is not created: ENOMEM).  Memory that is not 64-byte aligned
+ * is given back and the creation fails with EINVAL.
+ */
+#define SOFTVERBS_RES_TYPE_SQ 0x5356000000000001ULL
+
+/* A QP's send-queue ring, as softverbs_dv_qp_agent hands it out. */
+struct softverbs_dv_sq {
+	void *ring;	     /* The ring's header */
+	char *slots;	     /* Slot 0; slot i of WQE number n is n & (count - 1) */
+	uint64_t *prod;	     /* Producer index */
+	uint64_t *db_record; /* Doorbell record */
+	uint32_t *sleeping;  /* Nonzero while the engine sleeps on db_record */
+	uint64_t *retired;   /* Slots the agent has freed (see softverbs_dv_sq_retire) */
+	uint32_t format_version; /* SOFTVERBS_SQ_FORMAT_VERSION */
+	uint32_t count;		 /* Slots, a power of two */
+	uint32_t stride;	 /* Bytes per slot */
+	uint32_t max_sge;
+	uint32_t max_inline;
+	uint32_t max_wr; /* WQEs outstanding at most (the QP's max_send_wr) */
+	uint32_t qpn;
+	uint32_t reserved;
+	uint64_t next;	   /* The agent's next WQE number (the helpers' state) */
+	uint64_t freed;	   /* The agent's copy of *retired */
+};
+
+/* A CQ's ring, as softverbs_dv_cq_agent hands it out. */
+struct softverbs_dv_cq {
+	void *ring;
+	struct softverbs_cqe *slots;
+	uint64_t *cons; /* Consumer index, stored by the poller */
+	uint32_t count; /* Entries, a power of two */
+	uint32_t reserved;
+	uint64_t head; /* The agent's next entry (the helpers' state) */
+};
+
+/*
+ * Hands qp's send queue to an agent (on != 0) and describes its ring in
+ * *sq, or takes it back (on == 0; sq may be NULL).  While an agent has it,
+ * ibv_post_send and ibv_wr_complete on qp fail with EINVAL: one producer
+ * at a time.  It is taken back only once every WQE posted has completed
+ * (else EBUSY).  The QP must be RC, UC or UD, and not an XRC QP.  Returns
+ * 0 or an errno.
+ */
+int softverbs_dv_qp_agent(struct ibv_qp *qp, int on, struct softverbs_dv_sq *sq);
+
+/*
+ * Hands cq's ring to an agent to poll (on != 0), or takes it back.  While
+ * an agent has it, ibv_poll_cq on cq returns -EINVAL.  An agent polls send
+ * completions and receives of WRITE_WITH_IMM: a small SEND whose payload
+ * waits in the CQE (placed by ibv_poll_cq) completes with
+ * IBV_WC_LOC_QP_OP_ERR at an agent.  Returns 0 or an errno.
+ */
+int softverbs_dv_cq_agent(struct ibv_cq *cq, int on, struct softverbs_dv_cq *cq_out);
+
+/* The slot of the next WQE, or NULL while max_wr WQEs are outstanding. */
+static inline struct softverbs_wqe *softverbs_dv_sq_next(struct softverbs_dv_sq *sq)
+{
+	if (sq->next - sq->freed >= sq->max_wr) {
+		sq->freed = __atomic_load_n(sq->retired, __ATOMIC_ACQUIRE);
+		if (sq->next - sq->freed >= sq->max_wr)
+			return NULL;
+	}
+	return (struct softverbs_wqe *)(sq->slots +
+					(size_t)(sq->next & (sq->count - 1)) * sq->stride);
+}
+
+/* Starts a WQE: clears its header, sets the control segment. */
+static inline void softverbs_dv_wqe_ctrl(struct softverbs_dv_sq *sq, struct softverbs_wqe *w,
+					 enum ibv_wr_opcode op, unsigned int send_flags,
+					 uint64_t wr_id)
+{
+	memset(w, 0, sizeof(*w));
+	w->ctrl.opcode = (uint8_t)op;
+	w->ctrl.send_flags = send_flags;
+	w->ctrl.wr_id = wr_id;
+	w->ctrl.index = (uint32_t)sq->next;
+}
+
+static inline void softverbs_dv_wqe_rdma(struct softverbs_wqe *w, uint64_t remote_addr,
+					 uint32_t rkey)
+{
+	w->raddr.remote_addr = remote_addr;
+	w->raddr.rkey = rkey;
+}
+
+/* Appends an SGE (up to the QP's max_sge). */
+static inline void softverbs_dv_wqe_sge(struct softverbs_wqe *w, uint64_t addr, uint32_t length,
+					uint32_t lkey)
+{
+	struct softverbs_sge *s = (struct softverbs_sge *)(w + 1);
+	s[w->ctrl.num_sge].addr = addr;
+	s[w->ctrl.num_sge].length = length;
+	s[w->ctrl.num_sge].lkey = lkey;
+	w->ctrl.num_sge++;
+}
+
+/* Carries len bytes inline (SEND and RDMA WRITE); -1 if over max_inline. */
+static inline int softverbs_dv_wqe_inline(const struct softverbs_dv_sq *sq,
+					  struct softverbs_wqe *w, const void *data, uint32_t len)
+{
+	if (len > sq->max_inline)
+		return -1;
+	memcpy(w + 1, data, len);
+	w->ctrl.flags |= SOFTVERBS_WQE_INLINE;
+	w->ctrl.send_flags |= IBV_SEND_INLINE;
+	w->ctrl.inline_len = len;
+	w->ctrl.num_sge = 0;
+	return 0;
+}
+
+/* Publishes the WQE softverbs_dv_sq_next gave (and any before it not yet
+ * rung): the producer index, then the doorbell record; wakes the engine
+ * only when it sleeps. */
+static inline void softverbs_dv_sq_post(struct softverbs_dv_sq *sq, int ring_doorbell)
+{
+	sq->next++;
+	__atomic_store_n(sq->prod, sq->next, __ATOMIC_RELEASE);
+	if (!ring_doorbell)
+		return;
+	__atomic_store_n(sq->db_record, sq->next, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(sq->sleeping, __ATOMIC_SEQ_CST))
+		syscall(SYS_futex, (uint32_t *)sq->db_record, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+/* Takes the next completion into *out: 1, or 0 when there is none. */
+static inline int softverbs_dv_cq_poll(struct softverbs_dv_cq *cq, struct softverbs_cqe *out)
+{
+	struct softverbs_cqe *slot = &cq->slots[cq->head & (cq->count - 1)];
+	if (__atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) != (uint32_t)(cq->head + 1))
+		return 0;
+	memcpy(out, slot, sizeof(*out));
+	if (out->flags & 2) /* A payload only ibv_poll_cq places */
+		out->status = IBV_WC_LOC_QP_OP_ERR;
+	cq->head++;
+	__atomic_store_n(cq->cons, cq->head, __ATOMIC_RELEASE);
+	return 1;
+}
+
+/* Frees the slots of a send completion's WQE and of those before it. */
+static inline void softverbs_dv_sq_retire(struct softverbs_dv_sq *sq,
+					  const struct softverbs_cqe *e)
+{
+	uint64_t r;
+	if (!(e->flags & SOFTVERBS_CQE_SQ_INDEX) || e->qp_num != sq->qpn)
+		return;
+	r = sq->freed + (uint32_t)(e->src_qp + 1 - (uint32_t)sq->freed);
+	if (r - sq->freed > sq->next - sq->freed)
+		return;
+	sq->freed = r;
+	__atomic_store_n(sq->retired, r, __ATOMIC_RELEASE);
 }
 
 #ifdef __cplusplus

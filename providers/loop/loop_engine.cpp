@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: MIT
+// The engine thread: serves the doorbells of send queues that an agent
+// drives (softverbs_dv_qp_agent).  One thread per process, started when the
+// first QP is handed to an agent; with no agent it sleeps on a condition
+// variable and costs nothing.  With agents it spins over their doorbell
+// records for kEngineSpinNs after the last work it found, then sets each
+// ring's `sleeping` word, looks once more, and sleeps on a futex over the
+// doorbell record of the rings (futex_waitv, or the first ring's with a
+// short timeout where that is refused): an agent wakes it only when the
+// word says it sleeps.  Lock order: the engine lock, then a QP's sq_lock.
+#include "c_boundary.h"
+#include "loop.h"
+#include "loop_param.h"
+
+#include <climits>
+#include <condition_variable>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+
+namespace loop {
+
+namespace {
+
+struct agent_engine {
+	std::mutex lock;
+	std::condition_variable wake;
+	std::vector<loop_qp *> qps;
+	pid_t started_by = 0; // A forked child has the list but not the thread
+	bool waitv_refused = false;
+};
+
+agent_engine &aeng()
+{
+	static agent_engine *e = new agent_engine; // Lives as long as the process
+	return *e;
+}
+
+struct waitv_entry { // struct futex_waitv (Linux 5.16)
+	uint64_t val;
+	uint64_t uaddr;
+	uint32_t flags;
+	uint32_t reserved;
+};
+
+uint32_t *db_word(loop_qp *qp)
+{
+	return reinterpret_cast<uint32_t *>(&qp->sq->db_record); // Its low half
+}
+
+// One pass over every agent QP; returns whether any had work.
+bool serve_all(agent_engine &e)
+{
+	bool work = false;
+	for (loop_qp *qp : e.qps) {
+		bool need_progress = false;
+		try {
+			work |= sq_serve_doorbell(qp, need_progress) > 0;
+		} catch (abi::__forced_unwind &) {
+			throw;
+		} catch (...) {
+			// Out of memory: the WQEs stay in the ring for the next pass.
+		}
+		if (need_progress)
+			progress_add(qp);
+	}
+	return work;
+}
+
+void sleep_on_doorbells(agent_engine &e, std::unique_lock<std::mutex> &g)
+{
+	constexpr size_t kMaxWait = 128;
+	waitv_entry w[kMaxWait]{};
+	size_t n = 0;
+	for (loop_qp *qp : e.qps)
+		std::atomic_ref<uint32_t>(qp->sq->sleeping).store(1, std::memory_order_seq_cst);
+	// Looked at again after the flag is up: an agent that rang before it
+	// saw no sleeper, and its doorbell is seen here.
+	bool work = false;
+	for (loop_qp *qp : e.qps) {
+		uint64_t db =
+			std::atomic_ref<uint64_t>(qp->sq->db_record).load(std::memory_order_seq_cst);
+		if (db != qp->sq_posted.load(std::memory_order_relaxed))
+			work = true;
+		if (n < kMaxWait) {
+			w[n].val = static_cast<uint32_t>(db);
+			w[n].uaddr = reinterpret_cast<uintptr_t>(db_word(qp));
+			w[n].flags = 2; // FUTEX2_SIZE_U32
+			n++;
+		}
+	}
+	if (!work && n) {
+		g.unlock();
+		timespec ts{};
+		if (!e.waitv_refused) {
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			ts.tv_sec += 1;
+			if (syscall(SYS_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC) < 0 &&
+			    (errno == ENOSYS || errno == EPERM))
+				e.waitv_refused = true;
+		} else {
+			// One ring's futex, and a short sleep for the others.
+			ts.tv_nsec = n > 1 ? 200 * 1000 : 0;
+			ts.tv_sec = n > 1 ? 0 : 1;
+			syscall(SYS_futex, reinterpret_cast<uint32_t *>(w[0].uaddr), FUTEX_WAIT,
+				static_cast<uint32_t>(w[0].val), &ts, nullptr, 0);
+		}
+		g.lock();
+	}
+	for (loop_qp *qp : e.qps)
+		std::atomic_ref<uint32_t>(qp->sq->sleeping).store(0, std::memory_order_relaxed);
+}
+
+void run()
+{
+	agent_engine &e = aeng();
+	std::unique_lock<std::mutex> g(e.lock);
+	uint64_t idle_since = 0;
+	for (;;) {
+		if (e.qps.empty()) {
+			e.wake.wait(g);
+			idle_since = 0;
+			continue;
+		}
+		if (serve_all(e)) {
+			idle_since = 0;
+			continue;
+		}
+		uint64_t now = now_ns();
+		if (!idle_since)
+			idle_since = now;
+		if (now - idle_since < kEngineSpinNs) {
+			// Let an agent on this core run, and destroy_qp take the lock.
+			g.unlock();
+			sched_yield();
+			g.lock();
+			continue;
+		}
+		sleep_on_doorbells(e, g);
+		idle_since = 0;
+	}
+}
+
+} // namespace
+
+int engine_add(loop_qp *qp)
+{
+	agent_engine &e = aeng();
+	std::lock_guard<std::mutex> g(e.lock);
+	try {
+		e.qps.push_back(qp);
+		if (e.started_by != getpid()) {
+			std::thread(run).detach();
+			e.started_by = getpid();
+		}
+	} catch (abi::__forced_unwind &) {
+		throw;
+	} catch (...) {
+		std::erase(e.qps, qp);
+		return ENOMEM;
+	}
+	e.wake.notify_one();
+	return 0;
+}
+
+void engine_remove(loop_qp *qp)
+{
+	agent_engine &e = aeng();
+	std::lock_guard<std::mutex> g(e.lock);
+	std::erase(e.qps, qp);
+	// A sleeping engine may be waiting on this ring: wake it, so that it
+	// looks at its list again before the ring goes.
+	if (qp->sq)
+		syscall(SYS_futex, db_word(qp), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+} // namespace loop

@@ -1,0 +1,448 @@
+// SPDX-License-Identifier: MIT
+// The send-queue ring (sv_sq_ring, kernel-abi/softverbs-abi.h) under
+// threads, through the whole library:
+//  - an agent thread posts with the inline helpers of softverbs_dv.h and
+//    polls its CQ ring, while the engine thread serves its doorbells;
+//  - several threads post with ibv_post_send into one small send queue
+//    while another polls, so slots are reused all the time;
+//  - a malformed WQE fails with an error completion and its QP only.
+// Threads stand in for processes, so ThreadSanitizer (the tsan lane of
+// scripts/test.sh) sees every race on the ring's words.
+#include <infiniband/verbs.h>
+
+#include "providers/loop/softverbs_dv.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr uint64_t kOps = 3000;
+#else
+constexpr uint64_t kOps = 60000;
+#endif
+
+struct env {
+	ibv_context *ctx = nullptr;
+	ibv_pd *pd = nullptr;
+	uint16_t lid = 0;
+
+	env()
+	{
+		static std::string fabric = "utsq" + std::to_string(getpid());
+		setenv("SOFTVERBS_FABRIC", fabric.c_str(), 1);
+		int n = 0;
+		ibv_device **l = ibv_get_device_list(&n);
+		for (int i = 0; l && i < n; i++)
+			if (!strcmp(ibv_get_device_name(l[i]), "loop0"))
+				ctx = ibv_open_device(l[i]);
+		if (l)
+			ibv_free_device_list(l);
+		if (!ctx)
+			return;
+		pd = ibv_alloc_pd(ctx);
+		ibv_port_attr pa{};
+		ibv_query_port(ctx, 1, &pa);
+		lid = pa.lid;
+	}
+	~env()
+	{
+		if (pd)
+			ibv_dealloc_pd(pd);
+		if (ctx)
+			ibv_close_device(ctx);
+	}
+};
+
+ibv_qp *make_qp(env &e, ibv_cq *cq, uint32_t depth)
+{
+	ibv_qp_init_attr a{};
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = depth;
+	a.cap.max_recv_wr = 1;
+	a.cap.max_send_sge = 2;
+	a.cap.max_recv_sge = 1;
+	return ibv_create_qp(e.pd, &a);
+}
+
+bool connect(ibv_qp *qp, uint32_t dqpn, uint16_t lid)
+{
+	ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					  IBV_QP_ACCESS_FLAGS))
+		return false;
+	a = {};
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dqpn;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 1;
+	a.ah_attr.dlid = lid;
+	a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+					  IBV_QP_MIN_RNR_TIMER))
+		return false;
+	a = {};
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	return !ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+					  IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+					  IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+struct pair {
+	env e;
+	ibv_cq *cq = nullptr, *peer_cq = nullptr;
+	ibv_qp *qp = nullptr, *peer = nullptr;
+	std::vector<uint64_t> src, dst;
+	ibv_mr *src_mr = nullptr, *dst_mr = nullptr;
+
+	explicit pair(uint32_t depth, size_t words)
+	    : src(words), dst(words)
+	{
+		if (!e.pd)
+			return;
+		cq = ibv_create_cq(e.ctx, 4096, nullptr, nullptr, 0);
+		peer_cq = ibv_create_cq(e.ctx, 16, nullptr, nullptr, 0);
+		qp = make_qp(e, cq, depth);
+		peer = make_qp(e, peer_cq, 1);
+		src_mr = ibv_reg_mr(e.pd, src.data(), words * 8, IBV_ACCESS_LOCAL_WRITE);
+		dst_mr = ibv_reg_mr(e.pd, dst.data(), words * 8,
+				    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		if (qp && peer && (!connect(qp, peer->qp_num, e.lid) ||
+				   !connect(peer, qp->qp_num, e.lid)))
+			qp = nullptr;
+	}
+	bool ok() const
+	{
+		return qp && peer && src_mr && dst_mr;
+	}
+	~pair()
+	{
+		if (qp)
+			ibv_destroy_qp(qp);
+		if (peer)
+			ibv_destroy_qp(peer);
+		if (src_mr)
+			ibv_dereg_mr(src_mr);
+		if (dst_mr)
+			ibv_dereg_mr(dst_mr);
+		if (cq)
+			ibv_destroy_cq(cq);
+		if (peer_cq)
+			ibv_destroy_cq(peer_cq);
+	}
+};
+
+// An agent thread writes WRITE WQEs with the helpers; the engine thread
+// runs them; the agent polls their completions off the CQ ring.  WRITE i
+// puts i + 1 into word i % words, from the source word of its SQ slot.
+TEST(SqRing, AgentThreadDrivesTheQueue)
+{
+	constexpr size_t kWords = 512;
+	pair p(64, kWords);
+	ASSERT_TRUE(p.ok()) << strerror(errno);
+	softverbs_dv_sq sq;
+	softverbs_dv_cq cq;
+	ASSERT_EQ(softverbs_dv_qp_agent(p.qp, 1, &sq), 0);
+	ASSERT_EQ(softverbs_dv_cq_agent(p.cq, 1, &cq), 0);
+	EXPECT_EQ(softverbs_dv_qp_agent(p.qp, 1, &sq), EBUSY);
+	ASSERT_GE(sq.count, 64u);
+	ASSERT_LE(sq.count, kWords);
+	uint64_t polled = 0, signaled = 0;
+	std::string failure;
+	// Every fourth WR is signaled, and the last, so that all have run when
+	// the last completion is polled.
+	auto is_signaled = [](uint64_t i) { return i % 4 == 0 || i + 1 == kOps; };
+	auto next_signaled = [&](uint64_t i) {
+		for (i++; i < kOps && !is_signaled(i); i++)
+			;
+		return i;
+	};
+	for (uint64_t i = 0; i < kOps; i++)
+		signaled += is_signaled(i);
+	std::thread agent([&] {
+		softverbs_cqe e;
+		uint64_t expect = 0;
+		auto poll = [&] {
+			while (softverbs_dv_cq_poll(&cq, &e)) {
+				if (e.status != IBV_WC_SUCCESS || e.wr_id != expect) {
+					failure = "completion " + std::to_string(e.wr_id) +
+						  " status " + std::to_string(e.status) +
+						  ", expected " + std::to_string(expect);
+					return false;
+				}
+				expect = next_signaled(expect);
+				polled++;
+				softverbs_dv_sq_retire(&sq, &e);
+			}
+			return true;
+		};
+		for (uint64_t i = 0; i < kOps; i++) {
+			softverbs_wqe *w;
+			while (!(w = softverbs_dv_sq_next(&sq)))
+				if (!poll())
+					return;
+			uint64_t slot = sq.next & (sq.count - 1);
+			p.src[slot] = i + 1;
+			softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_WRITE,
+					      is_signaled(i) ? IBV_SEND_SIGNALED : 0, i);
+			softverbs_dv_wqe_rdma(w, reinterpret_cast<uintptr_t>(&p.dst[i % kWords]),
+					      p.dst_mr->rkey);
+			softverbs_dv_wqe_sge(w, reinterpret_cast<uintptr_t>(&p.src[slot]), 8,
+					     p.src_mr->lkey);
+			softverbs_dv_sq_post(&sq, i % 3 == 0 || i + 1 == kOps);
+		}
+		while (expect < kOps)
+			if (!poll())
+				return;
+	});
+	agent.join();
+	ASSERT_EQ(failure, "");
+	EXPECT_EQ(polled, signaled);
+	for (size_t k = 0; k < kWords; k++) {
+		uint64_t last = k + (kOps - 1 - k) / kWords * kWords;
+		ASSERT_EQ(p.dst[k], last + 1) << "word " << k;
+	}
+	EXPECT_EQ(softverbs_dv_cq_agent(p.cq, 0, nullptr), 0);
+	EXPECT_EQ(softverbs_dv_qp_agent(p.qp, 0, nullptr), 0);
+	// Back with the library: ibv_post_send works again.
+	ibv_sge s{reinterpret_cast<uintptr_t>(&p.src[0]), 8, p.src_mr->lkey};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 7;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&p.dst[0]);
+	wr.wr.rdma.rkey = p.dst_mr->rkey;
+	ASSERT_EQ(ibv_post_send(p.qp, &wr, &bad), 0);
+	ibv_wc wc{};
+	ASSERT_EQ(ibv_poll_cq(p.cq, 1, &wc), 1);
+	EXPECT_EQ(wc.wr_id, 7u);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+}
+
+// Four threads post into an 8-deep send queue (ENOMEM: try again) while a
+// fifth polls: every WR completes once, and each thread's in its order.
+TEST(SqRing, ThreadsPostWhileOnePolls)
+{
+	constexpr int kThreads = 4;
+	constexpr size_t kWords = 64;
+	pair p(8, kWords);
+	ASSERT_TRUE(p.ok()) << strerror(errno);
+	const uint64_t per = kOps / kThreads / 4;
+	std::atomic<bool> failed{false};
+	std::vector<std::thread> ts;
+	for (int t = 0; t < kThreads; t++)
+		ts.emplace_back([&, t] {
+			for (uint64_t i = 0; i < per && !failed; i++) {
+				ibv_sge s{reinterpret_cast<uintptr_t>(&p.src[t]), 8, p.src_mr->lkey};
+				ibv_send_wr wr{}, *bad = nullptr;
+				wr.wr_id = (uint64_t(t) << 32) | i;
+				wr.opcode = IBV_WR_RDMA_WRITE;
+				wr.sg_list = &s;
+				wr.num_sge = 1;
+				wr.send_flags = IBV_SEND_SIGNALED;
+				wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&p.dst[t]);
+				wr.wr.rdma.rkey = p.dst_mr->rkey;
+				int r;
+				while ((r = ibv_post_send(p.qp, &wr, &bad)) == ENOMEM)
+					std::this_thread::yield();
+				if (r)
+					failed = true;
+			}
+		});
+	std::vector<uint64_t> next(kThreads, 0);
+	uint64_t got = 0;
+	while (got < per * kThreads && !failed) {
+		ibv_wc wc[8];
+		int n = ibv_poll_cq(p.cq, 8, wc);
+		ASSERT_GE(n, 0);
+		for (int k = 0; k < n; k++) {
+			ASSERT_EQ(wc[k].status, IBV_WC_SUCCESS);
+			uint32_t t = static_cast<uint32_t>(wc[k].wr_id >> 32);
+			ASSERT_LT(t, static_cast<uint32_t>(kThreads));
+			ASSERT_EQ(wc[k].wr_id & 0xffffffffu, next[t]) << "thread " << t;
+			next[t]++;
+			got++;
+		}
+		if (!n)
+			std::this_thread::yield();
+	}
+	for (auto &t : ts)
+		t.join();
+	EXPECT_FALSE(failed);
+	EXPECT_EQ(got, per * kThreads);
+}
+
+// A WQE the engine cannot believe completes in error and fails its QP;
+// the ring and the engine go on serving.
+TEST(SqRing, MalformedWqeCompletesInError)
+{
+	pair p(16, 16);
+	ASSERT_TRUE(p.ok()) << strerror(errno);
+	softverbs_dv_sq sq;
+	softverbs_dv_cq cq;
+	ASSERT_EQ(softverbs_dv_qp_agent(p.qp, 1, &sq), 0);
+	ASSERT_EQ(softverbs_dv_cq_agent(p.cq, 1, &cq), 0);
+	softverbs_wqe *w = softverbs_dv_sq_next(&sq);
+	ASSERT_NE(w, nullptr);
+	softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 1);
+	w->ctrl.opcode = 200; // No such opcode
+	softverbs_dv_sq_post(&sq, 1);
+	w = softverbs_dv_sq_next(&sq);
+	ASSERT_NE(w, nullptr);
+	softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 2);
+	w->ctrl.num_sge = 200; // More than the QP's max_send_sge
+	softverbs_dv_sq_post(&sq, 1);
+	softverbs_cqe e[2];
+	for (int k = 0; k < 2; k++) {
+		uint64_t spins = 0;
+		while (!softverbs_dv_cq_poll(&cq, &e[k])) {
+			ASSERT_LT(++spins, 200000000u);
+			std::this_thread::yield();
+		}
+	}
+	EXPECT_EQ(e[0].wr_id, 1u);
+	EXPECT_EQ(e[0].status, IBV_WC_LOC_QP_OP_ERR);
+	EXPECT_EQ(e[1].wr_id, 2u); // Flushed: the QP is in ERR
+	EXPECT_EQ(e[1].status, IBV_WC_WR_FLUSH_ERR);
+	ibv_qp_attr a{};
+	ibv_qp_init_attr ia{};
+	ASSERT_EQ(ibv_query_qp(p.qp, &a, IBV_QP_STATE, &ia), 0);
+	EXPECT_EQ(a.qp_state, IBV_QPS_ERR);
+	softverbs_dv_sq_retire(&sq, &e[1]);
+	EXPECT_EQ(softverbs_dv_cq_agent(p.cq, 0, nullptr), 0);
+	EXPECT_EQ(softverbs_dv_qp_agent(p.qp, 0, nullptr), 0);
+}
+
+// The send-queue ring of a QP made under a parent domain with allocators
+// comes from its alloc callback, with the SQ's resource type, and goes
+// back through free; IBV_ALLOCATOR_USE_DEFAULT gets the library's memory.
+struct alloc_log {
+	bool use_default = false;
+	int allocs = 0, frees = 0;
+	void *given = nullptr, *freed = nullptr;
+	size_t size = 0;
+	uint64_t type = 0, freed_type = 0;
+};
+
+void *log_alloc(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t type)
+{
+	auto *l = static_cast<alloc_log *>(ctx);
+	l->allocs++;
+	l->type = type;
+	if (l->use_default)
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	l->size = size;
+	l->given = aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
+	return l->given;
+}
+
+void log_free(ibv_pd *, void *ctx, void *ptr, uint64_t type)
+{
+	auto *l = static_cast<alloc_log *>(ctx);
+	l->frees++;
+	l->freed = ptr;
+	l->freed_type = type;
+	free(ptr);
+}
+
+TEST(SqRing, RingFromParentDomainAllocator)
+{
+	for (bool use_default : {false, true}) {
+		env e;
+		ASSERT_NE(e.pd, nullptr);
+		alloc_log log;
+		log.use_default = use_default;
+		ibv_parent_domain_init_attr pa{};
+		pa.pd = e.pd;
+		pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+			       IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+		pa.alloc = log_alloc;
+		pa.free = log_free;
+		pa.pd_context = &log;
+		ibv_pd *parent = ibv_alloc_parent_domain(e.ctx, &pa);
+		ASSERT_NE(parent, nullptr) << strerror(errno);
+		ibv_cq *cq = ibv_create_cq(e.ctx, 64, nullptr, nullptr, 0);
+		ASSERT_NE(cq, nullptr);
+		ibv_qp_init_attr a{};
+		a.send_cq = cq;
+		a.recv_cq = cq;
+		a.qp_type = IBV_QPT_RC;
+		a.cap.max_send_wr = 16;
+		a.cap.max_recv_wr = 1;
+		a.cap.max_send_sge = 1;
+		a.cap.max_recv_sge = 1;
+		ibv_qp *qp = ibv_create_qp(parent, &a);
+		ASSERT_NE(qp, nullptr) << strerror(errno);
+		EXPECT_EQ(log.allocs, 1);
+		EXPECT_EQ(log.type, SOFTVERBS_RES_TYPE_SQ);
+		ibv_qp *peer = make_qp(e, cq, 1);
+		ASSERT_NE(peer, nullptr);
+		ASSERT_TRUE(connect(qp, peer->qp_num, e.lid));
+		ASSERT_TRUE(connect(peer, qp->qp_num, e.lid));
+		softverbs_dv_sq sq;
+		ASSERT_EQ(softverbs_dv_qp_agent(qp, 1, &sq), 0);
+		if (!use_default) {
+			EXPECT_EQ(sq.ring, log.given);
+			EXPECT_LE(size_t(sq.count) * sq.stride, log.size);
+		} else {
+			EXPECT_NE(sq.ring, nullptr);
+		}
+		ASSERT_EQ(softverbs_dv_qp_agent(qp, 0, nullptr), 0);
+		// The library posts through it as through its own memory.
+		uint64_t src = 42, dst = 0;
+		ibv_mr *smr = ibv_reg_mr(e.pd, &src, 8, IBV_ACCESS_LOCAL_WRITE);
+		ibv_mr *dmr = ibv_reg_mr(e.pd, &dst, 8,
+					 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		ASSERT_TRUE(smr && dmr);
+		ibv_sge sge{reinterpret_cast<uintptr_t>(&src), 8, smr->lkey};
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = 5;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
+		wr.wr.rdma.rkey = dmr->rkey;
+		ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+		ibv_wc wc{};
+		ASSERT_EQ(ibv_poll_cq(cq, 1, &wc), 1);
+		EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+		EXPECT_EQ(dst, 42u);
+		ASSERT_EQ(ibv_destroy_qp(qp), 0);
+		if (!use_default) {
+			EXPECT_EQ(log.frees, 1);
+			EXPECT_EQ(log.freed, log.given);
+			EXPECT_EQ(log.freed_type, SOFTVERBS_RES_TYPE_SQ);
+		} else {
+			EXPECT_EQ(log.frees, 0);
+		}
+		ibv_destroy_qp(peer);
+		ibv_dereg_mr(smr);
+		ibv_dereg_mr(dmr);
+		ibv_destroy_cq(cq);
+		EXPECT_EQ(ibv_dealloc_pd(parent), 0);
+	}
+}
+
+} // namespace
