@@ -247,7 +247,16 @@ struct loop_qp {
 	send_wr sq_head;
 	// Per slot: the fast-register key object a library-posted WQE names
 	// (process memory: never read from the ring).
-	std::vector<loop_mr *> sq_frmr;
+	// What only the library knows of the WQEs it wrote (the ring is
+	// writable by agents): slot i's entry describes WQE number index1 - 1.
+	// A fast-register's key object, and the window of a type 1 bind that
+	// ibv_bind_mw posted; an agent's WQE matches no entry.
+	struct lib_wqe {
+		uint64_t index1;
+		loop_mr *frmr;
+		uint32_t bind1_slot;
+	};
+	std::vector<lib_wqe> sq_lib;
 	// Handed to an agent (softverbs_dv_qp_agent): the agent is the ring's
 	// producer, the engine thread serves its doorbell, and ibv_post_send
 	// fails with EINVAL.  sq_bad_db: a doorbell value refused (ignored
@@ -374,7 +383,14 @@ ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w);
 int mr_remote_invalidate(fabric &fab, uint32_t owner_lease, uint32_t pdn, uint32_t qpn,
 			 uint32_t rkey);
 // Copies a bind_mw / fast-reg ibv_send_wr into w; 0 or an errno.
-int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w);
+// What ibv_bind_mw and softverbs_post_fast_reg give the posting path
+// beyond the ibv_send_wr (an argument, not thread-local state): a type 1
+// window may be bound, or the fast-register's own fields.
+struct mem_wr_extra {
+	bool bind_type1;
+	const softverbs_fast_reg_wr *fast_reg;
+};
+int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *x);
 ibv_mw *loop_alloc_mw(ibv_pd *pd, ibv_mw_type type);
 int loop_dealloc_mw(ibv_mw *mw);
 int loop_bind_mw(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *bind);
@@ -457,6 +473,8 @@ int loop_destroy_ah(ibv_ah *ah);
 
 // loop_req.cpp: the requester
 int loop_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
+// loop_post_send with what a bind or fast-register carries beyond the WR.
+int post_send_mem(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr_extra *x);
 // Runs n WRs built by the ibv_wr_* API as post_send runs a list, taking
 // sq_lock.  All or nothing: EINVAL (QP state) or ENOMEM (no room in the send
 // queue) before any WR runs.  The caller has checked each WR (wr_valid).

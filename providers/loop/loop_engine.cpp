@@ -7,7 +7,9 @@
 // ring's `sleeping` word, looks once more, and sleeps on a futex over the
 // doorbell record of the rings (futex_waitv, or the first ring's with a
 // short timeout where that is refused): an agent wakes it only when the
-// word says it sleeps.  Lock order: the engine lock, then a QP's sq_lock.
+// word says it sleeps.  futex_waitv takes 128 words: past 128 agent rings
+// only the first 128 get the word, and the engine sleeps briefly
+// (kEngineShortSleepNs) rather than until a doorbell.  Lock order: the engine lock, then a QP's sq_lock.
 #include "c_boundary.h"
 #include "loop.h"
 #include "loop_param.h"
@@ -73,13 +75,20 @@ bool serve_all(agent_engine &e)
 	return work;
 }
 
+// futex_waitv waits on at most 128 words.  With more agent rings than that
+// the engine never sleeps long: the rings past the limit keep `sleeping`
+// at 0 (their agents ring no futex) and are looked at again after a short
+// sleep, kEngineShortSleepNs.
+constexpr size_t kMaxWait = 128;
+constexpr long kEngineShortSleepNs = 200 * 1000;
+
 void sleep_on_doorbells(agent_engine &e, std::unique_lock<std::mutex> &g)
 {
-	constexpr size_t kMaxWait = 128;
 	waitv_entry w[kMaxWait]{};
 	size_t n = 0;
-	for (loop_qp *qp : e.qps)
-		std::atomic_ref<uint32_t>(qp->sq->sleeping).store(1, std::memory_order_seq_cst);
+	bool all_waited = e.qps.size() <= kMaxWait;
+	for (size_t i = 0; i < e.qps.size() && i < kMaxWait; i++)
+		std::atomic_ref<uint32_t>(e.qps[i]->sq->sleeping).store(1, std::memory_order_seq_cst);
 	// Looked at again after the flag is up: an agent that rang before it
 	// saw no sleeper, and its doorbell is seen here.
 	bool work = false;
@@ -99,22 +108,32 @@ void sleep_on_doorbells(agent_engine &e, std::unique_lock<std::mutex> &g)
 		g.unlock();
 		timespec ts{};
 		if (!e.waitv_refused) {
+			// Absolute: 1 s when every ring can wake us, else a short sleep.
 			clock_gettime(CLOCK_MONOTONIC, &ts);
-			ts.tv_sec += 1;
+			if (all_waited) {
+				ts.tv_sec += 1;
+			} else {
+				ts.tv_nsec += kEngineShortSleepNs;
+				if (ts.tv_nsec >= 1000000000L) {
+					ts.tv_sec++;
+					ts.tv_nsec -= 1000000000L;
+				}
+			}
 			if (syscall(SYS_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC) < 0 &&
 			    (errno == ENOSYS || errno == EPERM))
 				e.waitv_refused = true;
 		} else {
 			// One ring's futex, and a short sleep for the others.
-			ts.tv_nsec = n > 1 ? 200 * 1000 : 0;
-			ts.tv_sec = n > 1 ? 0 : 1;
+			bool one = n == 1 && all_waited;
+			ts.tv_nsec = one ? 0 : kEngineShortSleepNs;
+			ts.tv_sec = one ? 1 : 0;
 			syscall(SYS_futex, reinterpret_cast<uint32_t *>(w[0].uaddr), FUTEX_WAIT,
 				static_cast<uint32_t>(w[0].val), &ts, nullptr, 0);
 		}
 		g.lock();
 	}
-	for (loop_qp *qp : e.qps)
-		std::atomic_ref<uint32_t>(qp->sq->sleeping).store(0, std::memory_order_relaxed);
+	for (size_t i = 0; i < e.qps.size() && i < kMaxWait; i++)
+		std::atomic_ref<uint32_t>(e.qps[i]->sq->sleeping).store(0, std::memory_order_relaxed);
 }
 
 void run()
@@ -166,6 +185,10 @@ int engine_add(loop_qp *qp)
 		return ENOMEM;
 	}
 	e.wake.notify_one();
+	// An engine asleep on the other rings' doorbells looks at its list
+	// again, and so at this ring (which it does not wait on yet).
+	if (e.qps.size() > 1 && e.qps[0]->sq)
+		syscall(SYS_futex, db_word(e.qps[0]), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 	return 0;
 }
 

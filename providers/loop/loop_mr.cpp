@@ -868,11 +868,6 @@ int loop_dealloc_mw(ibv_mw *ibmw)
 	return 0;
 }
 
-// Set while loop_bind_mw posts: only it may post a type 1 bind.
-thread_local bool g_bind_type1 = false;
-// Set while loop_post_fast_reg posts: the WR's fields beyond ibv_send_wr.
-thread_local const softverbs_fast_reg_wr *g_fast_reg = nullptr;
-
 int loop_bind_mw(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *bind)
 {
 	if (!mw || !bind || mw->type != IBV_MW_TYPE_1 || mw->pd != qp->pd ||
@@ -896,21 +891,20 @@ int loop_bind_mw(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *bind)
 	wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
 	wr.bind_mw.bind_info = bi;
 	ibv_send_wr *bad = nullptr;
-	g_bind_type1 = true;
-	int ret = loop_post_send(qp, &wr, &bad);
-	g_bind_type1 = false;
+	const mem_wr_extra x{true, nullptr}; // Only ibv_bind_mw binds a type 1 window
+	int ret = post_send_mem(qp, &wr, &bad, &x);
 	if (!ret)
 		mw->rkey = wr.bind_mw.rkey;
 	return ret;
 }
 
-int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
+int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *x)
 {
 	if (in->opcode == IBV_WR_BIND_MW) {
 		ibv_mw *mw = in->bind_mw.mw;
 		if (!mw)
 			return EINVAL;
-		if (mw->type == IBV_MW_TYPE_1 && !g_bind_type1)
+		if (mw->type == IBV_MW_TYPE_1 && !(x && x->bind_type1))
 			return EINVAL; // Type 1 windows are bound with ibv_bind_mw
 		auto *lmw = reinterpret_cast<loop_mw *>(mw);
 		if (!lmw->life.is(kLifeMw))
@@ -928,8 +922,8 @@ int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 		(void)qp;
 		return 0;
 	}
-	if (in->opcode == kWrFastReg && g_fast_reg) {
-		const softverbs_fast_reg_wr *fr = g_fast_reg;
+	if (in->opcode == kWrFastReg && x && x->fast_reg) {
+		const softverbs_fast_reg_wr *fr = x->fast_reg;
 		w.frmr = to_loop_mr(fr->mr);
 		w.mw_slot = w.frmr->slot;
 		w.rkey = in->wr.rdma.rkey;
@@ -1167,11 +1161,9 @@ int loop_post_fast_reg(ibv_qp *ibqp, const softverbs_fast_reg_wr *fr)
 	wr.send_flags = fr->send_flags & (IBV_SEND_SIGNALED | IBV_SEND_FENCE);
 	wr.wr.rdma.remote_addr = fr->iova;
 	wr.wr.rdma.rkey = softverbs_key_with(fr->mr->lkey, fr->key);
-	g_fast_reg = fr;
+	const mem_wr_extra x{false, fr};
 	ibv_send_wr *bad = nullptr;
-	int ret = loop_post_send(ibqp, &wr, &bad);
-	g_fast_reg = nullptr;
-	return ret;
+	return post_send_mem(ibqp, &wr, &bad, &x);
 }
 
 } // namespace loop

@@ -1074,7 +1074,11 @@ void wqe_write(loop_qp *qp, const send_wr &w, uint64_t index)
 		}
 	}
 	memcpy(slot, &q, sizeof(q));
-	qp->sq_frmr[index & qp->sq_mask] = w.opcode == kWrFastReg ? w.frmr : nullptr;
+	loop_qp::lib_wqe &lib = qp->sq_lib[index & qp->sq_mask];
+	lib.index1 = index + 1;
+	lib.frmr = w.opcode == kWrFastReg ? w.frmr : nullptr;
+	lib.bind1_slot =
+		w.opcode == IBV_WR_BIND_MW && w.mw_type == IBV_MW_TYPE_1 ? w.mw_slot : 0;
 }
 
 // Reads WQE number `index` into w (with fresh retry state), checking it as
@@ -1154,8 +1158,23 @@ ibv_wc_status wqe_read(loop_qp *qp, uint64_t index, send_wr &w)
 		w.npages = q.mem.npages;
 		w.page_shift = q.mem.page_shift;
 		w.rkey = q.mem.new_key;
-		if (op == kWrFastReg)
-			w.frmr = qp->sq_frmr[index & qp->sq_mask];
+		// Checked here, where every WQE is run, whoever wrote it: a type 1
+		// window is bound only by ibv_bind_mw, and only the library
+		// fast-registers (its staged page list is in process memory).
+		// The library's record of the slot says which WQE it wrote.
+		const loop_qp::lib_wqe &lib = qp->sq_lib[index & qp->sq_mask];
+		bool by_lib = lib.index1 == index + 1;
+		if (op == IBV_WR_BIND_MW) {
+			if (q.mem.type != IBV_MW_TYPE_1 && q.mem.type != IBV_MW_TYPE_2)
+				return IBV_WC_MW_BIND_ERR;
+			if (q.mem.type == IBV_MW_TYPE_1 &&
+			    (!by_lib || !lib.bind1_slot || lib.bind1_slot != q.mem.slot))
+				return IBV_WC_MW_BIND_ERR;
+		} else {
+			if (!by_lib || !lib.frmr || lib.frmr->slot != q.mem.slot)
+				return IBV_WC_LOC_QP_OP_ERR;
+			w.frmr = lib.frmr;
+		}
 	}
 	return IBV_WC_SUCCESS;
 }
@@ -1270,7 +1289,7 @@ uint64_t drain(loop_qp *qp)
 
 // Copies an ibv_send_wr into our own form, checking what a real provider
 // checks at post time.  Returns 0 or the errno for post_send.
-int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
+int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *x)
 {
 	// Any bits may come in (tests pass 77): check them as an integer first,
 	// since loading a value beyond the enum's range is undefined (UBSan).
@@ -1314,7 +1333,7 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w)
 	if (in->opcode == IBV_WR_LOCAL_INV || in->opcode == IBV_WR_SEND_WITH_INV)
 		w.invalidate_rkey = in->invalidate_rkey;
 	if (in->opcode == IBV_WR_BIND_MW || in->opcode == kWrFastReg) {
-		int err = mr_copy_wr(qp, in, w);
+		int err = mr_copy_wr(qp, in, w, x);
 		if (err)
 			return err;
 	}
@@ -1452,6 +1471,11 @@ atomic_guard::~atomic_guard()
 
 int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
 {
+	return post_send_mem(ibqp, wr, bad, nullptr);
+}
+
+int post_send_mem(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr_extra *x)
+{
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp)) [[unlikely]] { // A destroyed QP (objects.h)
 		*bad = wr;
@@ -1472,7 +1496,7 @@ int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
 		thread_local send_wr w;
 		for (; wr; wr = wr->next) {
 			try { // c_boundary.h: ENOMEM at this WR, those before it posted
-				ret = copy_wr(qp, wr, w);
+				ret = copy_wr(qp, wr, w, x);
 			} catch (abi::__forced_unwind &) {
 				throw;
 			} catch (...) {
@@ -1548,7 +1572,7 @@ int sq_create(loop_qp *qp, ibv_pd *pd)
 	uint32_t stride = (SV_WQE_HDR_SIZE + data + SV_CACHELINE - 1) & ~uint32_t{SV_CACHELINE - 1};
 	size_t bytes = SV_SQ_HDR_SIZE + size_t{count} * stride;
 	try {
-		qp->sq_frmr.assign(count, nullptr);
+		qp->sq_lib.assign(count, loop_qp::lib_wqe{});
 	} catch (...) {
 		return ENOMEM;
 	}
