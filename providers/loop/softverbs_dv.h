@@ -238,6 +238,28 @@ int softverbs_dv_qp_agent(struct ibv_qp *qp, int on, struct softverbs_dv_sq *sq)
  */
 int softverbs_dv_cq_agent(struct ibv_cq *cq, int on, struct softverbs_dv_cq *cq_out);
 
+/*
+ * Moves the ring's addresses in *sq to another mapping of the same ring
+ * memory: ring_here is where this process maps the ring's first byte (the
+ * address sq->ring has in the owner).  For an agent in another process that
+ * maps only the ring: the application's parent-domain allocator placed the
+ * ring in shareable memory (a memfd, say) and knows its fd and offset; the
+ * owner sends *sq and the fd, the agent maps fd+offset and calls this.
+ * Every address in *sq is in the ring, so nothing else changes; the
+ * helpers below then work on the agent's mapping.  SGE addresses stay the
+ * owner's.
+ */
+static inline void softverbs_dv_sq_rebase(struct softverbs_dv_sq *sq, void *ring_here)
+{
+	char *old = (char *)sq->ring, *now = (char *)ring_here;
+	sq->slots = now + (sq->slots - old);
+	sq->prod = (uint64_t *)(now + ((char *)sq->prod - old));
+	sq->db_record = (uint64_t *)(now + ((char *)sq->db_record - old));
+	sq->sleeping = (uint32_t *)(now + ((char *)sq->sleeping - old));
+	sq->retired = (uint64_t *)(now + ((char *)sq->retired - old));
+	sq->ring = ring_here;
+}
+
 /* The slot of the next WQE, or NULL while max_wr WQEs are outstanding. */
 static inline struct softverbs_wqe *softverbs_dv_sq_next(struct softverbs_dv_sq *sq)
 {

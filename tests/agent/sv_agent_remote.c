@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Agent test (b) of issue 12: a second process that maps only the ring
+ * memory drives a QP.
+ *
+ * The owner creates a parent domain whose alloc callback places the QP's
+ * send-queue ring (SOFTVERBS_RES_TYPE_SQ) in a memfd it maps MAP_SHARED; the
+ * same memfd holds the source records.  It connects the QP to a second QP
+ * of its own (the target), hands the first to an agent
+ * (softverbs_dv_qp_agent) and execs itself as the agent with every other
+ * descriptor closed; over a Unix socket it sends the memfd (SCM_RIGHTS),
+ * the ring's offset in it and the ring description.  The agent maps the
+ * memfd, moves the description onto its mapping (softverbs_dv_sq_rebase),
+ * writes N records into the memfd and posts them with the inline helpers:
+ * RDMA WRITEs whose SGEs name the owner's addresses of those records, and
+ * every fourth an inline SEND.  The CQ stays the library's: the owner polls
+ * the completions (N fit in the ring, so the agent never retires).  The
+ * target checks every SEND (sequence and checksum, in order) and every
+ * WRITE slot.
+ */
+#include "../progs/svt.h"
+
+#include <infiniband/softverbs_dv.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#define N 256
+#define REC 64
+#define ARENA (4u << 20)
+#define SRC_OFF (2u << 20) /* The records, in the memfd */
+
+struct rec {
+	uint64_t seq;
+	uint64_t w[6];
+	uint64_t csum;
+};
+
+static void rec_fill(struct rec *r, uint64_t seq)
+{
+	r->seq = seq;
+	r->csum = seq ^ 0x5eedULL;
+	for (int i = 0; i < 6; i++) {
+		r->w[i] = (seq + 1) * 0x9e3779b97f4a7c15ULL ^ (uint64_t)i << 56;
+		r->csum ^= r->w[i];
+	}
+}
+
+static int rec_ok(const struct rec *r, uint64_t seq)
+{
+	struct rec want;
+	rec_fill(&want, seq);
+	return !memcmp(r, &want, sizeof(want));
+}
+
+static int is_send(int i)
+{
+	return (i & 3) == 3;
+}
+
+/* What the owner tells the agent. */
+struct handoff {
+	struct softverbs_dv_sq sq; /* Addresses in the owner's mapping */
+	uint64_t ring_off;	   /* The ring's offset in the memfd */
+	uint64_t owner_base;	   /* The owner's address of the memfd's byte 0 */
+	uint32_t src_lkey;
+	uint32_t dst_rkey;
+	uint64_t dst_addr;
+};
+
+static char *arena;
+static size_t arena_used;
+
+static void *ring_alloc(struct ibv_pd *pd, void *ctx, size_t size, size_t align, uint64_t type)
+{
+	if (type != SOFTVERBS_RES_TYPE_SQ)
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	size_t off = (arena_used + align - 1) & ~(align - 1);
+	if (off + size > SRC_OFF)
+		return NULL;
+	arena_used = off + size;
+	return arena + off;
+}
+
+static void ring_free(struct ibv_pd *pd, void *ctx, void *ptr, uint64_t type)
+{
+}
+
+static int agent(int sock)
+{
+	struct handoff h;
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {&h, sizeof(h)};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			   .msg_controllen = sizeof(cbuf)};
+	CHECK(recvmsg(sock, &m, MSG_WAITALL) == (ssize_t)sizeof(h));
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	CHECK(c && c->cmsg_type == SCM_RIGHTS);
+	int fd;
+	memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+	char *mine = mmap(NULL, ARENA, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	CHECK(mine != MAP_FAILED);
+	struct softverbs_dv_sq sq = h.sq;
+	softverbs_dv_sq_rebase(&sq, mine + h.ring_off);
+	CHECK(sq.max_wr >= N && sq.max_inline >= REC);
+	for (int i = 0; i < N; i++) {
+		struct rec *r = (struct rec *)(mine + SRC_OFF + (size_t)i * REC);
+		rec_fill(r, (uint64_t)i);
+		struct softverbs_wqe *w = softverbs_dv_sq_next(&sq);
+		CHECK(w);
+		if (is_send(i)) {
+			softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_SEND, IBV_SEND_SIGNALED, (uint64_t)i);
+			CHECK(softverbs_dv_wqe_inline(&sq, w, r, REC) == 0);
+		} else {
+			softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED,
+					      (uint64_t)i);
+			softverbs_dv_wqe_rdma(w, h.dst_addr + (uint64_t)i * REC, h.dst_rkey);
+			/* The owner's address of the record: SGEs are the owner's. */
+			softverbs_dv_wqe_sge(w, h.owner_base + SRC_OFF + (uint64_t)i * REC, REC,
+					     h.src_lkey);
+		}
+		softverbs_dv_sq_post(&sq, (i & 7) == 7 || i == N - 1);
+	}
+	printf("agent (pid %d): %d WQEs posted through its own mapping\n", (int)getpid(), N);
+	return 0;
+}
+
+static const struct svt_conn conn = {
+	.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+	.min_rnr_timer = 1,
+	.timeout = 14,
+	.retry_cnt = 7,
+	.rnr_retry = 7,
+};
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && !strcmp(argv[1], "agent"))
+		return agent(atoi(argv[2]));
+	svt_watchdog(120);
+	struct svt_dev d;
+	svt_open(&d, "loop0");
+	int mfd = memfd_create("sv-agent-rings", 0);
+	CHECK(mfd >= 0);
+	CHECK(ftruncate(mfd, ARENA) == 0);
+	arena = mmap(NULL, ARENA, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+	CHECK(arena != MAP_FAILED);
+	struct ibv_parent_domain_init_attr pa = {
+		.pd = d.pd,
+		.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS,
+		.alloc = ring_alloc,
+		.free = ring_free,
+	};
+	struct ibv_pd *parent = ibv_alloc_parent_domain(d.ctx, &pa);
+	CHECK(parent);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 2 * N, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = N, .max_recv_wr = 1,
+					      .max_send_sge = 1, .max_recv_sge = 1,
+					      .max_inline_data = REC}};
+	struct ibv_qp *a = ibv_create_qp(parent, &qa);
+	CHECK(a);
+	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = cq, .rcq = cq, .max_send_wr = 4,
+			      .max_recv_wr = N / 4, .max_sge = 1};
+	struct ibv_qp *b = svt_qp(&d, &o);
+	svt_connect(a, b->qp_num, d.lid, &conn);
+	svt_connect(b, a->qp_num, d.lid, &conn);
+	struct ibv_mr *src = ibv_reg_mr(d.pd, arena + SRC_OFF, (size_t)N * REC,
+					IBV_ACCESS_LOCAL_WRITE);
+	CHECK(src);
+	struct ibv_mr *dst = svt_mr(&d, (size_t)N * REC, IBV_ACCESS_LOCAL_WRITE |
+							   IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_mr *rbuf = svt_mr(&d, (size_t)N / 4 * REC, IBV_ACCESS_LOCAL_WRITE);
+	for (int i = 0; i < N / 4; i++) {
+		struct ibv_sge s = svt_sge(rbuf, (size_t)i * REC, REC);
+		svt_post_recv1(b, (uint64_t)i, &s, 1);
+	}
+	struct handoff h = {
+		.owner_base = (uintptr_t)arena,
+		.src_lkey = src->lkey,
+		.dst_rkey = dst->rkey,
+		.dst_addr = (uintptr_t)dst->addr,
+	};
+	CHECK(softverbs_dv_qp_agent(a, 1, &h.sq) == 0);
+	/* The ring is where the allocator put it: in the memfd. */
+	CHECK((char *)h.sq.ring >= arena && (char *)h.sq.ring < arena + SRC_OFF);
+	h.ring_off = (uint64_t)((char *)h.sq.ring - arena);
+
+	int sv[2];
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		/* The agent keeps only stdio and its socket: no fabric, no memfd. */
+		int s = dup2(sv[1], 3);
+		if (s != 3)
+			_exit(100);
+		if (syscall(SYS_close_range, 4, ~0u, 0))
+			for (int f = 4; f < 1024; f++)
+				close(f);
+		char arg[16];
+		snprintf(arg, sizeof(arg), "%d", s);
+		execl("/proc/self/exe", argv[0], "agent", arg, (char *)NULL);
+		_exit(101);
+	}
+	close(sv[1]);
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	memset(cbuf, 0, sizeof(cbuf));
+	struct iovec iov = {&h, sizeof(h)};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			   .msg_controllen = sizeof(cbuf)};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &mfd, sizeof(mfd));
+	CHECK(sendmsg(sv[0], &m, 0) == (ssize_t)sizeof(h));
+
+	/* The owner polls: N send completions in order, N / 4 receives. */
+	int sends = 0, recvs = 0;
+	uint64_t next_send_seq = 3;
+	uint64_t t0 = svt_now_ms();
+	while (sends < N || recvs < N / 4) {
+		struct ibv_wc wc;
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0);
+		if (!n) {
+			if (svt_now_ms() - t0 > 60000)
+				FAIL("after 60 s: %d of %d send completions, %d of %d receives",
+				     sends, N, recvs, N / 4);
+			usleep(100);
+			continue;
+		}
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		if (wc.qp_num == a->qp_num) {
+			CHECK_EQ(wc.wr_id, (uint64_t)sends);
+			sends++;
+		} else {
+			CHECK_EQ(wc.opcode, IBV_WC_RECV);
+			CHECK_EQ(wc.byte_len, REC);
+			const struct rec *r =
+				(const struct rec *)((char *)rbuf->addr + wc.wr_id * REC);
+			if (!rec_ok(r, next_send_seq))
+				FAIL("SEND %llu: record %llu, damaged or out of order",
+				     (unsigned long long)next_send_seq, (unsigned long long)r->seq);
+			next_send_seq += 4;
+			recvs++;
+		}
+	}
+	for (int i = 0; i < N; i++) {
+		if (is_send(i))
+			continue;
+		const struct rec *r = (const struct rec *)((char *)dst->addr + (size_t)i * REC);
+		if (!rec_ok(r, (uint64_t)i))
+			FAIL("WRITE slot %d holds record %llu", i, (unsigned long long)r->seq);
+	}
+	int st;
+	CHECK(waitpid(pid, &st, 0) == pid);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	printf("owner: %d completions in order, %d SENDs and %d WRITEs intact\n", sends, recvs,
+	       N - recvs);
+	CHECK(softverbs_dv_qp_agent(a, 0, NULL) == 0);
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
+	CHECK(ibv_dealloc_pd(parent) == 0);
+	printf("ok\n");
+	return 0;
+}
