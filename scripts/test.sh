@@ -54,7 +54,7 @@ asan_ci_skip="not test_soak and not test_stress and not (test_perftest and not d
 # Left out of the asan lane (it runs in the normal lane):
 #  - test_mpi's 4-rank run: 4 busy-polling ranks of an ASan-built sv_mpi
 #    on 2 cores took 61 s and 145 s in two runs (the 2-rank run, the same
-#    phases, takes 6 s; the 4-rank one 5 s without ASan).
+#    phases, takes 6 s; either takes about 1 s without ASan).
 # test_ucx (all 46 cases, about 1 min), test_libfabric and test_mpi's
 # 2-rank run do run under ASan: UCX's malloc/mmap hooks coexist with the
 # preloaded runtime with UCX's defaults, and the reports of those runs
