@@ -400,6 +400,39 @@ def test_posting_errors(env):
         assert r[kind + "_done"] == [11, 99], (kind, r[kind + "_done"])
 
 
+INLINE_EMPTY_SGE = r"""
+a = Side(DEV_A, inline=64); b = Side(DEV_B)
+connect(a, b)
+a.mr.write(b"inline!!", 8, 0)
+r = {}
+# An inline SEND whose list holds an empty entry with a null address, as
+# UCX's rc_verbs am_short posts for a message with no payload, and one of
+# that entry alone: 8 bytes and 0 arrive.
+recv(b, 1, 0, 64)
+a.qp.post_send(send_wr(10, e.IBV_WR_SEND, [SGE(a.mr.buf, 8, a.mr.lkey), SGE(0, 0, 0)],
+                       flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_INLINE))
+r["s1"] = wcd(poll(a.cq)); r["r1"] = wcd(poll(b.cq))
+r["data"] = b.mr.read(8, 0).decode()
+recv(b, 2, 64, 64)
+a.qp.post_send(send_wr(11, e.IBV_WR_SEND, [SGE(0, 0, 0)],
+                       flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_INLINE))
+r["s2"] = wcd(poll(a.cq)); r["r2"] = wcd(poll(b.cq))
+out(r)
+"""
+
+
+def test_inline_send_empty_null_sge(env):
+    """Regression (found by test_mpi under ASan+UBSan): the provider
+    memcpy'd from each inline entry's address even when empty, a null
+    source, which UBSan reports (memcpy's arguments are nonnull)."""
+    r = run(INLINE_EMPTY_SGE, env)
+    assert r["s1"]["status"] == 0 and r["s1"]["wr_id"] == 10
+    assert r["r1"]["status"] == 0 and r["r1"]["byte_len"] == 8
+    assert r["data"] == "inline!!"
+    assert r["s2"]["status"] == 0 and r["s2"]["wr_id"] == 11
+    assert r["r2"]["status"] == 0 and r["r2"]["byte_len"] == 0
+
+
 QUERY = r"""
 a = Side(DEV_A, inline=20, sig_all=False); b = Side(DEV_B)
 connect(a, b, rnr_retry=5, min_rnr_timer=9)

@@ -51,15 +51,20 @@ tsandir=${SOFTVERBS_TEST_TSAN_DIR:-build-ci-tsan}
 # stress runs (long, and checked in the normal lane), and the perftest
 # variants beyond one default pair per tool.
 asan_ci_skip="not test_soak and not test_stress and not (test_perftest and not default)"
-# Left out of the asan lane (they run in the normal lane):
-#  - test_ucx, test_mpi, test_libfabric: UCX, Open MPI and libfabric
-#    programs with the ASan runtime preloaded were not tried; UCX patches
-#    malloc/mmap through its own relocation hooks.  Our library's part of
-#    that traffic is covered by the other ASan cases.
+# Left out of the asan lane (it runs in the normal lane):
+#  - test_mpi's 4-rank run: 4 busy-polling ranks of an ASan-built sv_mpi
+#    on 2 cores took 61 s and 145 s in two runs (the 2-rank run, the same
+#    phases, takes 6 s; either takes about 1 s without ASan).
+# test_ucx (all 46 cases, about 1 min), test_libfabric and test_mpi's
+# 2-rank run do run under ASan: UCX's malloc/mmap hooks coexist with the
+# preloaded runtime with UCX's defaults, and the reports of those runs
+# (leaks at exit of mpirun, softverbs-run's mktemp...) have none of our
+# frames; the one that had (an inline SGE {NULL, 0} memcpy'd, UBSan) is
+# fixed and has its own test (test_inline_send_empty_null_sge).
 # (The three test_fault_injection cases once left out, which stalled under
 # ASan, were the harness reading RUNNING late from a buffered pipe: fixed in
 # b15b7a1.)
-asan_known_bad="not test_ucx and not test_mpi and not test_libfabric"
+asan_known_bad="not (test_sv_mpi_pml_ucx and 4)"
 
 setup_dir() { # DIR OPTION...
 	local dir=$1

@@ -1316,9 +1316,13 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *
 			return EINVAL;
 		uint32_t off = 0;
 		for (int i = 0; i < in->num_sge; i++) {
-			memcpy(w.inline_data + off,
-			       reinterpret_cast<const void *>(in->sg_list[i].addr),
-			       in->sg_list[i].length);
+			// An empty entry may carry a null address (UCX's am_short
+			// with no payload): memcpy's source must not be null even
+			// for 0 bytes (UBSan: nonnull argument).
+			if (in->sg_list[i].length)
+				memcpy(w.inline_data + off,
+				       reinterpret_cast<const void *>(in->sg_list[i].addr),
+				       in->sg_list[i].length);
 			off += in->sg_list[i].length;
 		}
 		w.is_inline = true;
