@@ -231,9 +231,9 @@ int softverbs_dv_qp_agent(struct ibv_qp *qp, int on, struct softverbs_dv_sq *sq)
 
 /*
  * Hands cq's ring to an agent to poll (on != 0), or takes it back.  While
- * an agent has it, ibv_poll_cq on cq returns -EINVAL.  An agent polls send
- * completions and receives of WRITE_WITH_IMM: a small SEND whose payload
- * waits in the CQE (placed by ibv_poll_cq) completes with
+ * an agent has it, ibv_poll_cq on cq finds nothing (returns 0).  An agent
+ * polls send completions and receives of WRITE_WITH_IMM: a small SEND
+ * whose payload waits in the CQE (placed by ibv_poll_cq) completes with
  * IBV_WC_LOC_QP_OP_ERR at an agent.  Returns 0 or an errno.
  */
 int softverbs_dv_cq_agent(struct ibv_cq *cq, int on, struct softverbs_dv_cq *cq_out);

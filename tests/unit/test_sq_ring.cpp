@@ -240,6 +240,111 @@ TEST(SqRing, AgentThreadDrivesTheQueue)
 	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
 }
 
+// docs/agent.md, "Rules for mixing agent and library posting", walked in
+// order on one QP.  Each WRITE puts a distinct value into its own word of
+// dst; the words are checked at the end.
+TEST(SqRing, LibraryAndAgentTakeTurns)
+{
+	constexpr size_t kWords = 64;
+	pair p(16, kWords);
+	ASSERT_TRUE(p.ok()) << strerror(errno);
+	for (size_t k = 0; k < kWords; k++)
+		p.src[k] = 1000 + k;
+	auto lib_wr = [&](ibv_send_wr &wr, ibv_sge &s, uint64_t word) {
+		s = {reinterpret_cast<uintptr_t>(&p.src[word]), 8, p.src_mr->lkey};
+		wr = {};
+		wr.wr_id = word;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.sg_list = &s;
+		wr.num_sge = 1;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&p.dst[word]);
+		wr.wr.rdma.rkey = p.dst_mr->rkey;
+	};
+	auto poll_lib = [&](ibv_wc &wc) {
+		int n;
+		while ((n = ibv_poll_cq(p.cq, 1, &wc)) == 0)
+			;
+		return n;
+	};
+	softverbs_dv_sq sq;
+	softverbs_dv_cq cq;
+
+	// Rule 2: handed over empty.  A library WRITE (word 0) whose
+	// completion is not polled yet keeps the QP with the library.
+	ibv_send_wr wr, *bad = nullptr;
+	ibv_sge s;
+	lib_wr(wr, s, 0);
+	ASSERT_EQ(ibv_post_send(p.qp, &wr, &bad), 0);
+	EXPECT_EQ(softverbs_dv_qp_agent(p.qp, 1, &sq), EBUSY);
+	ibv_wc wc{};
+	ASSERT_EQ(poll_lib(wc), 1);
+	EXPECT_EQ(wc.wr_id, 0u);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+	ASSERT_EQ(softverbs_dv_qp_agent(p.qp, 1, &sq), 0);
+	ASSERT_EQ(softverbs_dv_cq_agent(p.cq, 1, &cq), 0);
+
+	// Rule 1: one producer.  ibv_post_send fails and posts nothing: word 1
+	// stays 0 to the end.
+	lib_wr(wr, s, 1);
+	bad = nullptr;
+	EXPECT_EQ(ibv_post_send(p.qp, &wr, &bad), EINVAL);
+	EXPECT_EQ(bad, &wr);
+
+	// Rules 3 and 4: the agent posts WRITEs to words 2..9 and polls and
+	// retires their completions; ibv_poll_cq finds none of them.  WRITE i
+	// is polled before i + 1 is posted, so that ibv_poll_cq is called while
+	// a completion waits.
+	constexpr uint64_t kFirst = 2, kEnd = 10;
+	for (uint64_t i = kFirst; i < kEnd; i++) {
+		softverbs_wqe *w = softverbs_dv_sq_next(&sq);
+		ASSERT_NE(w, nullptr) << i;
+		softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, i);
+		softverbs_dv_wqe_rdma(w, reinterpret_cast<uintptr_t>(&p.dst[i]), p.dst_mr->rkey);
+		softverbs_dv_wqe_sge(w, reinterpret_cast<uintptr_t>(&p.src[i]), 8, p.src_mr->lkey);
+		softverbs_dv_sq_post(&sq, 1);
+		softverbs_cqe e;
+		for (;;) {
+			ibv_wc lwc{};
+			ASSERT_EQ(ibv_poll_cq(p.cq, 1, &lwc), 0) << i;
+			if (softverbs_dv_cq_poll(&cq, &e))
+				break;
+		}
+		EXPECT_EQ(e.wr_id, i);
+		EXPECT_EQ(e.status, IBV_WC_SUCCESS);
+		softverbs_dv_sq_retire(&sq, &e);
+	}
+
+	// Rule 2: taken back, the engine having finished every WQE rung for
+	// (each has completed and been polled above).
+	ASSERT_EQ(softverbs_dv_cq_agent(p.cq, 0, nullptr), 0);
+	ASSERT_EQ(softverbs_dv_qp_agent(p.qp, 0, nullptr), 0);
+	EXPECT_EQ(softverbs_dv_qp_agent(p.qp, 0, nullptr), EINVAL);
+
+	// Back with the library: two chains of WRITEs to words 10..29 complete
+	// in order.  29 WRs in all pass through the 16-deep queue, so the
+	// slots the agent retired must count as free.
+	for (uint64_t base = kEnd; base < 30; base += 10) {
+		ibv_send_wr wrs[10];
+		ibv_sge sges[10];
+		for (int j = 0; j < 10; j++) {
+			lib_wr(wrs[j], sges[j], base + j);
+			wrs[j].next = j + 1 < 10 ? &wrs[j + 1] : nullptr;
+		}
+		bad = nullptr;
+		ASSERT_EQ(ibv_post_send(p.qp, wrs, &bad), 0);
+		for (int j = 0; j < 10; j++) {
+			ASSERT_EQ(poll_lib(wc), 1);
+			EXPECT_EQ(wc.wr_id, base + j);
+			EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+			EXPECT_EQ(wc.opcode, IBV_WC_RDMA_WRITE);
+		}
+	}
+	EXPECT_EQ(ibv_poll_cq(p.cq, 1, &wc), 0);
+	for (size_t k = 0; k < kWords; k++)
+		EXPECT_EQ(p.dst[k], k == 1 || k >= 30 ? 0 : 1000 + k) << "word " << k;
+}
+
 // Four threads post into an 8-deep send queue (ENOMEM: try again) while a
 // fifth polls: every WR completes once, and each thread's in its order.
 TEST(SqRing, ThreadsPostWhileOnePolls)
