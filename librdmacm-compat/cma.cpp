@@ -1252,6 +1252,10 @@ std::string tomb_prefix(int ps, uint16_t port)
 	return buf;
 }
 
+// A listener being destroyed leaves a mark on its port for a while (as long
+// as a refused REQ is retried, see connect_listener).
+constexpr int64_t kTombMs = 5000;
+
 // A listener being destroyed leaves a mark on its port for a while.
 void tomb_listener(const cm_id *p)
 {
@@ -1265,7 +1269,7 @@ void tomb_listener(const cm_id *p)
 		close(fd);
 		return;
 	}
-	G().tombs.emplace_back(fd, now_ms() + 1000);
+	G().tombs.emplace_back(fd, now_ms() + kTombMs);
 }
 
 void expire_tombs(int64_t now)
@@ -1546,9 +1550,11 @@ int connect_listener_once(cm_id *p, const sockaddr *dst);
 // connection): a REQ refused is retried for up to kReqRetryMs before it
 // counts as rejected, but only if the port has an owner (its marker, see
 // check_port) or had a listener lately (a listener destroyed leaves a mark
-// for 1 to 2 s, tomb_listener): a port nobody uses gets its REJECTED
-// (reason 8) at once.
-constexpr int kReqRetryMs = 1000;
+// for 5 to 6 s, tomb_listener): a port nobody uses gets its REJECTED
+// (reason 8) at once.  Both last 5 s: a perftest -R server sets up its
+// device and QPs between the two listens, which took longer than the 1 s
+// they once had on a loaded 2-core CI machine (REJECTED, error 8).
+constexpr int kReqRetryMs = 5000;
 
 bool port_in_use_lately(int ps, uint16_t port);
 
