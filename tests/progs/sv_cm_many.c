@@ -247,8 +247,12 @@ static void server(struct rdma_addrinfo *ai, int count, const char *prefix)
 		switch (ev->event) {
 		case RDMA_CM_EVENT_CONNECT_REQUEST: {
 			struct rdma_cm_id *id = ev->id;
-			const struct req_pdata *pd = ev->param.conn.private_data;
-			if (ev->param.conn.private_data_len < sizeof(*pd) || !pd ||
+			// private_data has no alignment promise (librdmacm points
+			// into its event buffer): copied out before it is read.
+			struct req_pdata pdv, *pd = &pdv;
+			if (ev->param.conn.private_data_len < sizeof(*pd) ||
+			    !ev->param.conn.private_data ||
+			    !memcpy(pd, ev->param.conn.private_data, sizeof(*pd)) ||
 			    pd->seq != (uint32_t)reqs || pd->sum != fnv(&pd->seq, 4)) {
 				fprintf(stderr, "sv_cm_many: request %d: bad private data\n", reqs);
 				exit(1);
