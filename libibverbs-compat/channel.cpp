@@ -42,9 +42,10 @@ struct channel_state {
 
 // ibv_comp_channel has no spare field; keep the state beside it, keyed by fd.
 std::mutex g_lock;
-std::unordered_map<const ibv_comp_channel *, channel_state *> g_channels;
-std::unordered_map<const ibv_cq *, uint64_t> g_cookies;
-std::unordered_map<const void *, uint32_t> g_async_reported; // Async events handed out, by CQ/QP/SRQ
+// Never destroyed: another thread may be in a verb while one calls exit().
+std::unordered_map<const ibv_comp_channel *, channel_state *> &g_channels = *new std::unordered_map<const ibv_comp_channel *, channel_state *>;
+std::unordered_map<const ibv_cq *, uint64_t> &g_cookies = *new std::unordered_map<const ibv_cq *, uint64_t>;
+std::unordered_map<const void *, uint32_t> &g_async_reported = *new std::unordered_map<const void *, uint32_t>; // Async events handed out, by CQ/QP/SRQ
 
 // Destroyed channels, freed oldest first beyond a bound.
 constexpr size_t kChannelQuarantine = 64;

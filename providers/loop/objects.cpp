@@ -19,7 +19,11 @@ namespace loop {
 namespace {
 
 std::mutex g_lock;
-std::map<uint64_t, void *> g_objects;
+// Never destroyed: a thread of the application may call exit() while
+// another is still in a verb (rping's CQ thread exits while main destroys
+// its QP), and exit runs static destructors under it (ASan saw the erase in
+// objects_remove read the freed tree).
+std::map<uint64_t, void *> &g_objects = *new std::map<uint64_t, void *>;
 
 uint64_t key(uint32_t kind, uint32_t slot)
 {
