@@ -18,9 +18,9 @@
 //   file once the data already received is consumed; a send then fails with
 //   EPIPE (ECONNRESET if the QP broke).
 //
-// Datagram rsockets and the iomap calls (riomap, riounmap, riowrite) are not
-// implemented: rsocket(SOCK_DGRAM) fails with EOPNOTSUPP (librspreload then
-// falls back to a real socket) and the iomap calls with ENOSYS.
+// Datagram rsockets are not implemented: rsocket(SOCK_DGRAM) fails with
+// EOPNOTSUPP (librspreload then falls back to a real socket).  The iomap
+// calls (riomap, riounmap, riowrite) work (riomap and the functions after it, below).
 //
 // Our own fds are waited on with the poll system call, not poll(): under
 // librspreload, poll() is rpoll's front end.
