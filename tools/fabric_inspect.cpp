@@ -34,7 +34,7 @@ struct raw_segment {
 	bool other_owner = false; // Another user's file
 };
 
-// The library's rule (check_segment in providers/loop/fabric.cpp): a
+// The library's rule (check_segment in providers/loop/transport/loop/fabric.cpp): a
 // segment is ours only if this user owns it and nobody else may touch it.
 // Returns an empty string, or why the file is refused.
 std::string refuse_reason(const struct stat &st)

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
-// Unit tests for the loop provider's QP state machine (providers/loop/
+// Unit tests for the loop provider's QP state machine (providers/loop/verbs/
 // qp_state.{h,cpp}).  The expected masks are transcribed here a second time,
 // per QP type rather than per transition, straight from the kernel's
 // qp_state_table; the sweeps then compare every (type, from, to, bit)
 // combination, so a single wrong bit in either copy fails a test.  The
 // hand-written cases further down pin the best-known transitions (the ones
 // every verbs application issues) independently of both tables.
-#include "providers/loop/qp_state.h"
+#include "providers/loop/verbs/qp_state.h"
 
 #include <gtest/gtest.h>
 

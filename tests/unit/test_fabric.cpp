@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The fabric registry: creating and re-attaching the segment, refusing one
 // of another ABI version, device records, and lease slots.
-#include "../../providers/loop/fabric.h"
+#include "../../providers/loop/transport/loop/fabric.h"
 
 #include <gtest/gtest.h>
 

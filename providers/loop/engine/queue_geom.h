@@ -7,7 +7,7 @@
 // from the header (see docs/design.md, "What a peer's stray write can do").
 #pragma once
 
-#include "../../kernel-abi/softverbs-abi.h"
+#include "../../../kernel-abi/softverbs-abi.h"
 
 #include <cstddef>
 #include <cstdint>

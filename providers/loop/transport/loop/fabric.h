@@ -4,7 +4,7 @@
 
 #include "config.h"
 
-#include "../../kernel-abi/softverbs-abi.h"
+#include "../../../../kernel-abi/softverbs-abi.h"
 
 #include <pthread.h>
 #include <atomic>
