@@ -22,6 +22,10 @@
  *                                         digits from getrandom, kept in the
  *                                         object's sv_obj_rec, so that no other
  *                                         user can guess the name beforehand
+ *   or, for a queue placed by the application's parent-domain allocator, a
+ *   range of a file the owner holds open (sv_obj_rec.place_fd): peers take
+ *   the descriptor from the owner (pidfd_getfd, else /proc/<pid>/fd) and
+ *   map that range, checked as a segment's header is
  * Every segment is created with O_EXCL; every opener checks with fstat that
  * it belongs to this user, has no group or other permission bits and has
  * the size it should, before it maps it (docs/design.md, "Segments").
@@ -38,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 7
+#define SV_ABI_VERSION 8
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -271,8 +275,16 @@ struct sv_obj_rec {
 	uint32_t pdn;	  /* SRQs: the PD their receive lkeys belong to */
 	uint32_t nonce[2]; /* Random part of the segment's name (low, high word);
 			      set before the object is published, never 0 */
+	/* A queue in memory the application placed (softverbs_dv_alloc_fd):
+	 * place_fd is the owner's descriptor + 1 (0: a /dev/shm segment, as
+	 * above), place_offset the page-aligned offset of the queue in that
+	 * file, place_pages its length in pages of 4096 bytes.  Set before
+	 * the object is published, never changed while it lives. */
+	uint32_t place_fd;
+	uint32_t place_pages;
+	uint64_t place_offset;
 };
-SV_STATIC_ASSERT(sizeof(struct sv_obj_rec) == 48, "object record size");
+SV_STATIC_ASSERT(sizeof(struct sv_obj_rec) == 64, "object record size");
 
 /* Multicast groups: the QPs attached to each (GID, LID). */
 #define SV_MAX_MCAST 64

@@ -288,6 +288,7 @@ struct verbs_context_ops {
 	int (*sv_post_fast_reg)(struct ibv_qp *qp, const struct softverbs_fast_reg_wr *wr);
 	int (*sv_dv_qp_agent)(struct ibv_qp *qp, int on, struct softverbs_dv_sq *sq);
 	int (*sv_dv_cq_agent)(struct ibv_cq *cq, int on, struct softverbs_dv_cq *cq_out);
+	int (*sv_dv_alloc_fd)(struct ibv_pd *pd, void *addr, size_t len, int fd, uint64_t offset);
 };
 
 /* Registration, called from a provider's constructor. */

@@ -105,3 +105,14 @@ EXPORT int softverbs_dv_cq_agent(struct ibv_cq *cq, int on, struct softverbs_dv_
 		return EOPNOTSUPP;
 	return ops->sv_dv_cq_agent(cq, on, cq_out);
 }
+
+EXPORT int softverbs_dv_alloc_fd(struct ibv_pd *pd, void *addr, size_t len, int fd,
+				 uint64_t offset)
+{
+	if (!pd || !addr || !len)
+		return EINVAL;
+	const verbs_context_ops *ops = get_ops(pd->context);
+	if (!ops->sv_dv_alloc_fd)
+		return EOPNOTSUPP;
+	return ops->sv_dv_alloc_fd(pd, addr, len, fd, offset);
+}

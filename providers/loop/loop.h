@@ -134,6 +134,10 @@ struct loop_cq {
 	bool placing_self;
 	uint64_t head; // Next entry to poll: the owner's own copy of the ring's cons
 	bool agent = false; // Polled by an agent (softverbs_dv_cq_agent), under lock
+	// A ring placed by a parent domain's allocator: the domain (held in
+	// parents) whose free gives it back, and the published file peers map.
+	ibv_pd *alloc_pd = nullptr;
+	std::shared_ptr<placed_file> placed;
 };
 
 struct loop_srq {
@@ -491,7 +495,9 @@ void qp_ex_destroy(loop_qp *qp);
 
 // loop_cq.cpp, for loop_cq_ex.cpp: a CQ with its ring and channel wired, and
 // the next completion (caller holds cq->lock unless single-threaded).
-loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel);
+// pd: a parent domain whose allocator places the ring (SOFTVERBS_RES_TYPE_CQ),
+// or nullptr.
+loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel, ibv_pd *pd = nullptr);
 bool cq_pop(loop_cq *cq, sv_cqe &out);
 
 // loop_td.cpp: thread domains and parent domains
@@ -528,6 +534,8 @@ int sq_serve_doorbell(loop_qp *qp, bool &need_progress);
 // softverbs_dv_qp_agent / softverbs_dv_cq_agent.
 int loop_dv_qp_agent(ibv_qp *qp, int on, softverbs_dv_sq *sq);
 int loop_dv_cq_agent(ibv_cq *cq, int on, softverbs_dv_cq *out);
+// softverbs_dv_alloc_fd (loop_td.cpp).
+int loop_dv_alloc_fd(ibv_pd *pd, void *addr, size_t len, int fd, uint64_t offset);
 
 // loop_engine.cpp: the thread that serves agents' doorbells.  0 or ENOMEM.
 int engine_add(loop_qp *qp);

@@ -3,8 +3,9 @@
  * <infiniband/softverbs_dv.h>: what the softverbs loop device offers beyond
  * rdma-core's verbs, in the spirit of mlx5dv.h.  Every call goes through the
  * provider's ops; on a device that does not implement one it fails with
- * EOPNOTSUPP.  Link with our libibverbs.so.1 (symbols at version
- * SOFTVERBS_1.0).  See docs/memory.md.
+ * EOPNOTSUPP.  Link with our libibverbs.so.1 (symbols at versions
+ * SOFTVERBS_1.0, 1.1 for agents, 1.2 for shared ring memory).  See
+ * docs/memory.md and docs/agent.md.
  */
 #ifndef SOFTVERBS_DV_H
 #define SOFTVERBS_DV_H
@@ -189,6 +190,43 @@ struct softverbs_cqe {
  */
 #define SOFTVERBS_RES_TYPE_SQ 0x5356000000000001ULL
 
+/* ---- Ring memory shared with other processes (SOFTVERBS_1.2) ---- */
+
+/*
+ * A CQ created under a parent domain with alloc/free callbacks
+ * (ibv_create_cq_ex with IBV_CQ_INIT_ATTR_MASK_PD and the parent domain in
+ * parent_domain) takes its ring from alloc with this resource type, an
+ * alignment of 4096, and a size of a whole number of pages; free gives it
+ * back when the CQ is destroyed.  Peers (other processes) write completions
+ * into the ring, so they must be able to map it: the memory must lie in a
+ * range published with softverbs_dv_alloc_fd.  alloc may answer
+ * IBV_ALLOCATOR_USE_DEFAULT (the library's own memory) or NULL (ENOMEM);
+ * memory not 64-byte aligned is given back and creation fails with EINVAL,
+ * as does published memory that is not page-aligned.  Memory nobody
+ * published is given back through free at once and the CQ uses the
+ * library's own memory, as for USE_DEFAULT (with one line on stderr per
+ * process): softverbs_dv_cq_agent's ring address then is not the
+ * allocator's.  ibv_resize_cq of a placed CQ fails with EOPNOTSUPP.
+ */
+#define SOFTVERBS_RES_TYPE_CQ 0x5356000000000002ULL
+
+/*
+ * Tells the library that [addr, addr + len) of this process is bytes
+ * [offset, offset + len) of the file behind fd (a memfd, a /dev/shm or other
+ * tmpfs file, mapped MAP_SHARED), so that rings an allocator places there
+ * can be mapped by other processes of the fabric.  Call it from the alloc
+ * callback for the piece it returns, or once for the whole arena before
+ * creating anything.  The library keeps its own duplicate of fd (the caller
+ * may close fd) until the range is forgotten and no ring placed in it
+ * lives.  addr - offset must be a multiple of the page size (as mmap makes
+ * it).  A range replaces the published ranges it overlaps; fd = -1 forgets
+ * them.  Peers take the descriptor from this process as for fd-backed MRs
+ * (pidfd_getfd, which needs ptrace permission).  pd is the parent domain
+ * (or any PD) of the device.  Returns 0 or an errno: EINVAL (a wrapping
+ * range, misaligned offset, or an fd that is not a regular file), EBADF.
+ */
+int softverbs_dv_alloc_fd(struct ibv_pd *pd, void *addr, size_t len, int fd, uint64_t offset);
+
 /* A QP's send-queue ring, as softverbs_dv_qp_agent hands it out. */
 struct softverbs_dv_sq {
 	void *ring;	     /* The ring's header */
@@ -328,6 +366,20 @@ static inline void softverbs_dv_sq_post(struct softverbs_dv_sq *sq, int ring_doo
 	__atomic_store_n(sq->db_record, sq->next, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(sq->sleeping, __ATOMIC_SEQ_CST))
 		syscall(SYS_futex, (uint32_t *)sq->db_record, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+/*
+ * Moves *cq's addresses to another mapping of the ring: ring_here is where
+ * this process maps the ring's first byte (cq->ring in the owner).  For an
+ * agent in another process polling a CQ placed by an allocator whose
+ * memory was published with softverbs_dv_alloc_fd.
+ */
+static inline void softverbs_dv_cq_rebase(struct softverbs_dv_cq *cq, void *ring_here)
+{
+	char *old = (char *)cq->ring, *now = (char *)ring_here;
+	cq->slots = (struct softverbs_cqe *)(now + ((char *)cq->slots - old));
+	cq->cons = (uint64_t *)(now + ((char *)cq->cons - old));
+	cq->ring = ring_here;
 }
 
 /* Takes the next completion into *out: 1, or 0 when there is none. */

@@ -7,7 +7,9 @@
 #include "res_limits.h"
 #include "xfer.h"
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <climits>
@@ -24,6 +26,9 @@ namespace {
 
 // Producers see bit 63 of prod set once the owner resized the ring away.
 constexpr uint64_t kRingClosed = 1ULL << 63;
+// How long the destroy of a placed CQ waits for producers that reserved a
+// slot to publish it (close_placed).
+constexpr uint64_t kPlacedDrainNs = 1000000000ULL;
 
 int notify_socket()
 {
@@ -490,7 +495,92 @@ static_assert((uint64_t(kMaxCqe) + 1) * (sizeof(sv_cqe) + sizeof(sv_cqe_payload)
 		      kMaxQueueBytes,
 	      "a CQ of max_cqe entries fits the queue segment bound");
 
-loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
+// Asks pd's allocator for the ring of a CQ of `entries` (SOFTVERBS_RES_TYPE_CQ).
+// 0 with place.mem set (and cq->alloc_pd, cq->placed) when the ring goes in
+// the application's memory; 0 with place.mem null for our own segment
+// (IBV_ALLOCATOR_USE_DEFAULT, no allocator, or memory nobody published); or
+// an errno (the allocator gave nothing, or memory that cannot hold a ring).
+int place_cq(loop_cq *cq, ibv_pd *pd, uint32_t entries, queue_place &place)
+{
+	size_t bytes = queue_total_bytes(sizeof(sv_cq_ring), entries, sizeof(sv_cqe),
+					 static_cast<size_t>(entries) * sizeof(sv_cqe_payload));
+	void *mem = pd_alloc(pd, bytes, 4096, SOFTVERBS_RES_TYPE_CQ);
+	if (!mem)
+		return ENOMEM;
+	if (mem == IBV_ALLOCATOR_USE_DEFAULT)
+		return 0;
+	if (reinterpret_cast<uintptr_t>(mem) % SV_CACHELINE) {
+		pd_free(pd, mem, SOFTVERBS_RES_TYPE_CQ);
+		return EINVAL; // The ring's lines must be cache lines
+	}
+	uint64_t offset = 0;
+	std::shared_ptr<placed_file> file = place_find(mem, bytes, offset);
+	if (!file) {
+		// Peers write completions into the ring: memory they cannot map
+		// cannot hold it.  Given back, and the CQ gets ours, as an
+		// allocator that said USE_DEFAULT would (rdma-core's tests hand
+		// out posix_memalign memory for every type and expect a CQ).
+		pd_free(pd, mem, SOFTVERBS_RES_TYPE_CQ);
+		static std::atomic<bool> said{false};
+		if (!said.exchange(true))
+			fprintf(stderr,
+				"softverbs: a CQ ring from a parent domain's allocator is in memory "
+				"whose file the library was not told (softverbs_dv_alloc_fd): "
+				"other processes could not write its completions, so the CQ uses "
+				"the library's own memory (docs/agent.md)\n");
+		return 0;
+	}
+	if (reinterpret_cast<uintptr_t>(mem) % 4096) {
+		pd_free(pd, mem, SOFTVERBS_RES_TYPE_CQ);
+		return EINVAL; // Peers map it by pages
+	}
+	place.mem = mem;
+	place.file = file.get();
+	place.offset = offset;
+	cq->alloc_pd = pd;
+	cq->placed = std::move(file);
+	return 0;
+}
+
+// Before a placed ring goes back to the application, which may reuse the
+// memory at once: producers that have yet to reserve a slot are refused
+// (the closed bit: they find the CQ gone, as after a resize), and those
+// that reserved one are waited for until they published it (seq), for at
+// most kPlacedDrainNs: a producer that died mid-write never will.  What a
+// producer does after publishing (the armed/waiters words, a few
+// instructions) is not waited for; docs/agent.md says so.
+void close_placed(loop_cq *cq)
+{
+	sv_cq_ring *r = cq->ring;
+	uint64_t end = std::atomic_ref<uint64_t>(r->prod).fetch_or(kRingClosed,
+								  std::memory_order_acq_rel) &
+		       ~kRingClosed;
+	uint64_t cons = std::atomic_ref<uint64_t>(r->cons).load(std::memory_order_acquire);
+	uint64_t i = end - std::min<uint64_t>(end - cons, cq->capacity); // An agent may lie
+	uint64_t deadline = now_ns() + kPlacedDrainNs;
+	while (i != end) {
+		if (std::atomic_ref<uint32_t>(cq->slots[i & cq->mask].seq)
+			    .load(std::memory_order_acquire) == static_cast<uint32_t>(i + 1)) {
+			i++;
+			continue;
+		}
+		if (now_ns() > deadline)
+			break;
+		sched_yield();
+	}
+}
+
+// Gives a placed ring back to its allocator (after queue_destroy).
+void unplace_cq(loop_cq *cq, void *ring)
+{
+	if (!cq->alloc_pd)
+		return;
+	pd_free(cq->alloc_pd, ring, SOFTVERBS_RES_TYPE_CQ);
+	cq->alloc_pd = nullptr;
+	cq->placed.reset();
+}
+
+loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, ibv_pd *pd)
 {
 	if (cqe < 1 || cqe > kMaxCqe) {
 		errno = EINVAL;
@@ -509,11 +599,19 @@ loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
 		return nullptr;
 	}
 	uint32_t entries = round_pow2(static_cast<uint32_t>(cqe));
-	void *map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_CQ, entries, sizeof(sv_cqe),
-				 sizeof(sv_cq_ring), 0, cq->ref,
-				 static_cast<size_t>(entries) * sizeof(sv_cqe_payload));
+	queue_place place;
+	void *map = nullptr;
+	if (int e = place_cq(cq, pd, entries, place))
+		errno = e;
+	else
+		map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_CQ, entries, sizeof(sv_cqe),
+				   sizeof(sv_cq_ring), 0, cq->ref,
+				   static_cast<size_t>(entries) * sizeof(sv_cqe_payload),
+				   place.mem ? &place : nullptr);
 	if (!map) {
 		int e = errno;
+		if (place.mem)
+			unplace_cq(cq, place.mem);
 		delete cq;
 		res_put(*lctx->fab, lctx->lease, SV_RES_CQ);
 		errno = e;
@@ -725,9 +823,9 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 	std::atomic_ref<uint64_t>(r->cons).store(dst, std::memory_order_release);
 }
 
-loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel)
+loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel, ibv_pd *pd)
 {
-	loop_cq *cq = new_cq(ctx, cqe, channel);
+	loop_cq *cq = new_cq(ctx, cqe, channel, pd);
 	if (!cq)
 		return nullptr;
 	ibv_cq &c = cq->vcq.cq;
@@ -769,14 +867,21 @@ int loop_destroy_cq(ibv_cq *ibcq)
 	if (!owned_closing())
 		verbs_cq_wait_events(ibcq);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
+	void *ring = nullptr;
 	{
 		// A thread asleep in cq_sleep on this ring holds the lock: unmap
 		// after it woke, and drop the idle lists that may name this CQ.
 		g_cq_gen.fetch_add(1, std::memory_order_acq_rel);
 		std::lock_guard<std::mutex> g(cq->lock);
-		queue_destroy(*cq->ctx->fab, cq->ref, cq->ring);
+		ring = cq->ring;
+		if (cq->alloc_pd)
+			close_placed(cq);
+		queue_destroy(*cq->ctx->fab, cq->ref, ring, cq->alloc_pd != nullptr);
 		cq->ring = nullptr;
 	}
+	// A placed ring goes back to the application (outside our locks: its
+	// free is its own code).
+	unplace_cq(cq, ring);
 	res_put(*cq->ctx->fab, cq->ctx->lease, SV_RES_CQ);
 	cq->parents.release();
 	cq->life.end_destroy(kLifeCq);
@@ -849,6 +954,8 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	std::lock_guard<std::mutex> g(cq->lock);
 	if (cq->agent)
 		return EBUSY; // An agent holds the ring's address
+	if (cq->alloc_pd)
+		return EOPNOTSUPP; // The application placed the ring (docs/agent.md, "Not yet")
 	uint64_t pending = std::atomic_ref<uint64_t>(cq->ring->prod).load() - cq->head;
 	if (static_cast<uint64_t>(cqe) < pending)
 		return EINVAL;

@@ -175,9 +175,9 @@ ibv_cq_ex *loop_create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr)
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
-	// A parent domain given here is accepted; its allocators are not used
-	// (see loop_td.cpp), and a CQ is not tied to a PD otherwise.  It is
-	// held while the CQ lives (mlx5 counts it too).
+	// A parent domain given here places the ring through its allocator
+	// (SOFTVERBS_RES_TYPE_CQ, docs/agent.md); a CQ is not tied to a PD
+	// otherwise.  It is held while the CQ lives (mlx5 counts it too).
 	parent_guard parents;
 	if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
 		loop_pd *pd = attr->parent_domain ? to_loop_pd(attr->parent_domain) : nullptr;
@@ -201,7 +201,8 @@ ibv_cq_ex *loop_create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr)
 		errno = EINVAL;
 		return nullptr;
 	}
-	loop_cq *cq = cq_new(ctx, static_cast<int>(attr->cqe), attr->channel);
+	ibv_pd *placer = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) ? attr->parent_domain : nullptr;
+	loop_cq *cq = cq_new(ctx, static_cast<int>(attr->cqe), attr->channel, placer);
 	if (!cq)
 		return nullptr;
 	verbs_init_cq(&cq->vcq.cq, ctx, attr->channel, attr->cq_context);

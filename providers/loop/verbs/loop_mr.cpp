@@ -170,23 +170,6 @@ std::mutex g_map_lock;
 std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>;
 constexpr size_t kMaxMaps = 256;
 
-int open_peer_fd(pid_t pid, int fd)
-{
-#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
-	int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-	if (pidfd >= 0) {
-		int ours = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
-		close(pidfd);
-		if (ours >= 0)
-			return ours;
-	}
-#endif
-	// memfds and shm files can be opened again by path; dma-bufs cannot.
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
-	return open(path, O_RDWR | O_CLOEXEC);
-}
-
 // Our mapping of a peer's fd-backed MR, made on first use and cached.
 // Returns the address of the record's iova and sets pin, which keeps the
 // mapping alive for as long as the caller (or a copy of pin) holds it.

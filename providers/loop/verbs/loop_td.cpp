@@ -144,6 +144,14 @@ void *pd_alloc(ibv_pd *pd, size_t size, size_t alignment, uint64_t resource_type
 	return p->alloc(pd, p->pd_context, size, alignment, resource_type);
 }
 
+int loop_dv_alloc_fd(ibv_pd *pd, void *addr, size_t len, int fd, uint64_t offset)
+{
+	loop_pd *p = to_loop_pd(pd);
+	if (!p->life.is(kLifePd))
+		return life_bad("softverbs_dv_alloc_fd", p, p->life, kLifePd);
+	return place_publish(addr, len, fd, offset);
+}
+
 void pd_free(ibv_pd *pd, void *ptr, uint64_t resource_type)
 {
 	auto *p = reinterpret_cast<loop_parent_domain *>(to_loop_pd(pd));

@@ -657,6 +657,23 @@ std::string object_segment_name(const std::string &registry_path, uint32_t slot,
 	return registry_path + tail;
 }
 
+int open_peer_fd(pid_t pid, int fd)
+{
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+	int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+	if (pidfd >= 0) {
+		int ours = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+		close(pidfd);
+		if (ours >= 0)
+			return ours;
+	}
+#endif
+	// memfds and shm files can be opened again by path; dma-bufs cannot.
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+	return open(path, O_RDWR | O_CLOEXEC);
+}
+
 int check_segment(int fd, size_t min_size, size_t max_size, std::string &why)
 {
 	struct stat st;

@@ -7,6 +7,7 @@
 #include "../../../../kernel-abi/softverbs-abi.h"
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <atomic>
 #include <string>
 
@@ -102,6 +103,10 @@ int process_fabric(fabric *&out, std::string &error);
 // and holds between min_size and max_size bytes.  Returns 0, or EPERM (owner
 // or mode) or EPROTO (size) with why set.
 int check_segment(int fd, size_t min_size, size_t max_size, std::string &why);
+// A descriptor of our own for descriptor fd of process pid (pidfd_getfd, else
+// /proc/<pid>/fd/<fd>, which needs ptrace permission as cross-memory attach
+// does), or -1 with errno.
+int open_peer_fd(pid_t pid, int fd);
 // A queue object's segment: <registry>-q<slot>.<gen>.<nonce as 16 hex digits>.
 std::string object_segment_name(const std::string &registry_path, uint32_t slot, uint32_t gen,
 				uint64_t nonce);

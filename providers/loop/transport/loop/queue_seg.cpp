@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <climits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sys/mman.h>
@@ -19,6 +21,10 @@
 namespace loop {
 
 namespace {
+
+// Fills in a new queue's header and records its geometry; returns p.
+void *queue_init(void *p, size_t bytes, sv_obj_kind kind, uint32_t entries, uint32_t entry_size,
+		 uint32_t header_size, uint32_t max_sge, const obj_ref &ref, size_t extra_bytes);
 
 } // namespace
 
@@ -122,10 +128,103 @@ void report_refused(const std::string &path, const std::string &why)
 	fprintf(stderr, "softverbs: refusing segment /dev/shm%s: %s\n", path.c_str(), why.c_str());
 }
 
+placed_file::~placed_file()
+{
+	close(fd);
+}
+
+namespace {
+
+struct placed_range {
+	uintptr_t addr;
+	size_t len;
+	uint64_t offset;
+	std::shared_ptr<placed_file> file;
+};
+std::mutex g_place_lock;
+// Published ranges by address.  Never destroyed (see g_maps).
+std::map<uintptr_t, placed_range> &g_placed = *new std::map<uintptr_t, placed_range>;
+
+constexpr uint64_t kPage = 4096;
+
+} // namespace
+
+int place_publish(void *addr, size_t len, int fd, uint64_t offset)
+{
+	auto a = reinterpret_cast<uintptr_t>(addr);
+	if (!addr || !len || a + len < a || offset + len < offset ||
+	    (fd >= 0 && (a - offset) % kPage))
+		return EINVAL;
+	std::shared_ptr<placed_file> file;
+	if (fd >= 0) {
+		int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+		if (dup_fd < 0)
+			return errno == EBADF ? EBADF : errno;
+		struct stat st;
+		if (fstat(dup_fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+			close(dup_fd);
+			return EINVAL; // Peers map it: a memfd, a /dev/shm or tmpfs file
+		}
+		try {
+			file = std::make_shared<placed_file>(dup_fd);
+		} catch (...) {
+			close(dup_fd);
+			return ENOMEM;
+		}
+	}
+	std::shared_ptr<placed_file> dropped; // Closed after the lock, if last
+	std::lock_guard<std::mutex> g(g_place_lock);
+	// Ranges that overlap this one are forgotten (a queue placed in one
+	// keeps its file open).
+	for (auto it = g_placed.begin(); it != g_placed.end();) {
+		if (it->first < a + len && a < it->first + it->second.len) {
+			dropped = std::move(it->second.file);
+			it = g_placed.erase(it);
+		} else {
+			++it;
+		}
+	}
+	if (!file)
+		return 0;
+	try {
+		g_placed.emplace(a, placed_range{a, len, offset, std::move(file)});
+	} catch (...) {
+		return ENOMEM;
+	}
+	return 0;
+}
+
+std::shared_ptr<placed_file> place_find(const void *mem, size_t len, uint64_t &offset)
+{
+	auto a = reinterpret_cast<uintptr_t>(mem);
+	std::lock_guard<std::mutex> g(g_place_lock);
+	auto it = g_placed.upper_bound(a);
+	if (it == g_placed.begin())
+		return nullptr;
+	--it;
+	const placed_range &r = it->second;
+	if (a < r.addr || len > r.len || a - r.addr > r.len - len)
+		return nullptr;
+	offset = r.offset + (a - r.addr);
+	return r.file;
+}
+
+size_t queue_total_bytes(uint32_t header_size, uint32_t entries, uint32_t entry_size,
+			 size_t extra_bytes)
+{
+	return queue_bytes(header_size, entries, entry_size) + ((extra_bytes + 4095) & ~size_t(4095));
+}
+
 void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 		   uint32_t entry_size, uint32_t header_size, uint32_t max_sge, obj_ref &ref,
-		   size_t extra_bytes)
+		   size_t extra_bytes, const queue_place *place)
 {
+	size_t bytes = queue_total_bytes(header_size, entries, entry_size, extra_bytes);
+	if (place && (reinterpret_cast<uintptr_t>(place->mem) % kPage || place->offset % kPage ||
+		      !place->file || bytes / kPage > UINT32_MAX)) {
+		errno = EINVAL;
+		return nullptr;
+	}
 	sv_registry *r = fab.reg();
 	uint64_t nonce = 0;
 	if (int e = random_nonce(nonce)) {
@@ -152,12 +251,21 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 		o.kind = kind;
 		o.srq_num = 0;
 		o.xrcd = 0;
+		o.place_fd = place ? static_cast<uint32_t>(place->file->fd) + 1 : 0;
+		o.place_pages = place ? static_cast<uint32_t>(bytes / kPage) : 0;
+		o.place_offset = place ? place->offset : 0;
 		set_nonce(o, nonce);
 		ref.slot = slot;
 		ref.gen = o.generation;
 	}
-	size_t bytes = queue_bytes(header_size, entries, entry_size) +
-		       ((extra_bytes + 4095) & ~size_t(4095));
+	void *p = MAP_FAILED;
+	if (place) {
+		// The application's memory: zeroed, as a new segment is.
+		p = place->mem;
+		memset(p, 0, bytes);
+		return queue_init(p, bytes, kind, entries, entry_size, header_size, max_sge, ref,
+				  extra_bytes);
+	}
 	// O_EXCL under a name nobody could guess: a file that is already there
 	// was put there by someone else (another user, with protected_regular
 	// giving EACCES, or without it EEXIST), and is never opened.  No peer
@@ -180,7 +288,6 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 		registry_guard g(fab);
 		set_nonce(r->objs[ref.slot], nonce);
 	}
-	void *p = MAP_FAILED;
 	// The umask may have taken the owner's bits: peers open it read-write.
 	if (fd >= 0 && (fchmod(fd, 0600) < 0 || ftruncate(fd, static_cast<off_t>(bytes)) < 0))
 		err = errno;
@@ -200,6 +307,15 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 		errno = err ? err : EIO;
 		return nullptr;
 	}
+	return queue_init(p, bytes, kind, entries, entry_size, header_size, max_sge, ref,
+			  extra_bytes);
+}
+
+namespace {
+
+void *queue_init(void *p, size_t bytes, sv_obj_kind kind, uint32_t entries, uint32_t entry_size,
+		 uint32_t header_size, uint32_t max_sge, const obj_ref &ref, size_t extra_bytes)
+{
 	auto *h = static_cast<sv_queue_hdr *>(p);
 	h->seg.magic = SV_SEG_MAGIC;
 	h->seg.abi_version = SV_ABI_VERSION;
@@ -232,7 +348,9 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 	return p;
 }
 
-void queue_destroy(fabric &fab, const obj_ref &ref, void *map)
+} // namespace
+
+void queue_destroy(fabric &fab, const obj_ref &ref, void *map, bool placed)
 {
 	// The size we mapped, not the header's (a peer may have rewritten it).
 	queue_geom geom;
@@ -240,7 +358,8 @@ void queue_destroy(fabric &fab, const obj_ref &ref, void *map)
 		geom.size = 0;
 	size_t bytes = geom.size;
 	queue_geom_forget(map);
-	shm_unlink(queue_name(fab, ref).c_str());
+	if (!placed)
+		shm_unlink(queue_name(fab, ref).c_str());
 	std::shared_ptr<queue_mapping> cached;
 	{
 		// This process's peer-side mapping of the same queue (a QP of
@@ -254,13 +373,90 @@ void queue_destroy(fabric &fab, const obj_ref &ref, void *map)
 		}
 	}
 	cached.reset();
-	if (bytes)
+	if (bytes && !placed)
 		munmap(map, bytes); // Else leaked rather than unmapping a guess
 	registry_guard g(fab);
 	sv_obj_rec &o = fab.reg()->objs[ref.slot];
 	if (o.generation == ref.gen)
 		o.in_use = 0;
 }
+
+namespace {
+
+// The /dev/shm segment of a live object, mapped whole after fstat checks;
+// nullptr if it is gone or refused.
+void *map_segment(fabric &fab, const obj_ref &ref, std::string &name, size_t &size)
+{
+	name = queue_name(fab, ref);
+	int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return nullptr;
+	// Owner, mode and size before anything is mapped.
+	std::string why;
+	if (check_segment(fd, sizeof(sv_queue_hdr), kMaxQueueBytes, why)) {
+		close(fd);
+		report_refused(name, why);
+		return nullptr;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		close(fd);
+		return nullptr;
+	}
+	size = static_cast<size_t>(st.st_size);
+	void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	return p == MAP_FAILED ? nullptr : p;
+}
+
+// A queue its owner placed in its allocator's memory: the range of the
+// owner's file that the record names, taken from the owner's descriptor
+// table.  The record is read once; the header check that follows (object
+// slot and generation, size) catches a record reused meanwhile.
+void *map_placed(fabric &fab, const sv_obj_rec &o, std::string &name,
+		 size_t &size)
+{
+	uint32_t fd_plus = o.place_fd, pages = o.place_pages, lease = o.owner_lease;
+	uint64_t off = o.place_offset;
+	if (lease >= SV_MAX_PROCS || !fd_plus || fd_plus > INT_MAX || !pages ||
+	    uint64_t{pages} * kPage > kMaxQueueBytes || off % kPage)
+		return nullptr;
+	size = size_t{pages} * kPage;
+	auto pid = static_cast<pid_t>(fab.reg()->leases[lease].pid);
+	name = " (placed: descriptor " + std::to_string(fd_plus - 1) + " of process " +
+	       std::to_string(pid) + ")";
+	int fd = pid == getpid() ? fcntl(static_cast<int>(fd_plus - 1), F_DUPFD_CLOEXEC, 3)
+				 : open_peer_fd(pid, static_cast<int>(fd_plus - 1));
+	if (fd < 0) {
+		report_refused(name, std::string("cannot take the owner's descriptor (") +
+					     strerror(errno) + "): ptrace permission is needed, as "
+							       "for cross-memory attach");
+		return nullptr;
+	}
+	struct stat st;
+	std::string why;
+	if (fstat(fd, &st) < 0)
+		why = std::string("fstat failed: ") + strerror(errno);
+	else if (st.st_uid != geteuid())
+		why = "it belongs to uid " + std::to_string(st.st_uid) + ", not to this user";
+	else if (!S_ISREG(st.st_mode))
+		why = "it is not a regular file (a memfd, /dev/shm or tmpfs file)";
+	else if (static_cast<uint64_t>(st.st_size) < off ||
+		 static_cast<uint64_t>(st.st_size) - off < size)
+		why = "the file is shorter than the queue the record names";
+	void *p = MAP_FAILED;
+	if (why.empty())
+		p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+			 static_cast<off_t>(off));
+	close(fd);
+	if (!why.empty()) {
+		report_refused(name, why);
+		return nullptr;
+	}
+	return p == MAP_FAILED ? nullptr : p;
+}
+
+} // namespace
 
 queue_hold queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 {
@@ -281,26 +477,10 @@ queue_hold queue_map(fabric &fab, const obj_ref &ref, sv_obj_kind kind)
 		old = std::move(it->second);
 		g_maps.erase(it);
 	}
-	std::string name = queue_name(fab, ref);
-	int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return {};
-	// Owner, mode and size before anything is mapped.
-	std::string why;
-	if (check_segment(fd, sizeof(sv_queue_hdr), kMaxQueueBytes, why)) {
-		close(fd);
-		report_refused(name, why);
-		return {};
-	}
-	struct stat st;
-	if (fstat(fd, &st) < 0) {
-		close(fd);
-		return {};
-	}
-	size_t size = static_cast<size_t>(st.st_size);
-	void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
-	if (p == MAP_FAILED)
+	std::string name;
+	size_t size = 0;
+	void *p = o.place_fd ? map_placed(fab, o, name, size) : map_segment(fab, ref, name, size);
+	if (!p)
 		return {};
 	auto *h = static_cast<sv_queue_hdr *>(p);
 	// Everything a peer wrote is checked before it is trusted, and the

@@ -23,14 +23,54 @@ struct obj_ref {
 	uint32_t gen = 0;
 };
 
+// ---- Queues in memory the application placed (parent-domain allocators) ----
+
+// A file the application said its allocator's memory lives in
+// (softverbs_dv_alloc_fd): our own duplicate of its descriptor, closed with
+// the last holder (the published range, and every queue placed in it), so
+// that the number peers read from sv_obj_rec.place_fd stays this file's
+// while a queue in it lives.
+struct placed_file {
+	int fd;
+	explicit placed_file(int f) : fd(f) {}
+	placed_file(const placed_file &) = delete;
+	placed_file &operator=(const placed_file &) = delete;
+	~placed_file();
+};
+
+// Publishes [addr, addr + len) as bytes [offset, offset + len) of the file
+// behind fd (duplicated; the caller may close fd), replacing any range that
+// overlaps it; fd < 0 forgets the ranges that overlap it.  0 or an errno:
+// EINVAL (a range that wraps, or an offset that is not page-aligned while
+// addr is), EBADF, ENOMEM.
+int place_publish(void *addr, size_t len, int fd, uint64_t offset);
+// The published file holding [mem, mem + len) and mem's offset in it, or
+// nullptr when no published range holds all of it.
+std::shared_ptr<placed_file> place_find(const void *mem, size_t len, uint64_t &offset);
+
+// Where queue_create puts the queue instead of a /dev/shm segment: `bytes`
+// bytes at mem (page-aligned), which are bytes [offset, offset + bytes) of
+// file's (page-aligned too).  The caller keeps file for the queue's life.
+struct queue_place {
+	void *mem = nullptr;
+	const placed_file *file = nullptr;
+	uint64_t offset = 0;
+};
+
 // Owner side: allocates an object slot and a segment of `bytes` bytes whose
 // sv_queue_hdr is filled in.  Returns the mapping or nullptr with errno.
-// extra_bytes are added after the slots (a CQ's payload array).
+// extra_bytes are added after the slots (a CQ's payload array).  With
+// place, the queue goes there (place->mem is returned), not into a segment.
 void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 		   uint32_t entry_size, uint32_t header_size, uint32_t max_sge, obj_ref &ref,
-		   size_t extra_bytes = 0);
-// Owner side: unmaps, unlinks and frees the slot.
-void queue_destroy(fabric &fab, const obj_ref &ref, void *map);
+		   size_t extra_bytes = 0, const queue_place *place = nullptr);
+// The bytes queue_create takes (or asks an allocator for).
+size_t queue_total_bytes(uint32_t header_size, uint32_t entries, uint32_t entry_size,
+			 size_t extra_bytes);
+// Owner side: unmaps, unlinks and frees the slot.  A placed queue (placed:
+// true) is neither unmapped nor unlinked: its memory goes back to whoever
+// gave it, after this.
+void queue_destroy(fabric &fab, const obj_ref &ref, void *map, bool placed = false);
 
 struct queue_mapping;
 // A peer's queue as this process maps it, held: the mapping stays while any
