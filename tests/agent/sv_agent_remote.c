@@ -4,19 +4,22 @@
  * memory drives a QP.
  *
  * The owner creates a parent domain whose alloc callback places the QP's
- * send-queue ring (SOFTVERBS_RES_TYPE_SQ) in a memfd it maps MAP_SHARED; the
- * same memfd holds the source records.  It connects the QP to a second QP
- * of its own (the target), hands the first to an agent
- * (softverbs_dv_qp_agent) and execs itself as the agent with every other
- * descriptor closed; over a Unix socket it sends the memfd (SCM_RIGHTS),
- * the ring's offset in it and the ring description.  The agent maps the
- * memfd, moves the description onto its mapping (softverbs_dv_sq_rebase),
- * writes N records into the memfd and posts them with the inline helpers:
- * RDMA WRITEs whose SGEs name the owner's addresses of those records, and
- * every fourth an inline SEND.  The CQ stays the library's: the owner polls
- * the completions (N fit in the ring, so the agent never retires).  The
- * target checks every SEND (sequence and checksum, in order) and every
- * WRITE slot.
+ * send-queue ring (SOFTVERBS_RES_TYPE_SQ) and its send CQ's ring
+ * (SOFTVERBS_RES_TYPE_CQ) in a memfd it maps MAP_SHARED and publishes with
+ * softverbs_dv_alloc_fd; the same memfd holds the source records.  It
+ * connects the QP to a second QP of its own (the target), hands the QP and
+ * the send CQ to an agent (softverbs_dv_qp_agent, softverbs_dv_cq_agent)
+ * and execs itself as the agent with every other descriptor closed; over a
+ * Unix socket it sends the memfd (SCM_RIGHTS), the rings' offsets in it and
+ * their descriptions.  The agent maps the memfd, moves the descriptions
+ * onto its mapping (softverbs_dv_sq_rebase, softverbs_dv_cq_rebase), writes
+ * N records into the memfd and posts them with the inline helpers: RDMA
+ * WRITEs whose SGEs name the owner's addresses of those records, and every
+ * fourth an inline SEND.  N is ten times the send queue's depth: the agent
+ * polls its send completions from the CQ ring (in order, successful, each
+ * its WQE's wr_id) and retires their slots to post more.  The target checks
+ * every SEND (sequence and checksum, in order) and every WRITE slot; at the
+ * end each ring went back through the allocator's free once, with its type.
  */
 #include "../progs/svt.h"
 
@@ -25,7 +28,8 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
-#define N 256
+#define DEPTH 64	  /* The send queue's max_send_wr */
+#define N (10 * DEPTH) /* WQEs the agent posts */
 #define REC 64
 #define ARENA (4u << 20)
 #define SRC_OFF (2u << 20) /* The records, in the memfd */
@@ -61,7 +65,9 @@ static int is_send(int i)
 /* What the owner tells the agent. */
 struct handoff {
 	struct softverbs_dv_sq sq; /* Addresses in the owner's mapping */
+	struct softverbs_dv_cq cq;
 	uint64_t ring_off;	   /* The ring's offset in the memfd */
+	uint64_t cq_off;	   /* The CQ ring's */
 	uint64_t owner_base;	   /* The owner's address of the memfd's byte 0 */
 	uint32_t src_lkey;
 	uint32_t dst_rkey;
@@ -70,20 +76,54 @@ struct handoff {
 
 static char *arena;
 static size_t arena_used;
+/* What the allocator handed out and got back, per type (0: SQ, 1: CQ). */
+static void *given[2];
+static int frees[2], bad_frees;
+
+static int type_index(uint64_t type)
+{
+	return type == SOFTVERBS_RES_TYPE_SQ ? 0 : type == SOFTVERBS_RES_TYPE_CQ ? 1 : -1;
+}
 
 static void *ring_alloc(struct ibv_pd *pd, void *ctx, size_t size, size_t align, uint64_t type)
 {
-	if (type != SOFTVERBS_RES_TYPE_SQ)
+	int t = type_index(type);
+	if (t < 0 || given[t])
 		return IBV_ALLOCATOR_USE_DEFAULT;
 	size_t off = (arena_used + align - 1) & ~(align - 1);
 	if (off + size > SRC_OFF)
 		return NULL;
 	arena_used = off + size;
+	given[t] = arena + off;
 	return arena + off;
 }
 
 static void ring_free(struct ibv_pd *pd, void *ctx, void *ptr, uint64_t type)
 {
+	int t = type_index(type);
+	if (t < 0 || ptr != given[t])
+		bad_frees++;
+	else
+		frees[t]++;
+}
+
+/* The agent's send completions, polled from the CQ ring: in order and
+ * successful.  Returns how many it took. */
+static int agent_poll(struct softverbs_dv_sq *sq, struct softverbs_dv_cq *cq, uint64_t *done)
+{
+	struct softverbs_cqe e;
+	int n = 0;
+	while (softverbs_dv_cq_poll(cq, &e)) {
+		if (e.status != IBV_WC_SUCCESS || e.wr_id != *done ||
+		    e.opcode != (uint32_t)(is_send((int)*done) ? IBV_WC_SEND : IBV_WC_RDMA_WRITE))
+			FAIL("agent: completion %llu: status %u, wr_id %llu, opcode %u",
+			     (unsigned long long)*done, e.status, (unsigned long long)e.wr_id,
+			     e.opcode);
+		softverbs_dv_sq_retire(sq, &e);
+		(*done)++;
+		n++;
+	}
+	return n;
 }
 
 static int agent(int sock)
@@ -102,12 +142,23 @@ static int agent(int sock)
 	CHECK(mine != MAP_FAILED);
 	struct softverbs_dv_sq sq = h.sq;
 	softverbs_dv_sq_rebase(&sq, mine + h.ring_off);
-	CHECK(sq.max_wr >= N && sq.max_inline >= REC);
+	struct softverbs_dv_cq cq = h.cq;
+	softverbs_dv_cq_rebase(&cq, mine + h.cq_off);
+	CHECK(sq.max_wr == DEPTH && sq.max_inline >= REC);
+	uint64_t done = 0, t0 = svt_now_ms();
 	for (int i = 0; i < N; i++) {
 		struct rec *r = (struct rec *)(mine + SRC_OFF + (size_t)i * REC);
 		rec_fill(r, (uint64_t)i);
-		struct softverbs_wqe *w = softverbs_dv_sq_next(&sq);
-		CHECK(w);
+		struct softverbs_wqe *w;
+		while (!(w = softverbs_dv_sq_next(&sq))) {
+			/* Full: the slots come back as the completions are polled. */
+			if (!agent_poll(&sq, &cq, &done)) {
+				if (svt_now_ms() - t0 > 60000)
+					FAIL("agent: after 60 s, %llu of %d completions",
+					     (unsigned long long)done, N);
+				usleep(50);
+			}
+		}
 		if (is_send(i)) {
 			softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_SEND, IBV_SEND_SIGNALED, (uint64_t)i);
 			CHECK(softverbs_dv_wqe_inline(&sq, w, r, REC) == 0);
@@ -121,7 +172,17 @@ static int agent(int sock)
 		}
 		softverbs_dv_sq_post(&sq, (i & 7) == 7 || i == N - 1);
 	}
-	printf("agent (pid %d): %d WQEs posted through its own mapping\n", (int)getpid(), N);
+	while (done < N) {
+		if (!agent_poll(&sq, &cq, &done)) {
+			if (svt_now_ms() - t0 > 60000)
+				FAIL("agent: after 60 s, %llu of %d completions",
+				     (unsigned long long)done, N);
+			usleep(50);
+		}
+	}
+	printf("agent (pid %d): %d WQEs posted through its own mapping of a %u-deep ring, "
+	       "%llu completions polled from the CQ ring\n",
+	       (int)getpid(), N, sq.count, (unsigned long long)done);
 	return 0;
 }
 
@@ -153,10 +214,24 @@ int main(int argc, char **argv)
 	};
 	struct ibv_pd *parent = ibv_alloc_parent_domain(d.ctx, &pa);
 	CHECK(parent);
+	/* Peers map rings in the memfd by its descriptor, which the library
+	 * learns here: the whole arena, once. */
+	CHECK(softverbs_dv_alloc_fd(parent, arena, ARENA, mfd, 0) == 0);
+	/* The agent's send CQ, placed by the allocator; the target's receives
+	 * go to a CQ of the library's, polled by the owner. */
+	struct ibv_cq_init_attr_ex ca = {.cqe = 2 * DEPTH,
+					 .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD,
+					 .parent_domain = parent};
+	struct ibv_cq_ex *scq_ex = ibv_create_cq_ex(d.ctx, &ca);
+	CHECK(scq_ex);
+	struct ibv_cq *scq = ibv_cq_ex_to_cq(scq_ex);
+	CHECK(given[1]);
+	/* Placed CQs are not resized (docs/agent.md). */
+	CHECK_EQ(ibv_resize_cq(scq, 4 * DEPTH), EOPNOTSUPP);
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 2 * N, NULL, NULL, 0);
 	CHECK(cq);
-	struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-				      .cap = {.max_send_wr = N, .max_recv_wr = 1,
+	struct ibv_qp_init_attr qa = {.send_cq = scq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = DEPTH, .max_recv_wr = 1,
 					      .max_send_sge = 1, .max_recv_sge = 1,
 					      .max_inline_data = REC}};
 	struct ibv_qp *a = ibv_create_qp(parent, &qa);
@@ -183,9 +258,11 @@ int main(int argc, char **argv)
 		.dst_addr = (uintptr_t)dst->addr,
 	};
 	CHECK(softverbs_dv_qp_agent(a, 1, &h.sq) == 0);
-	/* The ring is where the allocator put it: in the memfd. */
-	CHECK((char *)h.sq.ring >= arena && (char *)h.sq.ring < arena + SRC_OFF);
+	CHECK(softverbs_dv_cq_agent(scq, 1, &h.cq) == 0);
+	/* The rings are where the allocator put them: in the memfd. */
+	CHECK(h.sq.ring == given[0] && h.cq.ring == given[1]);
 	h.ring_off = (uint64_t)((char *)h.sq.ring - arena);
+	h.cq_off = (uint64_t)((char *)h.cq.ring - arena);
 
 	int sv[2];
 	CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
@@ -217,36 +294,32 @@ int main(int argc, char **argv)
 	memcpy(CMSG_DATA(c), &mfd, sizeof(mfd));
 	CHECK(sendmsg(sv[0], &m, 0) == (ssize_t)sizeof(h));
 
-	/* The owner polls: N send completions in order, N / 4 receives. */
-	int sends = 0, recvs = 0;
+	/* The agent polls the send completions; the owner the N / 4
+	 * receives, and finds nothing in the agent's CQ. */
+	int recvs = 0;
 	uint64_t next_send_seq = 3;
 	uint64_t t0 = svt_now_ms();
-	while (sends < N || recvs < N / 4) {
+	while (recvs < N / 4) {
 		struct ibv_wc wc;
+		CHECK_EQ(ibv_poll_cq(scq, 1, &wc), 0);
 		int n = ibv_poll_cq(cq, 1, &wc);
 		CHECK(n >= 0);
 		if (!n) {
 			if (svt_now_ms() - t0 > 60000)
-				FAIL("after 60 s: %d of %d send completions, %d of %d receives",
-				     sends, N, recvs, N / 4);
+				FAIL("after 60 s: %d of %d receives", recvs, N / 4);
 			usleep(100);
 			continue;
 		}
 		CHECK_WC(wc, IBV_WC_SUCCESS);
-		if (wc.qp_num == a->qp_num) {
-			CHECK_EQ(wc.wr_id, (uint64_t)sends);
-			sends++;
-		} else {
-			CHECK_EQ(wc.opcode, IBV_WC_RECV);
-			CHECK_EQ(wc.byte_len, REC);
-			const struct rec *r =
-				(const struct rec *)((char *)rbuf->addr + wc.wr_id * REC);
-			if (!rec_ok(r, next_send_seq))
-				FAIL("SEND %llu: record %llu, damaged or out of order",
-				     (unsigned long long)next_send_seq, (unsigned long long)r->seq);
-			next_send_seq += 4;
-			recvs++;
-		}
+		CHECK_EQ(wc.qp_num, b->qp_num);
+		CHECK_EQ(wc.opcode, IBV_WC_RECV);
+		CHECK_EQ(wc.byte_len, REC);
+		const struct rec *r = (const struct rec *)((char *)rbuf->addr + wc.wr_id * REC);
+		if (!rec_ok(r, next_send_seq))
+			FAIL("SEND %llu: record %llu, damaged or out of order",
+			     (unsigned long long)next_send_seq, (unsigned long long)r->seq);
+		next_send_seq += 4;
+		recvs++;
 	}
 	for (int i = 0; i < N; i++) {
 		if (is_send(i))
@@ -258,10 +331,13 @@ int main(int argc, char **argv)
 	int st;
 	CHECK(waitpid(pid, &st, 0) == pid);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	printf("owner: %d completions in order, %d SENDs and %d WRITEs intact\n", sends, recvs,
-	       N - recvs);
+	printf("owner: %d SENDs and %d WRITEs intact\n", recvs, N - recvs);
 	CHECK(softverbs_dv_qp_agent(a, 0, NULL) == 0);
+	CHECK(softverbs_dv_cq_agent(scq, 0, NULL) == 0);
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
+	CHECK(frees[0] == 1 && frees[1] == 0 && !bad_frees);
+	CHECK(ibv_destroy_cq(scq) == 0);
+	CHECK(frees[0] == 1 && frees[1] == 1 && !bad_frees);
 	CHECK(ibv_dealloc_pd(parent) == 0);
 	printf("ok\n");
 	return 0;
