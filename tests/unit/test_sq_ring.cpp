@@ -15,10 +15,15 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
@@ -37,7 +42,10 @@ struct env {
 
 	env()
 	{
-		static std::string fabric = "utsq" + std::to_string(getpid());
+		// A peer process exec'd by CqRing.PeerWritesIntoPlacedRing joins
+		// its parent's fabric.
+		const char *joined = getenv("SVT_CQ_FABRIC");
+		static std::string fabric = joined ? joined : "utsq" + std::to_string(getpid());
 		setenv("SOFTVERBS_FABRIC", fabric.c_str(), 1);
 		int n = 0;
 		ibv_device **l = ibv_get_device_list(&n);
@@ -548,6 +556,354 @@ TEST(SqRing, RingFromParentDomainAllocator)
 		ibv_destroy_cq(cq);
 		EXPECT_EQ(ibv_dealloc_pd(parent), 0);
 	}
+}
+
+// ---- CQ rings from a parent domain's allocator (SOFTVERBS_RES_TYPE_CQ) ----
+
+// A memfd arena the application publishes with softverbs_dv_alloc_fd, and
+// an allocator that answers as a test asks.
+enum class cq_answer { place, use_default, null, misaligned, unpublished, published_unaligned };
+
+struct cq_alloc {
+	cq_answer answer = cq_answer::place;
+	char *arena = nullptr;
+	size_t arena_len = 0, used = 0;
+	int allocs = 0, frees = 0;
+	void *given = nullptr, *freed = nullptr;
+	uint64_t type = 0, freed_type = 0;
+};
+
+void *cq_alloc_fn(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t type)
+{
+	auto *a = static_cast<cq_alloc *>(ctx);
+	if (type != SOFTVERBS_RES_TYPE_CQ)
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	a->allocs++;
+	a->type = type;
+	size_t off = (a->used + alignment - 1) / alignment * alignment;
+	switch (a->answer) {
+	case cq_answer::use_default:
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	case cq_answer::null:
+		return nullptr;
+	case cq_answer::misaligned:
+		a->given = a->arena + off + 8;
+		break;
+	case cq_answer::published_unaligned:
+		a->given = a->arena + off + 64;
+		break;
+	case cq_answer::unpublished:
+		a->given = aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
+		return a->given;
+	case cq_answer::place:
+		a->given = a->arena + off;
+		break;
+	}
+	if (off + size + 64 > a->arena_len)
+		return nullptr;
+	a->used = off + size + 64;
+	return a->given;
+}
+
+void cq_free_fn(ibv_pd *, void *ctx, void *ptr, uint64_t type)
+{
+	auto *a = static_cast<cq_alloc *>(ctx);
+	if (type != SOFTVERBS_RES_TYPE_CQ)
+		return;
+	a->frees++;
+	a->freed = ptr;
+	a->freed_type = type;
+	if (a->answer == cq_answer::unpublished)
+		free(ptr);
+}
+
+struct cq_arena {
+	int fd = -1;
+	char *base = nullptr;
+	size_t len = size_t(4) << 20;
+	cq_arena()
+	{
+		fd = memfd_create("utcq", MFD_CLOEXEC);
+		if (fd < 0 || ftruncate(fd, static_cast<off_t>(len)))
+			return;
+		void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		base = p == MAP_FAILED ? nullptr : static_cast<char *>(p);
+	}
+	~cq_arena()
+	{
+		if (base)
+			munmap(base, len);
+		if (fd >= 0)
+			close(fd);
+	}
+};
+
+ibv_pd *placing_domain(env &e, cq_alloc &a)
+{
+	ibv_parent_domain_init_attr pa{};
+	pa.pd = e.pd;
+	pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+	pa.alloc = cq_alloc_fn;
+	pa.free = cq_free_fn;
+	pa.pd_context = &a;
+	return ibv_alloc_parent_domain(e.ctx, &pa);
+}
+
+ibv_cq *placed_cq(env &e, ibv_pd *parent, uint32_t cqe)
+{
+	ibv_cq_init_attr_ex ca{};
+	ca.cqe = cqe;
+	ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+	ca.parent_domain = parent;
+	ibv_cq_ex *x = ibv_create_cq_ex(e.ctx, &ca);
+	return x ? ibv_cq_ex_to_cq(x) : nullptr;
+}
+
+// Each answer of the allocator: where the ring goes, the errno of a refused
+// creation, and free called once with the CQ type (at destroy for a placed
+// ring, at once for memory given back).
+TEST(CqRing, RingFromParentDomainAllocator)
+{
+	env e;
+	ASSERT_NE(e.pd, nullptr);
+	cq_arena arena;
+	ASSERT_NE(arena.base, nullptr);
+	for (cq_answer ans : {cq_answer::place, cq_answer::use_default, cq_answer::null,
+			      cq_answer::misaligned, cq_answer::unpublished,
+			      cq_answer::published_unaligned}) {
+		SCOPED_TRACE(static_cast<int>(ans));
+		cq_alloc a;
+		a.answer = ans;
+		a.arena = arena.base;
+		a.arena_len = arena.len;
+		ibv_pd *parent = placing_domain(e, a);
+		ASSERT_NE(parent, nullptr) << strerror(errno);
+		EXPECT_EQ(softverbs_dv_alloc_fd(parent, arena.base, 4096, arena.fd, 1), EINVAL)
+			<< "an offset that mmap could not map";
+		ASSERT_EQ(softverbs_dv_alloc_fd(parent, arena.base, arena.len, arena.fd, 0), 0);
+		errno = 0;
+		ibv_cq *cq = placed_cq(e, parent, 32);
+		EXPECT_EQ(a.allocs, 1);
+		EXPECT_EQ(a.type, SOFTVERBS_RES_TYPE_CQ);
+		if (ans == cq_answer::null || ans == cq_answer::misaligned ||
+		    ans == cq_answer::published_unaligned) {
+			EXPECT_EQ(cq, nullptr);
+			EXPECT_EQ(errno, ans == cq_answer::null ? ENOMEM : EINVAL);
+			EXPECT_EQ(a.frees, ans == cq_answer::null ? 0 : 1);
+			if (ans != cq_answer::null) {
+				EXPECT_EQ(a.freed, a.given);
+				EXPECT_EQ(a.freed_type, SOFTVERBS_RES_TYPE_CQ);
+			}
+			EXPECT_EQ(ibv_dealloc_pd(parent), 0);
+			continue;
+		}
+		ASSERT_NE(cq, nullptr) << strerror(errno);
+		// Memory nobody published goes back at once; the CQ uses ours.
+		EXPECT_EQ(a.frees, ans == cq_answer::unpublished ? 1 : 0);
+		softverbs_dv_cq dv;
+		ASSERT_EQ(softverbs_dv_cq_agent(cq, 1, &dv), 0);
+		if (ans == cq_answer::place)
+			EXPECT_EQ(dv.ring, a.given);
+		else
+			EXPECT_NE(dv.ring, a.given);
+		ASSERT_EQ(softverbs_dv_cq_agent(cq, 0, nullptr), 0);
+		EXPECT_EQ(ibv_resize_cq(cq, 64), ans == cq_answer::place ? EOPNOTSUPP : 0);
+		// The library completes into it as into its own ring.
+		ibv_qp *qp = make_qp(e, cq, 4), *peer = make_qp(e, cq, 1);
+		ASSERT_TRUE(qp && peer);
+		ASSERT_TRUE(connect(qp, peer->qp_num, e.lid) && connect(peer, qp->qp_num, e.lid));
+		uint64_t src = 7, dst = 0;
+		ibv_mr *smr = ibv_reg_mr(e.pd, &src, 8, IBV_ACCESS_LOCAL_WRITE);
+		ibv_mr *dmr = ibv_reg_mr(e.pd, &dst, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		ASSERT_TRUE(smr && dmr);
+		ibv_sge sge{reinterpret_cast<uintptr_t>(&src), 8, smr->lkey};
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = 9;
+		wr.opcode = IBV_WR_RDMA_WRITE;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
+		wr.wr.rdma.rkey = dmr->rkey;
+		ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+		ibv_wc wc{};
+		for (int i = 0; i < 100000 && ibv_poll_cq(cq, 1, &wc) == 0; i++)
+			usleep(10);
+		EXPECT_EQ(wc.wr_id, 9u);
+		EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+		EXPECT_EQ(dst, 7u);
+		// EBUSY while QPs complete into it, as for any CQ; nothing freed.
+		EXPECT_EQ(ibv_destroy_cq(cq), EBUSY);
+		EXPECT_EQ(a.frees, ans == cq_answer::unpublished ? 1 : 0);
+		ASSERT_EQ(ibv_destroy_qp(qp), 0);
+		ASSERT_EQ(ibv_destroy_qp(peer), 0);
+		ibv_dereg_mr(smr);
+		ibv_dereg_mr(dmr);
+		ASSERT_EQ(ibv_destroy_cq(cq), 0);
+		if (ans == cq_answer::place) {
+			EXPECT_EQ(a.frees, 1);
+			EXPECT_EQ(a.freed, a.given);
+			EXPECT_EQ(a.freed_type, SOFTVERBS_RES_TYPE_CQ);
+		} else {
+			EXPECT_EQ(a.frees, ans == cq_answer::unpublished ? 1 : 0);
+		}
+		// The domain is held by the CQ until then, and free once only.
+		EXPECT_EQ(ibv_dealloc_pd(parent), 0);
+		EXPECT_EQ(a.frees, ans == cq_answer::use_default ? 0 : 1);
+	}
+	// Forgetting the range: a later CQ's memory is not published.
+	ASSERT_EQ(softverbs_dv_alloc_fd(e.pd, arena.base, arena.len, -1, 0), 0);
+	cq_alloc a;
+	a.arena = arena.base;
+	a.arena_len = arena.len;
+	ibv_pd *parent = placing_domain(e, a);
+	ASSERT_NE(parent, nullptr);
+	ibv_cq *cq = placed_cq(e, parent, 8);
+	ASSERT_NE(cq, nullptr);
+	EXPECT_EQ(a.frees, 1) << "given back at once, not placed";
+	EXPECT_EQ(ibv_destroy_cq(cq), 0);
+	EXPECT_EQ(a.frees, 1);
+	EXPECT_EQ(ibv_dealloc_pd(parent), 0);
+}
+
+// Another process completes into a ring the allocator placed: it maps the
+// memfd through the owner's descriptor (sv_obj_rec.place_fd), writes the
+// receive completions and their small payloads there, and the owner polls
+// them with the data intact.  Then the peer is killed while the ring
+// lives, and the QP and CQ are destroyed without waiting on it: free once.
+constexpr int kPeerSends = 200;
+
+// The peer's half, run in a process of its own (exec'd with SVT_CQ_PEER =
+// "<owner qpn> <owner lid> <fd to write its qpn to>").
+TEST(CqRing, PeerHalf)
+{
+	const char *arg = getenv("SVT_CQ_PEER");
+	if (!arg)
+		GTEST_SKIP() << "run by CqRing.PeerWritesIntoPlacedRing";
+	unsigned qpn = 0, lid = 0;
+	int wfd = -1;
+	alarm(120); // Never outlives a failed owner for long
+	ASSERT_EQ(sscanf(arg, "%u %u %d", &qpn, &lid, &wfd), 3);
+	env e;
+	ASSERT_NE(e.pd, nullptr);
+	ibv_cq *cq = ibv_create_cq(e.ctx, kPeerSends + 1, nullptr, nullptr, 0);
+	ibv_qp *qp = make_qp(e, cq, kPeerSends);
+	ASSERT_TRUE(cq && qp);
+	uint32_t mine = qp->qp_num;
+	ASSERT_EQ(write(wfd, &mine, sizeof(mine)), static_cast<ssize_t>(sizeof(mine)));
+	ASSERT_TRUE(connect(qp, qpn, static_cast<uint16_t>(lid)));
+	char ready = 0;
+	ASSERT_EQ(read(wfd, &ready, 1), 1); // The owner is in RTR, receives posted
+	for (uint64_t i = 0; i < kPeerSends; i++) {
+		uint64_t msg[2] = {i, i * 0x9e3779b97f4a7c15ULL};
+		ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), 0};
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = i;
+		wr.opcode = IBV_WR_SEND;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+		ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+		ibv_wc wc{};
+		int n = 0;
+		for (int t = 0; t < 1000000 && !(n = ibv_poll_cq(cq, 1, &wc)); t++)
+			usleep(10);
+		ASSERT_EQ(n, 1);
+		ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+	}
+	ASSERT_EQ(write(wfd, &mine, 1), 1);
+	pause(); // Killed by the owner, objects and all
+}
+
+TEST(CqRing, PeerWritesIntoPlacedRing)
+{
+	env e;
+	ASSERT_NE(e.pd, nullptr);
+	cq_arena arena;
+	ASSERT_NE(arena.base, nullptr);
+	cq_alloc a;
+	a.arena = arena.base;
+	a.arena_len = arena.len;
+	ibv_pd *parent = placing_domain(e, a);
+	ASSERT_NE(parent, nullptr);
+	ASSERT_EQ(softverbs_dv_alloc_fd(parent, arena.base, arena.len, arena.fd, 0), 0);
+	ibv_cq *rcq = placed_cq(e, parent, kPeerSends);
+	ASSERT_NE(rcq, nullptr) << strerror(errno);
+	ASSERT_EQ(a.frees, 0);
+	ibv_cq *scq = ibv_create_cq(e.ctx, 4, nullptr, nullptr, 0);
+	ibv_qp_init_attr qa{};
+	qa.send_cq = scq;
+	qa.recv_cq = rcq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 1;
+	qa.cap.max_recv_wr = kPeerSends;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	ibv_qp *qp = ibv_create_qp(e.pd, &qa);
+	ASSERT_TRUE(scq && qp);
+	std::vector<uint64_t> buf(2 * kPeerSends);
+	ibv_mr *mr = ibv_reg_mr(e.pd, buf.data(), buf.size() * 8, IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(mr, nullptr);
+	int sv[2];
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	char arg[64];
+	snprintf(arg, sizeof(arg), "%u %u %d", qp->qp_num, e.lid, sv[1]);
+	pid_t pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		close(sv[0]);
+		setenv("SVT_CQ_PEER", arg, 1);
+		setenv("SVT_CQ_FABRIC", getenv("SOFTVERBS_FABRIC"), 1);
+		execl("/proc/self/exe", "unit-sq-ring", "--gtest_filter=CqRing.PeerHalf",
+		      static_cast<char *>(nullptr));
+		_exit(127);
+	}
+	close(sv[1]);
+	uint32_t peer_qpn = 0;
+	ASSERT_EQ(read(sv[0], &peer_qpn, sizeof(peer_qpn)), static_cast<ssize_t>(sizeof(peer_qpn)));
+	ASSERT_TRUE(connect(qp, peer_qpn, e.lid));
+	for (int i = 0; i < kPeerSends; i++) {
+		ibv_sge sge{reinterpret_cast<uintptr_t>(&buf[2 * i]), 16, mr->lkey};
+		ibv_recv_wr wr{}, *bad = nullptr;
+		wr.wr_id = static_cast<uint64_t>(i);
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		ASSERT_EQ(ibv_post_recv(qp, &wr, &bad), 0);
+	}
+	ASSERT_EQ(write(sv[0], "g", 1), 1);
+	int got = 0;
+	for (int t = 0; got < kPeerSends && t < 2000000; t++) {
+		ibv_wc wc{};
+		int n = ibv_poll_cq(rcq, 1, &wc);
+		ASSERT_GE(n, 0);
+		if (!n) {
+			usleep(10);
+			continue;
+		}
+		ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+		ASSERT_EQ(wc.wr_id, static_cast<uint64_t>(got));
+		ASSERT_EQ(wc.byte_len, 16u);
+		EXPECT_EQ(buf[2 * got], static_cast<uint64_t>(got));
+		EXPECT_EQ(buf[2 * got + 1], static_cast<uint64_t>(got) * 0x9e3779b97f4a7c15ULL);
+		got++;
+	}
+	EXPECT_EQ(got, kPeerSends);
+	char done = 0;
+	EXPECT_EQ(read(sv[0], &done, 1), 1);
+	// The peer dies holding its mapping of the ring; nothing here waits on it.
+	kill(pid, SIGKILL);
+	int st = 0;
+	ASSERT_EQ(waitpid(pid, &st, 0), pid);
+	EXPECT_TRUE(WIFSIGNALED(st)) << "the peer half failed: status " << st;
+	close(sv[0]);
+	ASSERT_EQ(ibv_destroy_qp(qp), 0);
+	ASSERT_EQ(ibv_destroy_cq(rcq), 0);
+	EXPECT_EQ(a.frees, 1);
+	EXPECT_EQ(a.freed, a.given);
+	EXPECT_EQ(a.freed_type, SOFTVERBS_RES_TYPE_CQ);
+	ibv_dereg_mr(mr);
+	ibv_destroy_cq(scq);
+	EXPECT_EQ(ibv_dealloc_pd(parent), 0);
 }
 
 } // namespace
