@@ -413,6 +413,7 @@ EXPORT void verbs_set_ops(struct verbs_context *vctx, const struct verbs_context
 	PRIV(sv_dv_qp_agent);
 	PRIV(sv_dv_cq_agent);
 	PRIV(sv_dv_alloc_fd);
+	PRIV(sv_dv_qp_rq);
 	PRIV(sv_reg_mr_fd);
 	PRIV(sv_rereg_mr_fd);
 	PRIV(query_gid_ex);

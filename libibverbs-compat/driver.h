@@ -289,6 +289,7 @@ struct verbs_context_ops {
 	int (*sv_dv_qp_agent)(struct ibv_qp *qp, int on, struct softverbs_dv_sq *sq);
 	int (*sv_dv_cq_agent)(struct ibv_cq *cq, int on, struct softverbs_dv_cq *cq_out);
 	int (*sv_dv_alloc_fd)(struct ibv_pd *pd, void *addr, size_t len, int fd, uint64_t offset);
+	int (*sv_dv_qp_rq)(struct ibv_qp *qp, int on, struct softverbs_dv_rq *rq);
 };
 
 /* Registration, called from a provider's constructor. */

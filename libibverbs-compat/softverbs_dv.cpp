@@ -106,6 +106,16 @@ EXPORT int softverbs_dv_cq_agent(struct ibv_cq *cq, int on, struct softverbs_dv_
 	return ops->sv_dv_cq_agent(cq, on, cq_out);
 }
 
+EXPORT int softverbs_dv_qp_rq(struct ibv_qp *qp, int on, struct softverbs_dv_rq *rq)
+{
+	if (!qp || (on && !rq))
+		return EINVAL;
+	const verbs_context_ops *ops = get_ops(qp->context);
+	if (!ops->sv_dv_qp_rq)
+		return EOPNOTSUPP;
+	return ops->sv_dv_qp_rq(qp, on, rq);
+}
+
 EXPORT int softverbs_dv_alloc_fd(struct ibv_pd *pd, void *addr, size_t len, int fd,
 				 uint64_t offset)
 {

@@ -232,6 +232,12 @@ struct loop_qp {
 	std::atomic<uint64_t> sq_posted;
 	std::atomic<uint64_t> sq_retired;
 	std::mutex rq_lock; // Posting receives
+	// A receive queue placed by a parent domain's allocator
+	// (SOFTVERBS_RES_TYPE_RQ): the domain whose free gives it back (held in
+	// parents), and the published file peers map.
+	ibv_pd *rq_alloc_pd = nullptr;
+	std::shared_ptr<placed_file> rq_placed;
+	bool rq_agent = false; // Posted to by an agent (softverbs_dv_qp_rq), under rq_lock
 	ibv_qp_attr attr;   // What modify_qp set, for query_qp
 	// The send queue: a ring of WQEs in shared memory (sv_sq_ring,
 	// kernel-abi/softverbs-abi.h).  The WQEs in [sq_cons, sq_posted) are
@@ -462,6 +468,9 @@ int push_own(loop_cq *cq, sv_cqe &e);
 bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged = nullptr);
 // Posts receive WRs into ring (owner side).
 int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad);
+// Destroys a QP's receive queue (its segment, or its placed ring, given
+// back through the allocator's free).
+void rq_destroy(fabric &fab, loop_qp *qp);
 void send_async(const uint8_t *addr, uint32_t len, const sv_async_msg &msg);
 
 // loop_srq.cpp
@@ -510,6 +519,14 @@ int loop_dealloc_parent_domain(loop_pd *pd);
 // when the allocator failed.  pd_free gives memory pd_alloc gave back.
 void *pd_alloc(ibv_pd *pd, size_t size, size_t alignment, uint64_t resource_type);
 void pd_free(ibv_pd *pd, void *ptr, uint64_t resource_type);
+// A ring peers map (a CQ's, a receive queue's), `bytes` long, from pd's
+// allocator with resource type `type`: 0 with place.mem set and file held
+// when it goes in memory published with softverbs_dv_alloc_fd; 0 with
+// place.mem null for the library's own (USE_DEFAULT, no allocator, or
+// memory nobody published, which is given back at once); ENOMEM when alloc
+// gave nothing, EINVAL for memory that cannot hold a ring (given back).
+int pd_place(ibv_pd *pd, uint64_t type, size_t bytes, queue_place &place,
+	     std::shared_ptr<placed_file> &file);
 // Completes every WR of the backlog flushed (the QP went to ERR).  Caller
 // holds sq_lock.
 void qp_flush_backlog(loop_qp *qp);
@@ -536,6 +553,8 @@ int loop_dv_qp_agent(ibv_qp *qp, int on, softverbs_dv_sq *sq);
 int loop_dv_cq_agent(ibv_cq *cq, int on, softverbs_dv_cq *out);
 // softverbs_dv_alloc_fd (loop_td.cpp).
 int loop_dv_alloc_fd(ibv_pd *pd, void *addr, size_t len, int fd, uint64_t offset);
+// softverbs_dv_qp_rq (loop_qp.cpp).
+int loop_dv_qp_rq(ibv_qp *qp, int on, softverbs_dv_rq *rq);
 
 // loop_engine.cpp: the thread that serves agents' doorbells.  0 or ENOMEM.
 int engine_add(loop_qp *qp);

@@ -211,6 +211,13 @@ struct softverbs_cqe {
 #define SOFTVERBS_RES_TYPE_CQ 0x5356000000000002ULL
 
 /*
+ * The receive queue of a QP created under such a parent domain (not with an
+ * SRQ) is placed the same way, with this type: peers take its WQEs.  The
+ * same answers and rules apply as for SOFTVERBS_RES_TYPE_CQ.
+ */
+#define SOFTVERBS_RES_TYPE_RQ 0x5356000000000003ULL
+
+/*
  * Tells the library that [addr, addr + len) of this process is bytes
  * [offset, offset + len) of the file behind fd (a memfd, a /dev/shm or other
  * tmpfs file, mapped MAP_SHARED), so that rings an allocator places there
@@ -366,6 +373,83 @@ static inline void softverbs_dv_sq_post(struct softverbs_dv_sq *sq, int ring_doo
 	__atomic_store_n(sq->db_record, sq->next, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(sq->sleeping, __ATOMIC_SEQ_CST))
 		syscall(SYS_futex, (uint32_t *)sq->db_record, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+/* ---- Agent-posted receive queues (SOFTVERBS_1.2) ---- */
+
+/*
+ * Receive-queue ring (kernel-abi's sv_rq_ring, sv_recv_wqe): one producer,
+ * many consumers (the peers that deliver SENDs take WQEs).  The producer
+ * fills slot prod & (count - 1) and then stores prod + 1 with release,
+ * provided prod - cons < count.  Consumers check every WQE they take
+ * (num_sge against the QP's max_recv_sge, each lkey against the QP's PD,
+ * each range and right), so an agent's bad WQE fails its own receive only.
+ */
+#define SOFTVERBS_RQ_FORMAT_VERSION 1
+
+struct softverbs_recv_wqe {
+	uint64_t wr_id;
+	uint32_t num_sge;
+	uint32_t reserved;
+	/* Then num_sge struct softverbs_sge (at most max_sge). */
+};
+
+/* A QP's receive-queue ring, as softverbs_dv_qp_rq hands it out. */
+struct softverbs_dv_rq {
+	void *ring;	/* The ring's header */
+	char *slots;	/* Slot 0 */
+	uint64_t *prod; /* Producer index, stored by the agent */
+	uint64_t *cons; /* Consumer index, advanced by the consumers */
+	uint32_t format_version; /* SOFTVERBS_RQ_FORMAT_VERSION */
+	uint32_t count;		 /* Slots, a power of two (the QP's max_recv_wr) */
+	uint32_t stride;	 /* Bytes per slot */
+	uint32_t max_sge;
+	uint32_t qpn;
+	uint32_t reserved;
+	uint64_t next; /* The agent's next WQE number (the helpers' state) */
+};
+
+/*
+ * Hands qp's receive queue to an agent (on != 0) and describes its ring in
+ * *rq, or takes it back (on == 0; rq may be NULL).  While an agent has it,
+ * ibv_post_recv on qp fails with EINVAL: one producer at a time.  Receives
+ * are not flushed when the agent posts to a QP in ERR (ibv_post_recv's are).
+ * The QP must have a receive queue of its own (no SRQ).  Returns 0 or an
+ * errno.
+ */
+int softverbs_dv_qp_rq(struct ibv_qp *qp, int on, struct softverbs_dv_rq *rq);
+
+/* As softverbs_dv_sq_rebase, for a receive queue's ring. */
+static inline void softverbs_dv_rq_rebase(struct softverbs_dv_rq *rq, void *ring_here)
+{
+	char *old = (char *)rq->ring, *now = (char *)ring_here;
+	rq->slots = now + (rq->slots - old);
+	rq->prod = (uint64_t *)(now + ((char *)rq->prod - old));
+	rq->cons = (uint64_t *)(now + ((char *)rq->cons - old));
+	rq->ring = ring_here;
+}
+
+/*
+ * Posts one receive of n SGEs (0 < n <= max_sge) and publishes it: 0, or -1
+ * when the ring is full or n is out of range.
+ */
+static inline int softverbs_dv_rq_post(struct softverbs_dv_rq *rq, uint64_t wr_id,
+				       const struct softverbs_sge *sge, uint32_t n)
+{
+	struct softverbs_recv_wqe *w;
+	if (n > rq->max_sge ||
+	    rq->next - __atomic_load_n(rq->cons, __ATOMIC_ACQUIRE) >= rq->count)
+		return -1;
+	w = (struct softverbs_recv_wqe *)(rq->slots +
+					  (size_t)(rq->next & (rq->count - 1)) * rq->stride);
+	w->wr_id = wr_id;
+	w->num_sge = n;
+	w->reserved = 0;
+	if (n)
+		memcpy(w + 1, sge, (size_t)n * sizeof(*sge));
+	rq->next++;
+	__atomic_store_n(rq->prod, rq->next, __ATOMIC_RELEASE);
+	return 0;
 }
 
 /*

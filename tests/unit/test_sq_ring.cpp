@@ -453,6 +453,7 @@ TEST(SqRing, MalformedWqeCompletesInError)
 struct alloc_log {
 	bool use_default = false;
 	int allocs = 0, frees = 0;
+	int rq_allocs = 0; // The receive queue asks too (SOFTVERBS_RES_TYPE_RQ): ours
 	void *given = nullptr, *freed = nullptr;
 	size_t size = 0;
 	uint64_t type = 0, freed_type = 0;
@@ -461,6 +462,10 @@ struct alloc_log {
 void *log_alloc(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t type)
 {
 	auto *l = static_cast<alloc_log *>(ctx);
+	if (type == SOFTVERBS_RES_TYPE_RQ) {
+		l->rq_allocs++;
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	}
 	l->allocs++;
 	l->type = type;
 	if (l->use_default)
@@ -508,6 +513,7 @@ TEST(SqRing, RingFromParentDomainAllocator)
 		ibv_qp *qp = ibv_create_qp(parent, &a);
 		ASSERT_NE(qp, nullptr) << strerror(errno);
 		EXPECT_EQ(log.allocs, 1);
+		EXPECT_EQ(log.rq_allocs, 1);
 		EXPECT_EQ(log.type, SOFTVERBS_RES_TYPE_SQ);
 		ibv_qp *peer = make_qp(e, cq, 1);
 		ASSERT_NE(peer, nullptr);
@@ -571,11 +577,23 @@ struct cq_alloc {
 	int allocs = 0, frees = 0;
 	void *given = nullptr, *freed = nullptr;
 	uint64_t type = 0, freed_type = 0;
+	// Receive queues (SOFTVERBS_RES_TYPE_RQ) with place_rq: from the arena.
+	bool place_rq = false;
+	void *rq_given = nullptr;
+	int rq_frees = 0, bad_frees = 0;
 };
 
 void *cq_alloc_fn(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t type)
 {
 	auto *a = static_cast<cq_alloc *>(ctx);
+	if (type == SOFTVERBS_RES_TYPE_RQ && a->place_rq && !a->rq_given) {
+		size_t off = (a->used + alignment - 1) / alignment * alignment;
+		if (off + size > a->arena_len)
+			return nullptr;
+		a->used = off + size;
+		a->rq_given = a->arena + off;
+		return a->rq_given;
+	}
 	if (type != SOFTVERBS_RES_TYPE_CQ)
 		return IBV_ALLOCATOR_USE_DEFAULT;
 	a->allocs++;
@@ -608,8 +626,17 @@ void *cq_alloc_fn(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t t
 void cq_free_fn(ibv_pd *, void *ctx, void *ptr, uint64_t type)
 {
 	auto *a = static_cast<cq_alloc *>(ctx);
-	if (type != SOFTVERBS_RES_TYPE_CQ)
+	if (type == SOFTVERBS_RES_TYPE_RQ) {
+		if (ptr == a->rq_given)
+			a->rq_frees++;
+		else
+			a->bad_frees++;
 		return;
+	}
+	if (type != SOFTVERBS_RES_TYPE_CQ) {
+		a->bad_frees++;
+		return;
+	}
 	a->frees++;
 	a->freed = ptr;
 	a->freed_type = type;
@@ -767,9 +794,10 @@ TEST(CqRing, RingFromParentDomainAllocator)
 }
 
 // Another process completes into a ring the allocator placed: it maps the
-// memfd through the owner's descriptor (sv_obj_rec.place_fd), writes the
-// receive completions and their small payloads there, and the owner polls
-// them with the data intact.  Then the peer is killed while the ring
+// memfd through the owner's descriptor (sv_obj_rec.place_fd), takes the
+// receive WQEs from a receive queue placed there too, writes the receive
+// completions and their small payloads into the CQ ring, and the owner
+// polls them with the data intact.  Then the peer is killed while the ring
 // lives, and the QP and CQ are destroyed without waiting on it: free once.
 constexpr int kPeerSends = 200;
 
@@ -824,6 +852,7 @@ TEST(CqRing, PeerWritesIntoPlacedRing)
 	cq_alloc a;
 	a.arena = arena.base;
 	a.arena_len = arena.len;
+	a.place_rq = true;
 	ibv_pd *parent = placing_domain(e, a);
 	ASSERT_NE(parent, nullptr);
 	ASSERT_EQ(softverbs_dv_alloc_fd(parent, arena.base, arena.len, arena.fd, 0), 0);
@@ -839,8 +868,9 @@ TEST(CqRing, PeerWritesIntoPlacedRing)
 	qa.cap.max_recv_wr = kPeerSends;
 	qa.cap.max_send_sge = 1;
 	qa.cap.max_recv_sge = 1;
-	ibv_qp *qp = ibv_create_qp(e.pd, &qa);
+	ibv_qp *qp = ibv_create_qp(parent, &qa);
 	ASSERT_TRUE(scq && qp);
+	ASSERT_NE(a.rq_given, nullptr) << "the receive queue was not placed";
 	std::vector<uint64_t> buf(2 * kPeerSends);
 	ibv_mr *mr = ibv_reg_mr(e.pd, buf.data(), buf.size() * 8, IBV_ACCESS_LOCAL_WRITE);
 	ASSERT_NE(mr, nullptr);
@@ -897,7 +927,9 @@ TEST(CqRing, PeerWritesIntoPlacedRing)
 	EXPECT_TRUE(WIFSIGNALED(st)) << "the peer half failed: status " << st;
 	close(sv[0]);
 	ASSERT_EQ(ibv_destroy_qp(qp), 0);
+	EXPECT_EQ(a.rq_frees, 1);
 	ASSERT_EQ(ibv_destroy_cq(rcq), 0);
+	EXPECT_EQ(a.bad_frees, 0);
 	EXPECT_EQ(a.frees, 1);
 	EXPECT_EQ(a.freed, a.given);
 	EXPECT_EQ(a.freed_type, SOFTVERBS_RES_TYPE_CQ);

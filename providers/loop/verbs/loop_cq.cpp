@@ -504,41 +504,10 @@ int place_cq(loop_cq *cq, ibv_pd *pd, uint32_t entries, queue_place &place)
 {
 	size_t bytes = queue_total_bytes(sizeof(sv_cq_ring), entries, sizeof(sv_cqe),
 					 static_cast<size_t>(entries) * sizeof(sv_cqe_payload));
-	void *mem = pd_alloc(pd, bytes, 4096, SOFTVERBS_RES_TYPE_CQ);
-	if (!mem)
-		return ENOMEM;
-	if (mem == IBV_ALLOCATOR_USE_DEFAULT)
-		return 0;
-	if (reinterpret_cast<uintptr_t>(mem) % SV_CACHELINE) {
-		pd_free(pd, mem, SOFTVERBS_RES_TYPE_CQ);
-		return EINVAL; // The ring's lines must be cache lines
-	}
-	uint64_t offset = 0;
-	std::shared_ptr<placed_file> file = place_find(mem, bytes, offset);
-	if (!file) {
-		// Peers write completions into the ring: memory they cannot map
-		// cannot hold it.  Given back, and the CQ gets ours, as an
-		// allocator that said USE_DEFAULT would (rdma-core's tests hand
-		// out posix_memalign memory for every type and expect a CQ).
-		pd_free(pd, mem, SOFTVERBS_RES_TYPE_CQ);
-		static std::atomic<bool> said{false};
-		if (!said.exchange(true))
-			fprintf(stderr,
-				"softverbs: a CQ ring from a parent domain's allocator is in memory "
-				"whose file the library was not told (softverbs_dv_alloc_fd): "
-				"other processes could not write its completions, so the CQ uses "
-				"the library's own memory (docs/agent.md)\n");
-		return 0;
-	}
-	if (reinterpret_cast<uintptr_t>(mem) % 4096) {
-		pd_free(pd, mem, SOFTVERBS_RES_TYPE_CQ);
-		return EINVAL; // Peers map it by pages
-	}
-	place.mem = mem;
-	place.file = file.get();
-	place.offset = offset;
-	cq->alloc_pd = pd;
-	cq->placed = std::move(file);
+	if (int e = pd_place(pd, SOFTVERBS_RES_TYPE_CQ, bytes, place, cq->placed))
+		return e;
+	if (place.mem)
+		cq->alloc_pd = pd;
 	return 0;
 }
 

@@ -310,6 +310,7 @@ const verbs_context_ops loop_ctx_ops = {
 	.sv_dv_qp_agent = SV_C(loop_dv_qp_agent),
 	.sv_dv_cq_agent = SV_C(loop_dv_cq_agent),
 	.sv_dv_alloc_fd = SV_C(loop_dv_alloc_fd),
+	.sv_dv_qp_rq = SV_C(loop_dv_qp_rq),
 };
 
 // Peers copy into this process's registered memory with process_vm_writev,

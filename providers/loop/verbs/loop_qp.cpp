@@ -259,6 +259,56 @@ bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged)
 	return true;
 }
 
+static_assert(sizeof(softverbs_recv_wqe) == sizeof(sv_recv_wqe));
+static_assert(offsetof(softverbs_recv_wqe, num_sge) == offsetof(sv_recv_wqe, num_sge));
+static_assert(sizeof(softverbs_sge) == sizeof(sv_sge));
+
+int loop_dv_qp_rq(ibv_qp *ibqp, int on, softverbs_dv_rq *out)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("softverbs_dv_qp_rq", qp, qp->life, kLifeQp);
+	if (!qp->rq)
+		return EINVAL; // An SRQ's, or no receive queue
+	std::lock_guard<std::mutex> g(qp->rq_lock);
+	if (!on) {
+		if (!qp->rq_agent)
+			return EINVAL;
+		qp->rq_agent = false; // The library posts after the agent's prod
+		return 0;
+	}
+	if (qp->rq_agent)
+		return EBUSY;
+	queue_geom geom;
+	if (!queue_geometry(qp->rq, geom))
+		return EINVAL;
+	char *base = reinterpret_cast<char *>(qp->rq);
+	softverbs_dv_rq d{};
+	d.ring = base;
+	d.slots = base + geom.slots_offset;
+	d.prod = &qp->rq->prod;
+	d.cons = &qp->rq->cons;
+	d.format_version = SOFTVERBS_RQ_FORMAT_VERSION;
+	d.count = geom.entries;
+	d.stride = geom.entry_size;
+	d.max_sge = qp->cap.max_recv_sge;
+	d.qpn = qp->qpn;
+	d.next = std::atomic_ref<uint64_t>(qp->rq->prod).load(std::memory_order_acquire);
+	*out = d;
+	qp->rq_agent = true;
+	return 0;
+}
+
+void rq_destroy(fabric &fab, loop_qp *qp)
+{
+	queue_destroy(fab, qp->rq_ref, qp->rq, qp->rq_alloc_pd != nullptr);
+	if (qp->rq_alloc_pd)
+		pd_free(qp->rq_alloc_pd, qp->rq, SOFTVERBS_RES_TYPE_RQ);
+	qp->rq = nullptr;
+	qp->rq_alloc_pd = nullptr;
+	qp->rq_placed.reset();
+}
+
 int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad)
 {
 	queue_geom g;
@@ -454,10 +504,25 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 	if (has_rq) {
 		uint32_t entries = round_pow2(std::max<uint32_t>(attr->cap.max_recv_wr, 1));
 		uint32_t sge = std::max<uint32_t>(attr->cap.max_recv_sge, 1);
-		void *map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_RQ, entries, wqe_size(sge),
-					 sizeof(sv_rq_ring), sge, qp->rq_ref);
+		// The application's placement first (a parent domain's
+		// allocator, SOFTVERBS_RES_TYPE_RQ); peers take its WQEs.
+		queue_place place;
+		void *map = nullptr;
+		if (int e = pd_place(pd, SOFTVERBS_RES_TYPE_RQ,
+				     queue_total_bytes(sizeof(sv_rq_ring), entries, wqe_size(sge), 0),
+				     place, qp->rq_placed))
+			errno = e;
+		else
+			map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_RQ, entries,
+					   wqe_size(sge), sizeof(sv_rq_ring), sge, qp->rq_ref, 0,
+					   place.mem ? &place : nullptr);
+		if (map && place.mem)
+			qp->rq_alloc_pd = pd;
 		if (!map) {
 			int e = errno;
+			if (place.mem)
+				pd_free(pd, place.mem, SOFTVERBS_RES_TYPE_RQ);
+			qp->rq_placed.reset();
 			sq_destroy(qp);
 			delete qp;
 			res_put(fab, lctx->lease, SV_RES_QP);
@@ -524,7 +589,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 	}();
 	if (!claimed) {
 		if (qp->rq)
-			queue_destroy(fab, qp->rq_ref, qp->rq);
+			rq_destroy(fab, qp);
 		sq_destroy(qp);
 		delete qp;
 		res_put(fab, lctx->lease, SV_RES_QP);
@@ -743,7 +808,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 	if (qp->scq != qp->rcq)
 		cq_clean(qp->scq, qp->qpn);
 	if (qp->rq)
-		queue_destroy(fab, qp->rq_ref, qp->rq);
+		rq_destroy(fab, qp);
 	sq_destroy(qp);
 	qp_ex_destroy(qp);
 	// Its CQs, SRQ, PD and domain may go now; its memory is kept a while
@@ -771,6 +836,10 @@ int loop_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad)
 		return EINVAL;
 	}
 	std::lock_guard<std::mutex> g(qp->rq_lock);
+	if (qp->rq_agent) {
+		*bad = wr;
+		return EINVAL; // One producer at a time: an agent posts (softverbs_dv_qp_rq)
+	}
 	int ret = rq_post(qp->rq, qp->cap.max_recv_sge, wr, bad);
 	// Receives posted to a QP in ERR complete at once as flushed.
 	if (!ret && qp_state_ref(rec).load(std::memory_order_acquire) == IBV_QPS_ERR)

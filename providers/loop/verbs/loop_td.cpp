@@ -16,7 +16,9 @@
 // host objects.  See docs/extended-verbs.md.
 #include "loop.h"
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <new>
 
 namespace loop {
@@ -150,6 +152,47 @@ int loop_dv_alloc_fd(ibv_pd *pd, void *addr, size_t len, int fd, uint64_t offset
 	if (!p->life.is(kLifePd))
 		return life_bad("softverbs_dv_alloc_fd", p, p->life, kLifePd);
 	return place_publish(addr, len, fd, offset);
+}
+
+int pd_place(ibv_pd *pd, uint64_t type, size_t bytes, queue_place &place,
+	     std::shared_ptr<placed_file> &file)
+{
+	place = {};
+	void *mem = pd_alloc(pd, bytes, 4096, type);
+	if (!mem)
+		return ENOMEM;
+	if (mem == IBV_ALLOCATOR_USE_DEFAULT)
+		return 0;
+	if (reinterpret_cast<uintptr_t>(mem) % SV_CACHELINE) {
+		pd_free(pd, mem, type);
+		return EINVAL; // The ring's lines must be cache lines
+	}
+	uint64_t offset = 0;
+	std::shared_ptr<placed_file> f = place_find(mem, bytes, offset);
+	if (!f) {
+		// Peers write into the ring: memory they cannot map cannot hold
+		// it.  Given back, and the queue gets ours, as an allocator that
+		// said USE_DEFAULT would (rdma-core's tests hand out
+		// posix_memalign memory for every type and expect the object).
+		pd_free(pd, mem, type);
+		static std::atomic<bool> said{false};
+		if (!said.exchange(true))
+			fprintf(stderr,
+				"softverbs: a CQ or receive-queue ring from a parent domain's "
+				"allocator is in memory whose file the library was not told "
+				"(softverbs_dv_alloc_fd): other processes could not reach it, so "
+				"the library uses its own memory for it (docs/agent.md)\n");
+		return 0;
+	}
+	if (reinterpret_cast<uintptr_t>(mem) % 4096) {
+		pd_free(pd, mem, type);
+		return EINVAL; // Peers map it by pages
+	}
+	place.mem = mem;
+	place.file = f.get();
+	place.offset = offset;
+	file = std::move(f);
+	return 0;
 }
 
 void pd_free(ibv_pd *pd, void *ptr, uint64_t resource_type)
