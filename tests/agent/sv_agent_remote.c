@@ -15,7 +15,10 @@
  * onto its mapping (softverbs_dv_sq_rebase, softverbs_dv_cq_rebase), writes
  * N records into the memfd and posts them with the inline helpers: RDMA
  * WRITEs whose SGEs name the owner's addresses of those records, and every
- * fourth an inline SEND.  N is ten times the send queue's depth: the agent
+ * fourth an inline SEND, which the target receives into buffers the agent
+ * posted with softverbs_dv_rq_post on the target's receive queue
+ * (SOFTVERBS_RES_TYPE_RQ, placed in the memfd too, handed over with
+ * softverbs_dv_qp_rq).  N is ten times the send queue's depth: the agent
  * polls its send completions from the CQ ring (in order, successful, each
  * its WQE's wr_id) and retires their slots to post more.  The target checks
  * every SEND (sequence and checksum, in order) and every WRITE slot; at the
@@ -68,6 +71,11 @@ struct handoff {
 	struct softverbs_dv_cq cq;
 	uint64_t ring_off;	   /* The ring's offset in the memfd */
 	uint64_t cq_off;	   /* The CQ ring's */
+	struct softverbs_dv_rq rq; /* The target's receive queue */
+	uint64_t rq_off;
+	uint64_t rbuf_addr;	   /* The owner's receive buffers (N / 4 records) */
+	uint32_t rbuf_lkey;
+	uint32_t reserved;
 	uint64_t owner_base;	   /* The owner's address of the memfd's byte 0 */
 	uint32_t src_lkey;
 	uint32_t dst_rkey;
@@ -76,19 +84,22 @@ struct handoff {
 
 static char *arena;
 static size_t arena_used;
-/* What the allocator handed out and got back, per type (0: SQ, 1: CQ). */
-static void *given[2];
-static int frees[2], bad_frees;
+/* What the allocator handed out and got back, per type (0: SQ, 1: CQ, 2: RQ). */
+static void *given[3];
+static int frees[3], bad_frees;
+static int place_rq; /* Receive queues are placed only while set (the target's) */
 
 static int type_index(uint64_t type)
 {
-	return type == SOFTVERBS_RES_TYPE_SQ ? 0 : type == SOFTVERBS_RES_TYPE_CQ ? 1 : -1;
+	return type == SOFTVERBS_RES_TYPE_SQ ? 0 :
+	       type == SOFTVERBS_RES_TYPE_CQ ? 1 :
+	       type == SOFTVERBS_RES_TYPE_RQ ? 2 : -1;
 }
 
 static void *ring_alloc(struct ibv_pd *pd, void *ctx, size_t size, size_t align, uint64_t type)
 {
 	int t = type_index(type);
-	if (t < 0 || given[t])
+	if (t < 0 || given[t] || (t == 2 && !place_rq))
 		return IBV_ALLOCATOR_USE_DEFAULT;
 	size_t off = (arena_used + align - 1) & ~(align - 1);
 	if (off + size > SRC_OFF)
@@ -145,6 +156,15 @@ static int agent(int sock)
 	struct softverbs_dv_cq cq = h.cq;
 	softverbs_dv_cq_rebase(&cq, mine + h.cq_off);
 	CHECK(sq.max_wr == DEPTH && sq.max_inline >= REC);
+	struct softverbs_dv_rq rq = h.rq;
+	softverbs_dv_rq_rebase(&rq, mine + h.rq_off);
+	CHECK(rq.format_version == SOFTVERBS_RQ_FORMAT_VERSION && rq.count >= N / 4);
+	/* The target's receives first: buffers of the owner, named by its
+	 * addresses and key. */
+	for (int i = 0; i < N / 4; i++) {
+		struct softverbs_sge s = {h.rbuf_addr + (uint64_t)i * REC, REC, h.rbuf_lkey};
+		CHECK(softverbs_dv_rq_post(&rq, (uint64_t)i, &s, 1) == 0);
+	}
 	uint64_t done = 0, t0 = svt_now_ms();
 	for (int i = 0; i < N; i++) {
 		struct rec *r = (struct rec *)(mine + SRC_OFF + (size_t)i * REC);
@@ -181,8 +201,8 @@ static int agent(int sock)
 		}
 	}
 	printf("agent (pid %d): %d WQEs posted through its own mapping of a %u-deep ring, "
-	       "%llu completions polled from the CQ ring\n",
-	       (int)getpid(), N, sq.count, (unsigned long long)done);
+	       "%llu completions polled from the CQ ring, %d receives posted\n",
+	       (int)getpid(), N, sq.count, (unsigned long long)done, N / 4);
 	return 0;
 }
 
@@ -236,9 +256,16 @@ int main(int argc, char **argv)
 					      .max_inline_data = REC}};
 	struct ibv_qp *a = ibv_create_qp(parent, &qa);
 	CHECK(a);
-	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = cq, .rcq = cq, .max_send_wr = 4,
-			      .max_recv_wr = N / 4, .max_sge = 1};
-	struct ibv_qp *b = svt_qp(&d, &o);
+	/* The target, under the parent domain too: its receive queue is
+	 * placed in the memfd, for the agent to post to. */
+	struct ibv_qp_init_attr qb = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 4, .max_recv_wr = N / 4,
+					      .max_send_sge = 1, .max_recv_sge = 1}};
+	place_rq = 1;
+	struct ibv_qp *b = ibv_create_qp(parent, &qb);
+	place_rq = 0;
+	CHECK(b);
+	CHECK(given[2]);
 	svt_connect(a, b->qp_num, d.lid, &conn);
 	svt_connect(b, a->qp_num, d.lid, &conn);
 	struct ibv_mr *src = ibv_reg_mr(d.pd, arena + SRC_OFF, (size_t)N * REC,
@@ -247,11 +274,9 @@ int main(int argc, char **argv)
 	struct ibv_mr *dst = svt_mr(&d, (size_t)N * REC, IBV_ACCESS_LOCAL_WRITE |
 							   IBV_ACCESS_REMOTE_WRITE);
 	struct ibv_mr *rbuf = svt_mr(&d, (size_t)N / 4 * REC, IBV_ACCESS_LOCAL_WRITE);
-	for (int i = 0; i < N / 4; i++) {
-		struct ibv_sge s = svt_sge(rbuf, (size_t)i * REC, REC);
-		svt_post_recv1(b, (uint64_t)i, &s, 1);
-	}
 	struct handoff h = {
+		.rbuf_addr = (uintptr_t)rbuf->addr,
+		.rbuf_lkey = rbuf->lkey,
 		.owner_base = (uintptr_t)arena,
 		.src_lkey = src->lkey,
 		.dst_rkey = dst->rkey,
@@ -259,6 +284,15 @@ int main(int argc, char **argv)
 	};
 	CHECK(softverbs_dv_qp_agent(a, 1, &h.sq) == 0);
 	CHECK(softverbs_dv_cq_agent(scq, 1, &h.cq) == 0);
+	CHECK(softverbs_dv_qp_rq(b, 1, &h.rq) == 0);
+	CHECK(h.rq.ring == given[2]);
+	h.rq_off = (uint64_t)((char *)h.rq.ring - arena);
+	{
+		/* One producer at a time: the library's posting is refused. */
+		struct ibv_sge s = svt_sge(rbuf, 0, REC);
+		struct ibv_recv_wr wr = {.sg_list = &s, .num_sge = 1}, *bad;
+		CHECK_EQ(ibv_post_recv(b, &wr, &bad), EINVAL);
+	}
 	/* The rings are where the allocator put them: in the memfd. */
 	CHECK(h.sq.ring == given[0] && h.cq.ring == given[1]);
 	h.ring_off = (uint64_t)((char *)h.sq.ring - arena);
@@ -334,10 +368,11 @@ int main(int argc, char **argv)
 	printf("owner: %d SENDs and %d WRITEs intact\n", recvs, N - recvs);
 	CHECK(softverbs_dv_qp_agent(a, 0, NULL) == 0);
 	CHECK(softverbs_dv_cq_agent(scq, 0, NULL) == 0);
+	CHECK(softverbs_dv_qp_rq(b, 0, NULL) == 0);
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
-	CHECK(frees[0] == 1 && frees[1] == 0 && !bad_frees);
+	CHECK(frees[0] == 1 && frees[1] == 0 && frees[2] == 1 && !bad_frees);
 	CHECK(ibv_destroy_cq(scq) == 0);
-	CHECK(frees[0] == 1 && frees[1] == 1 && !bad_frees);
+	CHECK(frees[0] == 1 && frees[1] == 1 && frees[2] == 1 && !bad_frees);
 	CHECK(ibv_dealloc_pd(parent) == 0);
 	printf("ok\n");
 	return 0;
