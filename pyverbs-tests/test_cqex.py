@@ -214,8 +214,8 @@ def test_parent_domain_stands_for_its_pd(env):
 from pyverbs.pd import ParentDomain, ParentDomainInitAttr, ParentDomainContext
 calls = []
 def alloc(pd, ctx_, size, align, rtype):
-    calls.append("alloc")
-    return e._IBV_ALLOCATOR_USE_DEFAULT  # The library's own memory (the SQ ring)
+    calls.append(hex(rtype))
+    return e._IBV_ALLOCATOR_USE_DEFAULT  # The library's own memory (SQ and RQ rings)
 def free(pd, ctx_, ptr, rtype):
     calls.append("free")
 pctx = ParentDomainContext(pd, alloc, free)
@@ -237,8 +237,10 @@ a.wr_complete()
 s = poll(ca, 1)
 out({"s": [s[0]["wr_id"], s[0]["status"]], "d": mb.read(10, 0).decode(), "calls": calls})
 """, env)
-    # The QP's send-queue ring was asked of the allocator, which declined.
-    assert r == {"s": [1, 0], "d": "via parent", "calls": ["alloc"]}
+    # The QP's send-queue and receive-queue rings were asked of the allocator
+    # (SOFTVERBS_RES_TYPE_SQ, _RQ), which declined.
+    assert r == {"s": [1, 0], "d": "via parent",
+                 "calls": ["0x5356000000000001", "0x5356000000000003"]}
 
 
 def test_ece_through_pyverbs(env):
