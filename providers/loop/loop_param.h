@@ -77,5 +77,9 @@ inline constexpr uint16_t kMaxCqModPeriod = 0;
 // this long after the last work it found before it sleeps on a futex.
 inline constexpr uint64_t kEngineSpinNs = 50 * 1000;
 inline constexpr uint64_t kMaxDmSize = 256 * 1024; // Like an HCA's on-chip memory
+// How long the destroy of a CQ whose ring an application's allocator placed
+// waits for producers that reserved a slot to publish it, before the ring
+// goes back to the application (loop_cq.cpp, close_placed).
+inline constexpr uint64_t kPlacedDrainNs = 1000ULL * 1000 * 1000;
 
 } // namespace loop

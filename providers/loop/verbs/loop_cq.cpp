@@ -26,9 +26,6 @@ namespace {
 
 // Producers see bit 63 of prod set once the owner resized the ring away.
 constexpr uint64_t kRingClosed = 1ULL << 63;
-// How long the destroy of a placed CQ waits for producers that reserved a
-// slot to publish it (close_placed).
-constexpr uint64_t kPlacedDrainNs = 1000000000ULL;
 
 int notify_socket()
 {

@@ -159,7 +159,7 @@ int place_publish(void *addr, size_t len, int fd, uint64_t offset)
 	if (fd >= 0) {
 		int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
 		if (dup_fd < 0)
-			return errno == EBADF ? EBADF : errno;
+			return errno;
 		struct stat st;
 		if (fstat(dup_fd, &st) < 0 || !S_ISREG(st.st_mode)) {
 			close(dup_fd);
