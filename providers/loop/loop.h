@@ -151,6 +151,9 @@ struct loop_srq {
 	std::mutex lock; // Posting
 	obj_life life{kLifeSrq}; // Users: QPs
 	parent_refs parents; // Its PD, and an XRC SRQ's domain and CQ
+	// A ring placed by a parent domain's allocator (SOFTVERBS_RES_TYPE_SRQ).
+	ibv_pd *alloc_pd = nullptr;
+	std::shared_ptr<placed_file> placed;
 };
 
 struct loop_ah {

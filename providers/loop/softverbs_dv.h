@@ -216,6 +216,8 @@ struct softverbs_cqe {
  * same answers and rules apply as for SOFTVERBS_RES_TYPE_CQ.
  */
 #define SOFTVERBS_RES_TYPE_RQ 0x5356000000000003ULL
+/* An SRQ created with a parent domain as its PD: its ring, the same way. */
+#define SOFTVERBS_RES_TYPE_SRQ 0x5356000000000004ULL
 
 /*
  * Tells the library that [addr, addr + len) of this process is bytes

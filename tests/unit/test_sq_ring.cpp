@@ -581,6 +581,10 @@ struct cq_alloc {
 	bool place_rq = false;
 	void *rq_given = nullptr;
 	int rq_frees = 0, bad_frees = 0;
+	// SRQs (SOFTVERBS_RES_TYPE_SRQ) with place_srq: from the arena.
+	bool place_srq = false;
+	void *srq_given = nullptr;
+	int srq_frees = 0;
 };
 
 void *cq_alloc_fn(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t type)
@@ -593,6 +597,14 @@ void *cq_alloc_fn(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t t
 		a->used = off + size;
 		a->rq_given = a->arena + off;
 		return a->rq_given;
+	}
+	if (type == SOFTVERBS_RES_TYPE_SRQ && a->place_srq && !a->srq_given) {
+		size_t off = (a->used + alignment - 1) / alignment * alignment;
+		if (off + size > a->arena_len)
+			return nullptr;
+		a->used = off + size;
+		a->srq_given = a->arena + off;
+		return a->srq_given;
 	}
 	if (type != SOFTVERBS_RES_TYPE_CQ)
 		return IBV_ALLOCATOR_USE_DEFAULT;
@@ -629,6 +641,13 @@ void cq_free_fn(ibv_pd *, void *ctx, void *ptr, uint64_t type)
 	if (type == SOFTVERBS_RES_TYPE_RQ) {
 		if (ptr == a->rq_given)
 			a->rq_frees++;
+		else
+			a->bad_frees++;
+		return;
+	}
+	if (type == SOFTVERBS_RES_TYPE_SRQ) {
+		if (ptr == a->srq_given)
+			a->srq_frees++;
 		else
 			a->bad_frees++;
 		return;
@@ -935,6 +954,85 @@ TEST(CqRing, PeerWritesIntoPlacedRing)
 	EXPECT_EQ(a.freed_type, SOFTVERBS_RES_TYPE_CQ);
 	ibv_dereg_mr(mr);
 	ibv_destroy_cq(scq);
+	EXPECT_EQ(ibv_dealloc_pd(parent), 0);
+}
+
+// An SRQ made with a parent domain as its PD takes its ring from the
+// allocator (SOFTVERBS_RES_TYPE_SRQ); receives posted to it take a SEND, and
+// the ring goes back through free once when the SRQ is destroyed.
+TEST(CqRing, SrqFromParentDomainAllocator)
+{
+	env e;
+	ASSERT_NE(e.pd, nullptr);
+	cq_arena arena;
+	ASSERT_NE(arena.base, nullptr);
+	cq_alloc a;
+	a.answer = cq_answer::use_default;
+	a.arena = arena.base;
+	a.arena_len = arena.len;
+	a.place_srq = true;
+	ibv_pd *parent = placing_domain(e, a);
+	ASSERT_NE(parent, nullptr);
+	ASSERT_EQ(softverbs_dv_alloc_fd(parent, arena.base, arena.len, arena.fd, 0), 0);
+	ibv_srq_init_attr sa{};
+	sa.attr.max_wr = 8;
+	sa.attr.max_sge = 1;
+	ibv_srq *srq = ibv_create_srq(parent, &sa);
+	ASSERT_NE(srq, nullptr) << strerror(errno);
+	ASSERT_NE(a.srq_given, nullptr);
+	ibv_cq *cq = ibv_create_cq(e.ctx, 16, nullptr, nullptr, 0);
+	ASSERT_NE(cq, nullptr);
+	ibv_qp_init_attr qa{};
+	qa.send_cq = cq;
+	qa.recv_cq = cq;
+	qa.srq = srq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 1;
+	qa.cap.max_send_sge = 1;
+	ibv_qp *target = ibv_create_qp(e.pd, &qa);
+	ibv_qp *sender = make_qp(e, cq, 2);
+	ASSERT_TRUE(target && sender);
+	ASSERT_TRUE(connect(sender, target->qp_num, e.lid) && connect(target, sender->qp_num, e.lid));
+	uint64_t in = 0, out = 0x5eed;
+	ibv_mr *mr = ibv_reg_mr(e.pd, &in, 8, IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(mr, nullptr);
+	ibv_sge rs{reinterpret_cast<uintptr_t>(&in), 8, mr->lkey};
+	ibv_recv_wr rw{}, *rbad = nullptr;
+	rw.wr_id = 77;
+	rw.sg_list = &rs;
+	rw.num_sge = 1;
+	ASSERT_EQ(ibv_post_srq_recv(srq, &rw, &rbad), 0);
+	ibv_sge ss{reinterpret_cast<uintptr_t>(&out), 8, 0};
+	ibv_send_wr sw{}, *sbad = nullptr;
+	sw.wr_id = 1;
+	sw.opcode = IBV_WR_SEND;
+	sw.sg_list = &ss;
+	sw.num_sge = 1;
+	sw.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ASSERT_EQ(ibv_post_send(sender, &sw, &sbad), 0);
+	bool got_recv = false;
+	for (int t = 0; t < 100000 && !got_recv; t++) {
+		ibv_wc wc{};
+		if (ibv_poll_cq(cq, 1, &wc) == 0) {
+			usleep(10);
+			continue;
+		}
+		EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+		if (wc.opcode == IBV_WC_RECV) {
+			EXPECT_EQ(wc.wr_id, 77u);
+			got_recv = true;
+		}
+	}
+	EXPECT_TRUE(got_recv);
+	EXPECT_EQ(in, 0x5eedu);
+	ASSERT_EQ(ibv_destroy_qp(target), 0);
+	ASSERT_EQ(ibv_destroy_qp(sender), 0);
+	EXPECT_EQ(a.srq_frees, 0);
+	ASSERT_EQ(ibv_destroy_srq(srq), 0);
+	EXPECT_EQ(a.srq_frees, 1);
+	EXPECT_EQ(a.bad_frees, 0);
+	ibv_dereg_mr(mr);
+	ibv_destroy_cq(cq);
 	EXPECT_EQ(ibv_dealloc_pd(parent), 0);
 }
 

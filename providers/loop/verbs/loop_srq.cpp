@@ -90,10 +90,22 @@ ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
 	}
 	uint32_t entries = round_pow2(a.max_wr);
 	uint32_t sge = std::max<uint32_t>(a.max_sge, 1);
-	void *map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_SRQ, entries, wqe_bytes(sge),
-				 sizeof(sv_rq_ring), sge, srq->ref);
+	// The application's placement first (a parent domain's allocator).
+	queue_place place;
+	void *map = nullptr;
+	if (int e = pd_place(attr->pd, SOFTVERBS_RES_TYPE_SRQ,
+			     queue_total_bytes(sizeof(sv_rq_ring), entries, wqe_bytes(sge), 0), place,
+			     srq->placed))
+		errno = e;
+	else
+		map = queue_create(*lctx->fab, lctx->lease, SV_OBJ_SRQ, entries, wqe_bytes(sge),
+				   sizeof(sv_rq_ring), sge, srq->ref, 0, place.mem ? &place : nullptr);
+	if (map && place.mem)
+		srq->alloc_pd = attr->pd;
 	if (!map) {
 		int e = errno;
+		if (place.mem)
+			pd_free(attr->pd, place.mem, SOFTVERBS_RES_TYPE_SRQ);
 		delete srq;
 		res_put(*lctx->fab, lctx->lease, SV_RES_SRQ);
 		errno = e;
@@ -200,7 +212,11 @@ int loop_destroy_srq(ibv_srq *ibsrq)
 	// No event names it now; wait for the acks of those handed out.
 	if (!owned_closing())
 		verbs_srq_wait_events(ibsrq);
-	queue_destroy(fab, srq->ref, srq->ring);
+	queue_destroy(fab, srq->ref, srq->ring, srq->alloc_pd != nullptr);
+	if (srq->alloc_pd)
+		pd_free(srq->alloc_pd, srq->ring, SOFTVERBS_RES_TYPE_SRQ);
+	srq->alloc_pd = nullptr;
+	srq->placed.reset();
 	srq->ring = nullptr;
 	res_put(fab, srq->ctx->lease, SV_RES_SRQ);
 	srq->parents.release();
