@@ -576,6 +576,7 @@ struct cq_alloc {
 	size_t arena_len = 0, used = 0;
 	int allocs = 0, frees = 0;
 	void *given = nullptr, *freed = nullptr;
+	size_t size = 0; // Of the CQ ring given
 	uint64_t type = 0, freed_type = 0;
 	// Receive queues (SOFTVERBS_RES_TYPE_RQ) with place_rq: from the arena.
 	bool place_rq = false;
@@ -610,6 +611,7 @@ void *cq_alloc_fn(ibv_pd *, void *ctx, size_t size, size_t alignment, uint64_t t
 		return IBV_ALLOCATOR_USE_DEFAULT;
 	a->allocs++;
 	a->type = type;
+	a->size = size;
 	size_t off = (a->used + alignment - 1) / alignment * alignment;
 	switch (a->answer) {
 	case cq_answer::use_default:
@@ -816,8 +818,10 @@ TEST(CqRing, RingFromParentDomainAllocator)
 // memfd through the owner's descriptor (sv_obj_rec.place_fd), takes the
 // receive WQEs from a receive queue placed there too, writes the receive
 // completions and their small payloads into the CQ ring, and the owner
-// polls them with the data intact.  Then the peer is killed while the ring
-// lives, and the QP and CQ are destroyed without waiting on it: free once.
+// polls them with the data intact.  Then, while the peer keeps sending
+// (its completions land in the placed rings), the QP and the CQ are
+// destroyed: free once, and nothing writes into the memory after it (it is
+// poisoned and watched a while); then the peer is killed.
 constexpr int kPeerSends = 200;
 
 // The peer's half, run in a process of its own (exec'd with SVT_CQ_PEER =
@@ -859,6 +863,27 @@ TEST(CqRing, PeerHalf)
 		ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
 	}
 	ASSERT_EQ(write(wfd, &mine, 1), 1);
+	// Then a stream the owner does not poll, while it destroys the QP and
+	// the CQ: whatever becomes of these SENDs (the owner's CQ overflows,
+	// its QP goes), this process only ever sees errors in its own CQ.
+	for (uint64_t i = kPeerSends;; i++) {
+		uint64_t msg[2] = {i, ~i};
+		ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), 0};
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = i;
+		wr.opcode = IBV_WR_SEND;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+		if (ibv_post_send(qp, &wr, &bad))
+			break;
+		ibv_wc wc{};
+		int n = 0;
+		for (int t = 0; t < 100000 && !(n = ibv_poll_cq(cq, 1, &wc)); t++)
+			usleep(10);
+		if (n != 1 || wc.status != IBV_WC_SUCCESS)
+			break;
+	}
 	pause(); // Killed by the owner, objects and all
 }
 
@@ -884,13 +909,13 @@ TEST(CqRing, PeerWritesIntoPlacedRing)
 	qa.recv_cq = rcq;
 	qa.qp_type = IBV_QPT_RC;
 	qa.cap.max_send_wr = 1;
-	qa.cap.max_recv_wr = kPeerSends;
+	qa.cap.max_recv_wr = 2 * kPeerSends; // The stream after the checked SENDs
 	qa.cap.max_send_sge = 1;
 	qa.cap.max_recv_sge = 1;
 	ibv_qp *qp = ibv_create_qp(parent, &qa);
 	ASSERT_TRUE(scq && qp);
 	ASSERT_NE(a.rq_given, nullptr) << "the receive queue was not placed";
-	std::vector<uint64_t> buf(2 * kPeerSends);
+	std::vector<uint64_t> buf(4 * kPeerSends);
 	ibv_mr *mr = ibv_reg_mr(e.pd, buf.data(), buf.size() * 8, IBV_ACCESS_LOCAL_WRITE);
 	ASSERT_NE(mr, nullptr);
 	int sv[2];
@@ -911,7 +936,7 @@ TEST(CqRing, PeerWritesIntoPlacedRing)
 	uint32_t peer_qpn = 0;
 	ASSERT_EQ(read(sv[0], &peer_qpn, sizeof(peer_qpn)), static_cast<ssize_t>(sizeof(peer_qpn)));
 	ASSERT_TRUE(connect(qp, peer_qpn, e.lid));
-	for (int i = 0; i < kPeerSends; i++) {
+	for (int i = 0; i < 2 * kPeerSends; i++) {
 		ibv_sge sge{reinterpret_cast<uintptr_t>(&buf[2 * i]), 16, mr->lkey};
 		ibv_recv_wr wr{}, *bad = nullptr;
 		wr.wr_id = static_cast<uint64_t>(i);
@@ -939,12 +964,21 @@ TEST(CqRing, PeerWritesIntoPlacedRing)
 	EXPECT_EQ(got, kPeerSends);
 	char done = 0;
 	EXPECT_EQ(read(sv[0], &done, 1), 1);
-	// The peer dies holding its mapping of the ring; nothing here waits on it.
-	kill(pid, SIGKILL);
-	int st = 0;
-	ASSERT_EQ(waitpid(pid, &st, 0), pid);
-	EXPECT_TRUE(WIFSIGNALED(st)) << "the peer half failed: status " << st;
-	close(sv[0]);
+	// The peer's stream is under way: its first completions arrive.
+	for (int t = 0; got < kPeerSends + 10 && t < 2000000; t++) {
+		ibv_wc wc{};
+		int n = ibv_poll_cq(rcq, 1, &wc);
+		ASSERT_GE(n, 0);
+		if (!n) {
+			usleep(10);
+			continue;
+		}
+		ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+		ASSERT_EQ(wc.wr_id, static_cast<uint64_t>(got));
+		EXPECT_EQ(buf[2 * got + 1], ~static_cast<uint64_t>(got));
+		got++;
+	}
+	ASSERT_EQ(got, kPeerSends + 10);
 	ASSERT_EQ(ibv_destroy_qp(qp), 0);
 	EXPECT_EQ(a.rq_frees, 1);
 	ASSERT_EQ(ibv_destroy_cq(rcq), 0);
@@ -952,6 +986,20 @@ TEST(CqRing, PeerWritesIntoPlacedRing)
 	EXPECT_EQ(a.frees, 1);
 	EXPECT_EQ(a.freed, a.given);
 	EXPECT_EQ(a.freed_type, SOFTVERBS_RES_TYPE_CQ);
+	// Given back: the application may reuse it now, and no late completion
+	// of the peer's stream may land in it.
+	memset(a.given, 0xa5, a.size);
+	usleep(50000);
+	size_t changed = 0;
+	for (size_t i = 0; i < a.size; i++)
+		changed += static_cast<unsigned char>(static_cast<char *>(a.given)[i]) != 0xa5;
+	EXPECT_EQ(changed, 0u) << "bytes written into the CQ ring's memory after free";
+	// The peer dies holding its mappings; nothing here waits on it.
+	kill(pid, SIGKILL);
+	int st = 0;
+	ASSERT_EQ(waitpid(pid, &st, 0), pid);
+	EXPECT_TRUE(WIFSIGNALED(st)) << "the peer half failed: status " << st;
+	close(sv[0]);
 	ibv_dereg_mr(mr);
 	ibv_destroy_cq(scq);
 	EXPECT_EQ(ibv_dealloc_pd(parent), 0);
