@@ -213,10 +213,13 @@ struct softverbs_cqe {
 /*
  * The receive queue of a QP created under such a parent domain (not with an
  * SRQ) is placed the same way, with this type: peers take its WQEs.  The
- * same answers and rules apply as for SOFTVERBS_RES_TYPE_CQ.
+ * same answers and rules apply as for SOFTVERBS_RES_TYPE_CQ; the ring goes
+ * back through free when the QP is destroyed.  softverbs_dv_qp_rq hands it
+ * to an agent.
  */
 #define SOFTVERBS_RES_TYPE_RQ 0x5356000000000003ULL
-/* An SRQ created with a parent domain as its PD: its ring, the same way. */
+/* An SRQ created with a parent domain as its PD: its ring, the same way
+ * (freed when the SRQ is destroyed). */
 #define SOFTVERBS_RES_TYPE_SRQ 0x5356000000000004ULL
 
 /*
