@@ -9,7 +9,12 @@
 // short timeout where that is refused): an agent wakes it only when the
 // word says it sleeps.  futex_waitv takes 128 words: past 128 agent rings
 // only the first 128 get the word, and the engine sleeps briefly
-// (kEngineShortSleepNs) rather than until a doorbell.  Lock order: the engine lock, then a QP's sq_lock.
+// (kEngineShortSleepNs) rather than until a doorbell.
+// With SOFTVERBS_ENGINE=poll (for agents that cannot make a system call, a
+// GPU) it never sleeps while agent rings exist and never sets `sleeping`:
+// it spins over the doorbell records for as long as any ring is handed
+// over, yielding the core at every pass (docs/agent.md gives the cost).
+// Lock order: the engine lock, then a QP's sq_lock.
 #include "c_boundary.h"
 #include "loop.h"
 #include "loop_param.h"
@@ -36,6 +41,7 @@ struct agent_engine {
 	std::vector<loop_qp *> qps;
 	pid_t started_by = 0; // A forked child has the list but not the thread
 	bool waitv_refused = false;
+	bool poll = false; // SOFTVERBS_ENGINE=poll: never sleeps while qps is not empty
 };
 
 agent_engine &aeng()
@@ -54,6 +60,15 @@ struct waitv_entry { // struct futex_waitv (Linux 5.16)
 uint32_t *db_word(loop_qp *qp)
 {
 	return reinterpret_cast<uint32_t *>(&qp->sq->db_record); // Its low half
+}
+
+void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	asm volatile("yield");
+#endif
 }
 
 // One pass over every agent QP; returns whether any had work.
@@ -154,9 +169,10 @@ void run()
 		uint64_t now = now_ns();
 		if (!idle_since)
 			idle_since = now;
-		if (now - idle_since < kEngineSpinNs) {
+		if (e.poll || now - idle_since < kEngineSpinNs) {
 			// Let an agent on this core run, and destroy_qp take the lock.
 			g.unlock();
+			cpu_relax();
 			sched_yield();
 			g.lock();
 			continue;
@@ -172,6 +188,8 @@ int engine_add(loop_qp *qp)
 {
 	agent_engine &e = aeng();
 	std::lock_guard<std::mutex> g(e.lock);
+	// Every fabric of a process has the process's configuration.
+	e.poll = qp->ctx->fab->cfg().engine == engine_mode::poll;
 	try {
 		e.qps.push_back(qp);
 		if (e.started_by != getpid()) {
@@ -187,7 +205,7 @@ int engine_add(loop_qp *qp)
 	e.wake.notify_one();
 	// An engine asleep on the other rings' doorbells looks at its list
 	// again, and so at this ring (which it does not wait on yet).
-	if (e.qps.size() > 1 && e.qps[0]->sq)
+	if (!e.poll && e.qps.size() > 1 && e.qps[0]->sq)
 		syscall(SYS_futex, db_word(e.qps[0]), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 	return 0;
 }
@@ -199,7 +217,7 @@ void engine_remove(loop_qp *qp)
 	std::erase(e.qps, qp);
 	// A sleeping engine may be waiting on this ring: wake it, so that it
 	// looks at its list again before the ring goes.
-	if (qp->sq)
+	if (!e.poll && qp->sq)
 		syscall(SYS_futex, db_word(qp), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
