@@ -532,6 +532,10 @@ int loop_dv_cq_agent(ibv_cq *cq, int on, softverbs_dv_cq *out);
 // loop_engine.cpp: the thread that serves agents' doorbells.  0 or ENOMEM.
 int engine_add(loop_qp *qp);
 void engine_remove(loop_qp *qp);
+// For tests only (tests/unit/test_sq_ring.cpp): while held, the engine
+// thread serves no doorbell; engine_hold(false) lets it go on.  Returns
+// with the engine outside any doorbell's service.
+void engine_hold(bool on);
 
 // Striped fabric-wide lock for atomics on (target process, address).
 class atomic_guard {

@@ -42,6 +42,7 @@ struct agent_engine {
 	pid_t started_by = 0; // A forked child has the list but not the thread
 	bool waitv_refused = false;
 	bool poll = false; // SOFTVERBS_ENGINE=poll: never sleeps while qps is not empty
+	bool held = false; // engine_hold: serves nothing until released
 };
 
 agent_engine &aeng()
@@ -157,7 +158,7 @@ void run()
 	std::unique_lock<std::mutex> g(e.lock);
 	uint64_t idle_since = 0;
 	for (;;) {
-		if (e.qps.empty()) {
+		if (e.qps.empty() || e.held) {
 			e.wake.wait(g);
 			idle_since = 0;
 			continue;
@@ -219,6 +220,18 @@ void engine_remove(loop_qp *qp)
 	// looks at its list again before the ring goes.
 	if (!e.poll && qp->sq)
 		syscall(SYS_futex, db_word(qp), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void engine_hold(bool on)
+{
+	agent_engine &e = aeng();
+	std::lock_guard<std::mutex> g(e.lock);
+	e.held = on;
+	// The engine serves only under the lock: once `held` is set it serves
+	// nothing more (an engine asleep on the doorbells wakes, finds `held`
+	// and waits on the condition variable, which the release notifies).
+	if (!on)
+		e.wake.notify_one();
 }
 
 } // namespace loop
