@@ -10,6 +10,7 @@
 #include "objects.h"
 #include "queue_seg.h"
 #include "softverbs_dv.h"
+#include "tunables.h"
 #include "xfer.h"
 
 #include <atomic>
@@ -200,10 +201,6 @@ struct send_wr {
 	int retry_left;
 	uint64_t next_try_ns;
 };
-
-// Deferred SENDs a QP remembers (loop_req.cpp, note_deferred) before it
-// places them all itself.
-inline constexpr size_t kMaxDeferred = 256;
 
 struct loop_qp {
 	verbs_qp vqp; // Must be first

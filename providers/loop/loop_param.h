@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Every device limit the loop provider advertises, in one place (rxe_param.h
 // style).  A limit here is a promise: the data path enforces and honours it.
+// Timings and sizes that are not promises, the tunables, are in tunables.h.
 #pragma once
 
 #include <cstdint>
@@ -54,28 +55,9 @@ inline constexpr uint16_t kDefaultPkey = 0xffff;
 inline constexpr int kGidTableLen = 16; // Ethernet ports fill one slot per IP address
 inline constexpr uint32_t kMaxMsgSize = 1U << 31;
 inline constexpr int kLocalCaAckDelay = 15;
-// A thread whose CQ polls have found nothing for kCqSpinNs sleeps in each
-// further empty poll (futex, woken by the next completion) for at most
-// kCqSleepNs: spinning longer would hold the core a peer needs, when
-// pollers outnumber cores.
-inline constexpr uint64_t kCqSpinNs = 100 * 1000;
-inline constexpr long kCqSleepNs = 200 * 1000;
-// A poller that finds a small SEND's placement claimed by its sender (see
-// SV_PLACE_TAG) checks the sender's lease every kClaimCheckNs; cq_clean and
-// resize, which must settle it, wait at most kSettleNs for a frozen sender.
-inline constexpr uint64_t kClaimCheckNs = 10 * 1000 * 1000;
-inline constexpr uint64_t kSettleNs = 5ULL * 1000 * 1000 * 1000;
-// ibv_resize_cq waits this long for a producer that reserved an entry of
-// the old ring to write it; past that the entry is reported lost (CQ_ERR).
-// A producer that finds a ring closed looks again for this long, plus
-// kSettleNs, before it reports the CQ unusable.
-inline constexpr uint64_t kResizeWaitNs = 2ULL * 1000 * 1000 * 1000;
 // CQ moderation (ibv_modify_cq): by count only, no period.
 inline constexpr uint16_t kMaxCqModCount = 65535;
 inline constexpr uint16_t kMaxCqModPeriod = 0;
-// The engine thread that serves agents' doorbells (loop_engine.cpp) spins
-// this long after the last work it found before it sleeps on a futex.
-inline constexpr uint64_t kEngineSpinNs = 50 * 1000;
 inline constexpr uint64_t kMaxDmSize = 256 * 1024; // Like an HCA's on-chip memory
 
 } // namespace loop

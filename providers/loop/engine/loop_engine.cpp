@@ -96,7 +96,6 @@ bool serve_all(agent_engine &e)
 // at 0 (their agents ring no futex) and are looked at again after a short
 // sleep, kEngineShortSleepNs.
 constexpr size_t kMaxWait = 128;
-constexpr long kEngineShortSleepNs = 200 * 1000;
 
 void sleep_on_doorbells(agent_engine &e, std::unique_lock<std::mutex> &g)
 {
@@ -124,25 +123,20 @@ void sleep_on_doorbells(agent_engine &e, std::unique_lock<std::mutex> &g)
 		g.unlock();
 		timespec ts{};
 		if (!e.waitv_refused) {
-			// Absolute: 1 s when every ring can wake us, else a short sleep.
+			// Absolute: long when every ring can wake us, else short.
 			clock_gettime(CLOCK_MONOTONIC, &ts);
-			if (all_waited) {
-				ts.tv_sec += 1;
-			} else {
-				ts.tv_nsec += kEngineShortSleepNs;
-				if (ts.tv_nsec >= 1000000000L) {
-					ts.tv_sec++;
-					ts.tv_nsec -= 1000000000L;
-				}
-			}
+			ts.tv_nsec += all_waited ? kEngineSleepNs : kEngineShortSleepNs;
+			ts.tv_sec += ts.tv_nsec / 1000000000L;
+			ts.tv_nsec %= 1000000000L;
 			if (syscall(SYS_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC) < 0 &&
 			    (errno == ENOSYS || errno == EPERM))
 				e.waitv_refused = true;
 		} else {
 			// One ring's futex, and a short sleep for the others.
 			bool one = n == 1 && all_waited;
-			ts.tv_nsec = one ? 0 : kEngineShortSleepNs;
-			ts.tv_sec = one ? 1 : 0;
+			long ns = one ? kEngineSleepNs : kEngineShortSleepNs;
+			ts.tv_sec = ns / 1000000000L;
+			ts.tv_nsec = ns % 1000000000L;
 			syscall(SYS_futex, reinterpret_cast<uint32_t *>(w[0].uaddr), FUTEX_WAIT,
 				static_cast<uint32_t>(w[0].val), &ts, nullptr, 0);
 		}

@@ -130,8 +130,7 @@ thread_local uint64_t t_empty_since; // and since when (0: not timed yet)
 // the one being polled while the completion lands in the other would wait
 // the whole kCqSleepNs, and in a ping-pong both sides then stay idle past
 // kCqSpinNs every turn, so every message paid it (UCX ud_verbs' tag_lat
-// took 120-180 us per message; see docs/PERFORMANCE.md).
-constexpr int kIdleCqs = 8;
+// took 120-180 us per message; see docs/PERFORMANCE.md).  kIdleCqs: tunables.h.
 thread_local loop_cq *t_idle_cqs[kIdleCqs];
 thread_local int t_idle_n;
 thread_local bool t_idle_overflow; // More than kIdleCqs: no sleep, a yield
