@@ -449,7 +449,7 @@ void rq_flush(sv_rq_ring *rq, uint32_t qpn, cqe_sink sink, void *ctx);
 // resize: 0, or ENOSPC when the CQ overflowed (or stayed closed).
 int push_own(loop_cq *cq, sv_cqe &e);
 // Takes one receive WQE from a ring, copying it into out (room for max_sge
-// SGEs; a WQE claiming more has num_sge 0xffffffff).  Returns false when the
+// SGEs; a WQE claiming more has num_sge SV_RECV_WQE_INVALID).  Returns false when the
 // ring is empty, or damaged (impossible indices, no trusted geometry: then
 // *damaged is set, if given).
 bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged = nullptr);
