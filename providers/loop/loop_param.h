@@ -4,6 +4,8 @@
 // Timings and sizes that are not promises, the tunables, are in tunables.h.
 #pragma once
 
+#include "../../kernel-abi/softverbs-abi.h"
+
 #include <cstdint>
 
 namespace loop {
@@ -33,6 +35,12 @@ inline constexpr int kMaxPd = 16384;
 inline constexpr int kMaxAh = 16384;
 // Reserved per process in objs[]: its service segment and a CQ resize.
 inline constexpr int kObjsPerProcess = 2;
+// The defaults fit the registry's tables (config.cpp's check_limits holds
+// a configuration's values to the same sums).
+static_assert(kMaxQp <= SV_MAX_QPS, "every QP needs a slot in qps[]");
+static_assert(kMaxMr + kMaxMw <= SV_MAX_MRS - 1, "MRs and MWs share mrs[], less slot 0");
+static_assert(kMaxQp + kMaxCq + kMaxSrq <= SV_MAX_OBJS - kObjsPerProcess * SV_MAX_PROCS,
+	      "QP receive queues, CQs and SRQs share objs[] with each process's reserve");
 // The most a configuration may set for a count with no table behind it.
 inline constexpr int kMaxCountCap = 1 << 24;
 // Sizes: a request above one of these fails with EINVAL.
