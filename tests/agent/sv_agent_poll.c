@@ -146,6 +146,7 @@ static int test(int expect_poll)
 	const char *mode = getenv("SOFTVERBS_ENGINE");
 	if (expect_poll != (mode && !strcmp(mode, "poll")))
 		FAIL("run with SOFTVERBS_ENGINE=poll for 'poll', unset for 'futex'");
+	printf("agent: thread %d\n", (int)getpid()); /* The main thread */
 	struct agent a = {0};
 	agent_open(&a);
 	pthread_t t;
