@@ -168,7 +168,6 @@ struct fd_map {
 std::mutex g_map_lock;
 // (slot << 32 | cookie) -> mapping.  Never destroyed (see g_objects).
 std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>;
-constexpr size_t kMaxMaps = 256;
 
 // Our mapping of a peer's fd-backed MR, made on first use and cached.
 // Returns the address of the record's iova and sets pin, which keeps the
