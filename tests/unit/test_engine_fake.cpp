@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <endian.h>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -101,8 +102,8 @@ bool connect(ibv_qp *qp, uint32_t dqpn, uint16_t lid, const qp_opts &o)
 	ibv_qp_attr a{};
 	a.qp_state = IBV_QPS_INIT;
 	a.port_num = 1;
-	a.qp_access_flags =
-		IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 					  IBV_QP_ACCESS_FLAGS))
 		return false;
@@ -157,7 +158,8 @@ struct pair {
 		a.send_cq = rcq;
 		a.recv_cq = rcq;
 		peer = ibv_create_qp(e.pd, &a);
-		int rights = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+		int rights = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 		src_mr = ibv_reg_mr(e.pd, src.data(), src.size() * 8, rights);
 		dst_mr = ibv_reg_mr(e.pd, dst.data(), dst.size() * 8, rights);
 		if (qp && peer &&
@@ -216,6 +218,23 @@ struct pair {
 			fill(src_msg(seq), UINT32_MAX); // Overwritten by the response
 		w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst_msg(remote_slot));
 		w.wr.rdma.rkey = dst_mr->rkey;
+		w.imm_data = htobe32(seq);
+		return ibv_post_send(qp, &w, &bad);
+	}
+	// FETCH_ADD of add to word 0 of dst slot remote_slot; the old value
+	// lands in word 0 of src slot seq.
+	int fetch_add(uint32_t seq, uint32_t remote_slot, uint64_t add)
+	{
+		ibv_sge s{reinterpret_cast<uintptr_t>(src_msg(seq)), 8, src_mr->lkey};
+		ibv_send_wr w{}, *bad;
+		w.wr_id = seq;
+		w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+		w.send_flags = IBV_SEND_SIGNALED;
+		w.sg_list = &s;
+		w.num_sge = 1;
+		w.wr.atomic.remote_addr = reinterpret_cast<uintptr_t>(dst_msg(remote_slot));
+		w.wr.atomic.rkey = dst_mr->rkey;
+		w.wr.atomic.compare_add = add;
 		return ibv_post_send(qp, &w, &bad);
 	}
 };
@@ -425,6 +444,60 @@ TEST(EngineFake, ReorderedRequestsCompleteInPostingOrder)
 	loop::fake_stats s = loop::fake_transport_stats();
 	EXPECT_EQ(s.executed, kMsgs);
 	EXPECT_GE(s.duplicates, kMsgs - 1);
+}
+
+TEST(EngineFake, WriteWithImmDuplicatesConsumeOneReceive)
+{
+	pair p;
+	ASSERT_TRUE(p.ok());
+	for (uint32_t i = 0; i < 4; i++)
+		ASSERT_EQ(p.post_recv(20 + i), 0);
+	faults().duplicate = 1000;
+	faults().drop_answers = 1;
+	ASSERT_EQ(p.post(IBV_WR_RDMA_WRITE_WITH_IMM, 40, 6), 0);
+	ASSERT_EQ(p.post(IBV_WR_RDMA_WRITE_WITH_IMM, 41, 7), 0);
+	auto wc = poll(p.scq, 2);
+	faults().duplicate = 0;
+	ASSERT_EQ(wc.size(), 2u);
+	EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+	EXPECT_EQ(wc[1].status, IBV_WC_SUCCESS);
+	auto rc = poll(p.rcq, 2);
+	ASSERT_EQ(rc.size(), 2u);
+	for (uint32_t i = 0; i < 2; i++) {
+		EXPECT_EQ(rc[i].status, IBV_WC_SUCCESS);
+		EXPECT_EQ(rc[i].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+		EXPECT_EQ(rc[i].wr_id, 20 + i);
+		EXPECT_EQ(be32toh(rc[i].imm_data), 40 + i);
+	}
+	EXPECT_TRUE(quiet(p.rcq));
+	EXPECT_EQ(check(p.dst_msg(6)), 40u);
+	EXPECT_EQ(check(p.dst_msg(7)), 41u);
+}
+
+TEST(EngineFake, LostReadAnswersAndAtomicRequestsAreRetried)
+{
+	pair p;
+	ASSERT_TRUE(p.ok());
+	fill(p.dst_msg(8), 77);
+	faults().drop_answers = 2; // The READ's responses: read again
+	ASSERT_EQ(p.post(IBV_WR_RDMA_READ, 9, 8), 0);
+	auto wc = poll(p.scq, 1);
+	ASSERT_EQ(wc.size(), 1u);
+	EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+	EXPECT_EQ(check(p.src_msg(9)), 77u);
+	// Lost atomic requests never executed: the word moves once per WR.
+	p.dst_msg(10)[0] = 1000;
+	for (uint32_t i = 0; i < 5; i++) {
+		faults().drop_requests = 2;
+		ASSERT_EQ(p.fetch_add(11 + i, 10, 10), 0);
+		wc = poll(p.scq, 1);
+		ASSERT_EQ(wc.size(), 1u);
+		EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+		EXPECT_EQ(wc[0].byte_len, 8u);
+		EXPECT_EQ(p.src_msg(11 + i)[0], 1000u + 10 * i);
+	}
+	EXPECT_EQ(p.dst_msg(10)[0], 1050u);
+	EXPECT_GE(loop::fake_transport_stats().dropped, 12u);
 }
 
 TEST(EngineFake, RnrThenSuccess)
