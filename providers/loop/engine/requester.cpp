@@ -315,10 +315,11 @@ step run_connected(loop_qp *qp, send_wr &w)
 		complete(qp, w, IBV_WC_REM_INV_REQ_ERR, 0);
 		return step::done;
 	}
-	// One sequence number per request that reaches a responder, kept
-	// across its retries (a responder that keeps state knows a duplicate).
+	// One sequence number per request that reaches a responder, from the
+	// QP's SQ PSN on, kept across its retries (a responder that keeps
+	// state knows a duplicate by it).
 	if (w.psn == kNoPsn)
-		w.psn = qp->req_psn++ & kPsnMask;
+		w.psn = (a.sq_psn + qp->req_psn++) & kPsnMask;
 	// A READ's or an atomic's local SGEs receive the response: an HCA sends
 	// the request first and checks them only when the response arrives, so
 	// the responder's errors come first (docs/error-semantics.md).  Their
