@@ -93,13 +93,14 @@ ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &
 {
 	b.iov.clear();
 	b.len = 0;
+	// Inline data is in the WR: never on demand, whatever the last WR had.
+	b.checked = false;
 	if (w.is_inline) {
 		b.iov.push_back({w.inline_data, w.inline_len});
 		b.len = w.inline_len;
 		return IBV_WC_SUCCESS;
 	}
 	fabric &fab = *qp->ctx->fab;
-	b.checked = false;
 	thread_local std::vector<rseg> segs;
 	for (uint32_t i = 0; i < w.num_sge; i++) {
 		const ibv_sge &s = w.sge[i];
