@@ -504,6 +504,90 @@ TEST(EngineFake, LostReadAnswersAndAtomicRequestsAreRetried)
 	EXPECT_GE(loop::fake_transport_stats().dropped, 12u);
 }
 
+// Datagrams are not sequenced and never retried: a lost one is gone, and
+// its sender completes it all the same.
+TEST(EngineFake, LostDatagramIsGoneAndTheNextArrives)
+{
+	env &e = the_env();
+	ASSERT_TRUE(e.pd);
+	ASSERT_EQ(loop::fake_transport_install(), 0);
+	ibv_cq *cq = ibv_create_cq(e.ctx, 16, nullptr, nullptr, 0);
+	ASSERT_TRUE(cq);
+	ibv_qp_init_attr ia{};
+	ia.qp_type = IBV_QPT_UD;
+	ia.send_cq = cq;
+	ia.recv_cq = cq;
+	ia.cap = {4, 4, 1, 1, 0};
+	ibv_qp *qp[2] = {ibv_create_qp(e.pd, &ia), ibv_create_qp(e.pd, &ia)};
+	ASSERT_TRUE(qp[0] && qp[1]);
+	for (ibv_qp *q : qp) {
+		ibv_qp_attr a{};
+		a.qp_state = IBV_QPS_INIT;
+		a.port_num = 1;
+		a.qkey = 0x1111;
+		ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						       IBV_QP_QKEY),
+			  0);
+		a = {};
+		a.qp_state = IBV_QPS_RTR;
+		ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE), 0);
+		a.qp_state = IBV_QPS_RTS;
+		ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+	}
+	std::vector<uint64_t> buf(4 * kMsgWords + 64);
+	ibv_mr *mr = ibv_reg_mr(e.pd, buf.data(), buf.size() * 8, IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_TRUE(mr);
+	uint64_t *rbuf = buf.data() + 2 * kMsgWords; // 40 bytes of GRH, then the message
+	ibv_sge rs{reinterpret_cast<uintptr_t>(rbuf), kMsgWords * 8 + 40, mr->lkey};
+	ibv_recv_wr rw{}, *rbad;
+	rw.wr_id = 1;
+	rw.sg_list = &rs;
+	rw.num_sge = 1;
+	ASSERT_EQ(ibv_post_recv(qp[1], &rw, &rbad), 0);
+	ibv_ah_attr aa{};
+	aa.dlid = e.lid;
+	aa.port_num = 1;
+	ibv_ah *ah = ibv_create_ah(e.pd, &aa);
+	ASSERT_TRUE(ah);
+	faults().drop_requests = 1;
+	for (uint64_t seq : {600, 601}) {
+		fill(buf.data(), seq);
+		ibv_sge ss{reinterpret_cast<uintptr_t>(buf.data()), kMsgWords * 8, mr->lkey};
+		ibv_send_wr sw{}, *sbad;
+		sw.wr_id = seq;
+		sw.opcode = IBV_WR_SEND;
+		sw.send_flags = IBV_SEND_SIGNALED;
+		sw.sg_list = &ss;
+		sw.num_sge = 1;
+		sw.wr.ud.ah = ah;
+		sw.wr.ud.remote_qpn = qp[1]->qp_num;
+		sw.wr.ud.remote_qkey = 0x1111;
+		ASSERT_EQ(ibv_post_send(qp[0], &sw, &sbad), 0);
+	}
+	auto wc = poll(cq, 3);
+	ASSERT_EQ(wc.size(), 3u);
+	int sends = 0, recvs = 0;
+	for (const ibv_wc &c : wc) {
+		EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+		if (c.opcode == IBV_WC_RECV) {
+			recvs++;
+			EXPECT_EQ(c.byte_len, kMsgWords * 8 + 40);
+		} else {
+			sends++;
+		}
+	}
+	EXPECT_EQ(sends, 2);
+	EXPECT_EQ(recvs, 1);
+	EXPECT_EQ(check(reinterpret_cast<uint64_t *>(reinterpret_cast<char *>(rbuf) + 40)), 601u);
+	EXPECT_TRUE(quiet(cq));
+	loop::fake_transport_uninstall();
+	ibv_destroy_ah(ah);
+	ibv_destroy_qp(qp[0]);
+	ibv_destroy_qp(qp[1]);
+	ibv_dereg_mr(mr);
+	ibv_destroy_cq(cq);
+}
+
 TEST(EngineFake, RnrThenSuccess)
 {
 	pair p;
