@@ -382,6 +382,9 @@ SV_STATIC_ASSERT(sizeof(struct sv_queue_hdr) == 128, "queue header size");
  * 32 bits of prod with the value it saw, for a bounded time.  A producer,
  * after its seq_cst fence, FUTEX_WAKEs that word when waiters is non-zero.
  * Either the producer sees the waiter, or the waiter sees the entry.
+ * Closing (ibv_resize_cq): the owner sets SV_CQ_RING_CLOSED in prod with an
+ * atomic OR; a producer that finds it set reserves nothing and looks for
+ * the CQ's new ring.  A failed resize clears it again.
  * Moderation: with mod_count > 1, a producer whose completion qualifies for
  * an ARM_ALL event increments mod_pending and fires only when it reaches
  * mod_count; the producer that fires resets it.  (Count only: the device
@@ -393,9 +396,11 @@ enum sv_cq_arm {
 	SV_CQ_ARM_SOLICITED = 2,
 };
 
+#define SV_CQ_RING_CLOSED (1ULL << 63) /* In sv_cq_ring.prod: the ring is closed */
+
 struct sv_cq_ring {
 	struct sv_queue_hdr hdr;
-	uint64_t prod; /* Producers' reservation counter */
+	uint64_t prod; /* Producers' reservation counter, and SV_CQ_RING_CLOSED */
 	uint8_t pad1[SV_CACHELINE - 8];
 	uint64_t cons; /* Written by the owner only */
 	uint8_t pad2[SV_CACHELINE - 8];
@@ -534,6 +539,10 @@ struct sv_recv_wqe {
 	struct sv_sge sge[]; /* hdr.max_sge of them; the slot is padded to 64 */
 };
 SV_STATIC_ASSERT(sizeof(struct sv_recv_wqe) == 16, "WQE header size");
+/* num_sge of a consumer's copy of a WQE that claimed more SGEs than the
+ * ring's max_sge: the WQE is invalid, and its receive completes in error.
+ * Never written into a ring. */
+#define SV_RECV_WQE_INVALID 0xffffffffu
 
 /*
  * Send queue ring (format SV_SQ_FORMAT_VERSION).  One per QP that sends,

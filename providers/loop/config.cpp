@@ -118,7 +118,27 @@ bool set_limit(config &cfg, const limit_key &k, const std::string &val, const st
 	return true;
 }
 
+bool set_engine(config &cfg, const std::string &val, const std::string &what, std::string &error)
+{
+	if (!parse_engine_mode(val, cfg.engine)) {
+		error = what + ": '" + val + "' is not an engine mode (futex or poll)";
+		return false;
+	}
+	return true;
+}
+
 } // namespace
+
+bool parse_engine_mode(const std::string &value, engine_mode &out)
+{
+	if (value == "futex")
+		out = engine_mode::futex;
+	else if (value == "poll")
+		out = engine_mode::poll;
+	else
+		return false;
+	return true;
+}
 
 bool check_limits(const fabric_limits &l, std::string &error)
 {
@@ -180,7 +200,7 @@ bool parse_device_list(const std::string &value, std::vector<std::string> &names
 }
 
 // "key = value" with keys: fabric, devices, max_pd, max_qp, max_cq, max_mr,
-// max_mw, max_ah, max_srq, <device>.ports, <device>.link_layer,
+// max_mw, max_ah, max_srq, engine, <device>.ports, <device>.link_layer,
 // <device>.mtu, <device>.netdev.
 bool apply_config_line(config &cfg, const std::string &raw, std::string &error)
 {
@@ -204,6 +224,8 @@ bool apply_config_line(config &cfg, const std::string &raw, std::string &error)
 	}
 	if (key == "devices")
 		return set_devices(cfg, val, error, "devices");
+	if (key == "engine")
+		return set_engine(cfg, val, key, error);
 	if (const limit_key *k = find_limit(key))
 		return set_limit(cfg, *k, val, key, error);
 	size_t dot = key.rfind('.');
@@ -308,6 +330,9 @@ bool load_config(config &out, std::string &error)
 		}
 		cfg.fabric = fabric;
 	}
+	const char *engine = getenv("SOFTVERBS_ENGINE");
+	if (engine && *engine && !set_engine(cfg, engine, "SOFTVERBS_ENGINE", error))
+		return false;
 	for (const limit_key &k : kLimitKeys) {
 		const char *v = getenv(k.env);
 		if (v && *v && !set_limit(cfg, k, v, k.env, error))

@@ -33,10 +33,17 @@ struct fabric_limits {
 	uint32_t srq = kMaxSrq;
 };
 
+// How the engine thread waits for agents' doorbells (docs/agent.md).
+enum class engine_mode {
+	futex, // Spins briefly, then sleeps on a futex that the doorbell wakes
+	poll,  // Never sleeps while agent rings exist: agents never make a system call
+};
+
 struct config {
 	std::string fabric = "default";
 	std::vector<device_config> devices;
 	fabric_limits limits;
+	engine_mode engine = engine_mode::futex; // Per process, not per fabric
 };
 
 // Parses the environment (and the file named by SOFTVERBS_CONFIG, or the
@@ -49,6 +56,7 @@ bool parse_device_list(const std::string &value, std::vector<std::string> &names
 		       std::string &error);
 bool valid_fabric_name(const std::string &name);
 bool apply_config_line(config &cfg, const std::string &line, std::string &error);
+bool parse_engine_mode(const std::string &value, engine_mode &out);
 // Checks that the limits fit the registry's tables together; false with a
 // message otherwise.
 bool check_limits(const fabric_limits &l, std::string &error);

@@ -10,6 +10,7 @@
 #include "objects.h"
 #include "queue_seg.h"
 #include "softverbs_dv.h"
+#include "tunables.h"
 #include "xfer.h"
 
 #include <atomic>
@@ -201,10 +202,6 @@ struct send_wr {
 	uint64_t next_try_ns;
 	uint32_t psn; // Its request's sequence number (engine.h: kNoPsn until it is sent)
 };
-
-// Deferred SENDs a QP remembers (loop_transport.cpp, note_deferred) before it
-// places them all itself.
-inline constexpr size_t kMaxDeferred = 256;
 
 struct loop_qp {
 	verbs_qp vqp; // Must be first
@@ -454,7 +451,7 @@ void rq_flush(sv_rq_ring *rq, uint32_t qpn, cqe_sink sink, void *ctx);
 // resize: 0, or ENOSPC when the CQ overflowed (or stayed closed).
 int push_own(loop_cq *cq, sv_cqe &e);
 // Takes one receive WQE from a ring, copying it into out (room for max_sge
-// SGEs; a WQE claiming more has num_sge 0xffffffff).  Returns false when the
+// SGEs; a WQE claiming more has num_sge SV_RECV_WQE_INVALID).  Returns false when the
 // ring is empty, or damaged (impossible indices, no trusted geometry: then
 // *damaged is set, if given).
 bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged = nullptr);
@@ -534,6 +531,10 @@ int loop_dv_cq_agent(ibv_cq *cq, int on, softverbs_dv_cq *out);
 // loop_engine.cpp: the thread that serves agents' doorbells.  0 or ENOMEM.
 int engine_add(loop_qp *qp);
 void engine_remove(loop_qp *qp);
+// For tests only (tests/unit/test_sq_ring.cpp): while held, the engine
+// thread serves no doorbell; engine_hold(false) lets it go on.  Returns
+// with the engine outside any doorbell's service.
+void engine_hold(bool on);
 
 // Striped fabric-wide lock for atomics on (target process, address).
 class atomic_guard {

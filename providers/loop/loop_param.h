@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Every device limit the loop provider advertises, in one place (rxe_param.h
 // style).  A limit here is a promise: the data path enforces and honours it.
+// Timings and sizes that are not promises, the tunables, are in tunables.h.
 #pragma once
+
+#include "../../kernel-abi/softverbs-abi.h"
 
 #include <cstdint>
 
@@ -32,6 +35,12 @@ inline constexpr int kMaxPd = 16384;
 inline constexpr int kMaxAh = 16384;
 // Reserved per process in objs[]: its service segment and a CQ resize.
 inline constexpr int kObjsPerProcess = 2;
+// The defaults fit the registry's tables (config.cpp's check_limits holds
+// a configuration's values to the same sums).
+static_assert(kMaxQp <= SV_MAX_QPS, "every QP needs a slot in qps[]");
+static_assert(kMaxMr + kMaxMw <= SV_MAX_MRS - 1, "MRs and MWs share mrs[], less slot 0");
+static_assert(kMaxQp + kMaxCq + kMaxSrq <= SV_MAX_OBJS - kObjsPerProcess * SV_MAX_PROCS,
+	      "QP receive queues, CQs and SRQs share objs[] with each process's reserve");
 // The most a configuration may set for a count with no table behind it.
 inline constexpr int kMaxCountCap = 1 << 24;
 // Sizes: a request above one of these fails with EINVAL.
@@ -54,28 +63,9 @@ inline constexpr uint16_t kDefaultPkey = 0xffff;
 inline constexpr int kGidTableLen = 16; // Ethernet ports fill one slot per IP address
 inline constexpr uint32_t kMaxMsgSize = 1U << 31;
 inline constexpr int kLocalCaAckDelay = 15;
-// A thread whose CQ polls have found nothing for kCqSpinNs sleeps in each
-// further empty poll (futex, woken by the next completion) for at most
-// kCqSleepNs: spinning longer would hold the core a peer needs, when
-// pollers outnumber cores.
-inline constexpr uint64_t kCqSpinNs = 100 * 1000;
-inline constexpr long kCqSleepNs = 200 * 1000;
-// A poller that finds a small SEND's placement claimed by its sender (see
-// SV_PLACE_TAG) checks the sender's lease every kClaimCheckNs; cq_clean and
-// resize, which must settle it, wait at most kSettleNs for a frozen sender.
-inline constexpr uint64_t kClaimCheckNs = 10 * 1000 * 1000;
-inline constexpr uint64_t kSettleNs = 5ULL * 1000 * 1000 * 1000;
-// ibv_resize_cq waits this long for a producer that reserved an entry of
-// the old ring to write it; past that the entry is reported lost (CQ_ERR).
-// A producer that finds a ring closed looks again for this long, plus
-// kSettleNs, before it reports the CQ unusable.
-inline constexpr uint64_t kResizeWaitNs = 2ULL * 1000 * 1000 * 1000;
 // CQ moderation (ibv_modify_cq): by count only, no period.
 inline constexpr uint16_t kMaxCqModCount = 65535;
 inline constexpr uint16_t kMaxCqModPeriod = 0;
-// The engine thread that serves agents' doorbells (loop_engine.cpp) spins
-// this long after the last work it found before it sleeps on a futex.
-inline constexpr uint64_t kEngineSpinNs = 50 * 1000;
 inline constexpr uint64_t kMaxDmSize = 256 * 1024; // Like an HCA's on-chip memory
 
 } // namespace loop

@@ -39,12 +39,14 @@ class LoadConfig : public ::testing::Test
 		unsetenv("SOFTVERBS_DEVICES");
 		unsetenv("SOFTVERBS_FABRIC");
 		unsetenv("SOFTVERBS_CONFIG");
+		unsetenv("SOFTVERBS_ENGINE");
 	}
 	void TearDown() override
 	{
 		unsetenv("SOFTVERBS_DEVICES");
 		unsetenv("SOFTVERBS_FABRIC");
 		unsetenv("SOFTVERBS_CONFIG");
+		unsetenv("SOFTVERBS_ENGINE");
 		if (had_home_)
 			setenv("HOME", old_home_.c_str(), 1);
 		else
@@ -407,4 +409,30 @@ TEST_F(LoadConfig, LimitsFromTheEnvironmentWin)
 	unsetenv("SOFTVERBS_MAX_QP");
 	EXPECT_FALSE(ok);
 	EXPECT_NE(err.find("max_qp"), std::string::npos) << err;
+}
+
+// The engine mode (docs/agent.md): futex by default, poll on request, from
+// the file or the environment (which wins); anything else is refused.
+TEST_F(LoadConfig, EngineMode)
+{
+	use_config("");
+	config c;
+	std::string err;
+	ASSERT_TRUE(load_config(c, err)) << err;
+	EXPECT_EQ(c.engine, loop::engine_mode::futex);
+	use_config("engine = poll\n");
+	ASSERT_TRUE(load_config(c, err)) << err;
+	EXPECT_EQ(c.engine, loop::engine_mode::poll);
+	setenv("SOFTVERBS_ENGINE", "futex", 1);
+	ASSERT_TRUE(load_config(c, err)) << err;
+	EXPECT_EQ(c.engine, loop::engine_mode::futex);
+	setenv("SOFTVERBS_ENGINE", "spin", 1);
+	EXPECT_FALSE(load_config(c, err));
+	EXPECT_NE(err.find("SOFTVERBS_ENGINE: 'spin' is not an engine mode (futex or poll)"),
+		  std::string::npos)
+		<< err;
+	unsetenv("SOFTVERBS_ENGINE");
+	use_config("engine = Poll\n");
+	EXPECT_FALSE(load_config(c, err));
+	EXPECT_NE(err.find(":1: engine: 'Poll' is not an engine mode"), std::string::npos) << err;
 }

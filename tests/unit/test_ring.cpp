@@ -512,7 +512,7 @@ TEST(RqRing, PostChecksAndFullRing)
 	w[1].next = nullptr;
 	ASSERT_EQ(loop::rq_post(q.ring, kMaxSge, &w[1], &bad), 0);
 	ASSERT_TRUE(loop::rq_take(q.ring, out, 1));
-	EXPECT_EQ(out->num_sge, 0xffffffffu);
+	EXPECT_EQ(out->num_sge, SV_RECV_WQE_INVALID);
 }
 
 TEST(RqRing, FlushCompletesEveryWqeInOrder)

@@ -5,7 +5,9 @@
 //    polls its CQ ring, while the engine thread serves its doorbells;
 //  - several threads post with ibv_post_send into one small send queue
 //    while another polls, so slots are reused all the time;
-//  - a malformed WQE fails with an error completion and its QP only.
+//  - a malformed WQE fails with an error completion and its QP only;
+//  - a QP is not taken back while the engine has yet to serve its doorbell
+//    (the engine held by the test hook loop::engine_hold).
 // Threads stand in for processes, so ThreadSanitizer (the tsan lane of
 // scripts/test.sh) sees every race on the ring's words.
 #include <infiniband/verbs.h>
@@ -21,6 +23,12 @@
 #include <thread>
 #include <unistd.h>
 #include <vector>
+
+// The test hook of providers/loop/loop.h (which this file cannot include:
+// its verbs.h is libibverbs-compat's, with other struct names).
+namespace loop {
+void engine_hold(bool on);
+}
 
 namespace {
 
@@ -343,6 +351,43 @@ TEST(SqRing, LibraryAndAgentTakeTurns)
 	EXPECT_EQ(ibv_poll_cq(p.cq, 1, &wc), 0);
 	for (size_t k = 0; k < kWords; k++)
 		EXPECT_EQ(p.dst[k], k == 1 || k >= 30 ? 0 : 1000 + k) << "word " << k;
+}
+
+// Rule 2's other half, deterministically: softverbs_dv_qp_agent(qp, 0) fails
+// with EBUSY while the engine has yet to serve a doorbell.  The test holds
+// the engine thread (loop::engine_hold, which returns only once the engine
+// is outside any service and serves nothing more), rings, and tries to take
+// the QP back; released, the engine runs the WRITE, and once its completion
+// is polled the QP comes back.
+TEST(SqRing, TakeBackWaitsForTheEngine)
+{
+	pair p(16, 16);
+	ASSERT_TRUE(p.ok()) << strerror(errno);
+	p.src[0] = 0xfeed;
+	softverbs_dv_sq sq;
+	ASSERT_EQ(softverbs_dv_qp_agent(p.qp, 1, &sq), 0);
+	loop::engine_hold(true);
+	softverbs_wqe *w = softverbs_dv_sq_next(&sq);
+	ASSERT_NE(w, nullptr);
+	softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 3);
+	softverbs_dv_wqe_rdma(w, reinterpret_cast<uintptr_t>(&p.dst[0]), p.dst_mr->rkey);
+	softverbs_dv_wqe_sge(w, reinterpret_cast<uintptr_t>(&p.src[0]), 8, p.src_mr->lkey);
+	softverbs_dv_sq_post(&sq, 1);
+	EXPECT_EQ(softverbs_dv_qp_agent(p.qp, 0, nullptr), EBUSY);
+	EXPECT_EQ(softverbs_dv_qp_agent(p.qp, 0, nullptr), EBUSY); // Still: nothing served
+	ibv_wc wc{};
+	EXPECT_EQ(ibv_poll_cq(p.cq, 1, &wc), 0);
+	EXPECT_EQ(p.dst[0], 0u);
+	loop::engine_hold(false);
+	// The CQ stays the library's: the agent's completion is polled here.
+	int n;
+	while ((n = ibv_poll_cq(p.cq, 1, &wc)) == 0)
+		std::this_thread::yield();
+	ASSERT_EQ(n, 1);
+	EXPECT_EQ(wc.wr_id, 3u);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+	EXPECT_EQ(p.dst[0], 0xfeedu);
+	ASSERT_EQ(softverbs_dv_qp_agent(p.qp, 0, nullptr), 0);
 }
 
 // Four threads post into an 8-deep send queue (ENOMEM: try again) while a

@@ -9,7 +9,12 @@
 // short timeout where that is refused): an agent wakes it only when the
 // word says it sleeps.  futex_waitv takes 128 words: past 128 agent rings
 // only the first 128 get the word, and the engine sleeps briefly
-// (kEngineShortSleepNs) rather than until a doorbell.  Lock order: the engine lock, then a QP's sq_lock.
+// (kEngineShortSleepNs) rather than until a doorbell.
+// With SOFTVERBS_ENGINE=poll (for agents that cannot make a system call, a
+// GPU) it never sleeps while agent rings exist and never sets `sleeping`:
+// it spins over the doorbell records for as long as any ring is handed
+// over, yielding the core at every pass (docs/agent.md gives the cost).
+// Lock order: the engine lock, then a QP's sq_lock.
 #include "c_boundary.h"
 #include "loop.h"
 #include "loop_param.h"
@@ -36,6 +41,8 @@ struct agent_engine {
 	std::vector<loop_qp *> qps;
 	pid_t started_by = 0; // A forked child has the list but not the thread
 	bool waitv_refused = false;
+	bool poll = false; // SOFTVERBS_ENGINE=poll: never sleeps while qps is not empty
+	bool held = false; // engine_hold: serves nothing until released
 };
 
 agent_engine &aeng()
@@ -54,6 +61,15 @@ struct waitv_entry { // struct futex_waitv (Linux 5.16)
 uint32_t *db_word(loop_qp *qp)
 {
 	return reinterpret_cast<uint32_t *>(&qp->sq->db_record); // Its low half
+}
+
+void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	asm volatile("yield");
+#endif
 }
 
 // One pass over every agent QP; returns whether any had work.
@@ -80,7 +96,6 @@ bool serve_all(agent_engine &e)
 // at 0 (their agents ring no futex) and are looked at again after a short
 // sleep, kEngineShortSleepNs.
 constexpr size_t kMaxWait = 128;
-constexpr long kEngineShortSleepNs = 200 * 1000;
 
 void sleep_on_doorbells(agent_engine &e, std::unique_lock<std::mutex> &g)
 {
@@ -108,25 +123,20 @@ void sleep_on_doorbells(agent_engine &e, std::unique_lock<std::mutex> &g)
 		g.unlock();
 		timespec ts{};
 		if (!e.waitv_refused) {
-			// Absolute: 1 s when every ring can wake us, else a short sleep.
+			// Absolute: long when every ring can wake us, else short.
 			clock_gettime(CLOCK_MONOTONIC, &ts);
-			if (all_waited) {
-				ts.tv_sec += 1;
-			} else {
-				ts.tv_nsec += kEngineShortSleepNs;
-				if (ts.tv_nsec >= 1000000000L) {
-					ts.tv_sec++;
-					ts.tv_nsec -= 1000000000L;
-				}
-			}
+			ts.tv_nsec += all_waited ? kEngineSleepNs : kEngineShortSleepNs;
+			ts.tv_sec += ts.tv_nsec / 1000000000L;
+			ts.tv_nsec %= 1000000000L;
 			if (syscall(SYS_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC) < 0 &&
 			    (errno == ENOSYS || errno == EPERM))
 				e.waitv_refused = true;
 		} else {
 			// One ring's futex, and a short sleep for the others.
 			bool one = n == 1 && all_waited;
-			ts.tv_nsec = one ? 0 : kEngineShortSleepNs;
-			ts.tv_sec = one ? 1 : 0;
+			long ns = one ? kEngineSleepNs : kEngineShortSleepNs;
+			ts.tv_sec = ns / 1000000000L;
+			ts.tv_nsec = ns % 1000000000L;
 			syscall(SYS_futex, reinterpret_cast<uint32_t *>(w[0].uaddr), FUTEX_WAIT,
 				static_cast<uint32_t>(w[0].val), &ts, nullptr, 0);
 		}
@@ -142,7 +152,7 @@ void run()
 	std::unique_lock<std::mutex> g(e.lock);
 	uint64_t idle_since = 0;
 	for (;;) {
-		if (e.qps.empty()) {
+		if (e.qps.empty() || e.held) {
 			e.wake.wait(g);
 			idle_since = 0;
 			continue;
@@ -154,9 +164,10 @@ void run()
 		uint64_t now = now_ns();
 		if (!idle_since)
 			idle_since = now;
-		if (now - idle_since < kEngineSpinNs) {
+		if (e.poll || now - idle_since < kEngineSpinNs) {
 			// Let an agent on this core run, and destroy_qp take the lock.
 			g.unlock();
+			cpu_relax();
 			sched_yield();
 			g.lock();
 			continue;
@@ -172,6 +183,8 @@ int engine_add(loop_qp *qp)
 {
 	agent_engine &e = aeng();
 	std::lock_guard<std::mutex> g(e.lock);
+	// Every fabric of a process has the process's configuration.
+	e.poll = qp->ctx->fab->cfg().engine == engine_mode::poll;
 	try {
 		e.qps.push_back(qp);
 		if (e.started_by != getpid()) {
@@ -187,7 +200,7 @@ int engine_add(loop_qp *qp)
 	e.wake.notify_one();
 	// An engine asleep on the other rings' doorbells looks at its list
 	// again, and so at this ring (which it does not wait on yet).
-	if (e.qps.size() > 1 && e.qps[0]->sq)
+	if (!e.poll && e.qps.size() > 1 && e.qps[0]->sq)
 		syscall(SYS_futex, db_word(e.qps[0]), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 	return 0;
 }
@@ -199,8 +212,20 @@ void engine_remove(loop_qp *qp)
 	std::erase(e.qps, qp);
 	// A sleeping engine may be waiting on this ring: wake it, so that it
 	// looks at its list again before the ring goes.
-	if (qp->sq)
+	if (!e.poll && qp->sq)
 		syscall(SYS_futex, db_word(qp), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void engine_hold(bool on)
+{
+	agent_engine &e = aeng();
+	std::lock_guard<std::mutex> g(e.lock);
+	e.held = on;
+	// The engine serves only under the lock: once `held` is set it serves
+	// nothing more (an engine asleep on the doorbells wakes, finds `held`
+	// and waits on the condition variable, which the release notifies).
+	if (!on)
+		e.wake.notify_one();
 }
 
 } // namespace loop

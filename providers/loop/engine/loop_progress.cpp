@@ -42,8 +42,8 @@ void run()
 				throw;
 			} catch (...) {
 				// Out of memory: the WRs stay in the backlog; try again
-				// in a millisecond rather than end the process.
-				t = now_ns() + 1000 * 1000;
+				// soon rather than end the process.
+				t = now_ns() + kProgressRetryNs;
 			}
 			if (!t) {
 				qp->in_progress_list = false;

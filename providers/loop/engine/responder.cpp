@@ -37,7 +37,7 @@ ibv_wc_status scatter(const transport_ops &t, loop_qp *qp, const peer &p,
 		      const sv_recv_wqe *wqe, uint32_t pdn, uint64_t len, std::vector<rseg> &out)
 {
 	out.clear();
-	if (wqe->num_sge == 0xffffffff)
+	if (wqe->num_sge == SV_RECV_WQE_INVALID)
 		return IBV_WC_LOC_PROT_ERR; // A malformed WQE in shared memory
 	uint64_t room = 0;
 	for (uint32_t i = 0; i < wqe->num_sge && room < len; i++) {

@@ -22,9 +22,6 @@ namespace loop {
 
 namespace {
 
-// Producers see bit 63 of prod set once the owner resized the ring away.
-constexpr uint64_t kRingClosed = 1ULL << 63;
-
 int notify_socket()
 {
 	static int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -130,8 +127,7 @@ thread_local uint64_t t_empty_since; // and since when (0: not timed yet)
 // the one being polled while the completion lands in the other would wait
 // the whole kCqSleepNs, and in a ping-pong both sides then stay idle past
 // kCqSpinNs every turn, so every message paid it (UCX ud_verbs' tag_lat
-// took 120-180 us per message; see docs/PERFORMANCE.md).
-constexpr int kIdleCqs = 8;
+// took 120-180 us per message; see docs/PERFORMANCE.md).  kIdleCqs: tunables.h.
 thread_local loop_cq *t_idle_cqs[kIdleCqs];
 thread_local int t_idle_n;
 thread_local bool t_idle_overflow; // More than kIdleCqs: no sleep, a yield
@@ -419,7 +415,7 @@ void cq_repair(loop_cq *cq)
 		cons.store(cq->head, std::memory_order_release);
 	std::atomic_ref<uint64_t> prod(r->prod);
 	uint64_t p = prod.load(std::memory_order_acquire);
-	if ((p & kRingClosed) || static_cast<int64_t>(p - cq->head) < 0 ||
+	if ((p & SV_CQ_RING_CLOSED) || static_cast<int64_t>(p - cq->head) < 0 ||
 	    p - cq->head > static_cast<uint64_t>(cq->mask) + 1) {
 		prod.compare_exchange_strong(p, cq->head, std::memory_order_acq_rel);
 		cq_damaged(cq);
@@ -623,7 +619,7 @@ int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *p
 	std::atomic_ref<uint64_t> prod(ring->prod);
 	uint64_t p = prod.load(std::memory_order_relaxed);
 	for (int stale = 0;; stale++) {
-		if (p & kRingClosed)
+		if (p & SV_CQ_RING_CLOSED)
 			return ESTALE;
 		uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
 		if (static_cast<int64_t>(p - c) < 0 && stale < 64) {
@@ -877,10 +873,10 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	// other order let new producers write into the new ring's first slots
 	// before the old entries were moved over them.)
 	std::atomic_ref<uint64_t> prod(cq->ring->prod);
-	uint64_t end = prod.fetch_or(kRingClosed, std::memory_order_acq_rel);
-	if ((end & ~kRingClosed) - cq->head > entries) {
+	uint64_t end = prod.fetch_or(SV_CQ_RING_CLOSED, std::memory_order_acq_rel);
+	if ((end & ~SV_CQ_RING_CLOSED) - cq->head > entries) {
 		// More arrived since the check above than the new size holds.
-		prod.fetch_and(~kRingClosed, std::memory_order_acq_rel);
+		prod.fetch_and(~SV_CQ_RING_CLOSED, std::memory_order_acq_rel);
 		queue_destroy(fab, nref, map);
 		return EINVAL;
 	}
@@ -889,7 +885,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	auto *ns = reinterpret_cast<sv_cqe *>(static_cast<char *>(map) + sizeof(sv_cq_ring));
 	uint64_t moved = 0;
 	uint64_t deadline = now_ns() + kResizeWaitNs;
-	end &= ~kRingClosed;
+	end &= ~SV_CQ_RING_CLOSED;
 	for (uint64_t c = cq->head; c < end; c++) {
 		sv_cqe &s = cq->slots[c & cq->mask];
 		bool ready = true;
@@ -997,7 +993,7 @@ int loop_dv_cq_agent(ibv_cq *ibcq, int on, softverbs_dv_cq *out)
 	// library last took and what producers have reserved.
 	uint64_t c = std::atomic_ref<uint64_t>(cq->ring->cons).load(std::memory_order_acquire);
 	uint64_t prod = std::atomic_ref<uint64_t>(cq->ring->prod).load(std::memory_order_acquire);
-	if (c - cq->head <= (prod & ~kRingClosed) - cq->head)
+	if (c - cq->head <= (prod & ~SV_CQ_RING_CLOSED) - cq->head)
 		cq->head = c;
 	cq->agent = false;
 	return 0;

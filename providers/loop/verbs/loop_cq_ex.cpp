@@ -11,6 +11,11 @@
 // Timestamps: the device clock is CLOCK_MONOTONIC in nanoseconds, so
 // hca_core_clock is 1 GHz (1000000 kHz) and read_completion_ts returns the
 // CQE's own stamp; ibv_query_rt_values_ex reads the same clock.
+//
+// The iterator and the getters are entry points that C code calls through
+// the ibv_cq_ex's pointers, not through the ops table's c_boundary
+// wrappers: each is noexcept (none allocates, and cq_pop only copies out
+// of the ring).
 #include "loop.h"
 #include "loop_caps.h"
 
@@ -44,7 +49,7 @@ void make_current(loop_cq *cq)
 	x.wr_id = cq->cur.wr_id;
 }
 
-int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr)
+int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) noexcept
 {
 	if (attr && attr->comp_mask)
 		return EINVAL;
@@ -64,7 +69,7 @@ int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr)
 	return 0;
 }
 
-int next_poll(ibv_cq_ex *c)
+int next_poll(ibv_cq_ex *c) noexcept
 {
 	loop_cq *cq = cq_of(c);
 	if (!cq_pop(cq, cq->cur))
@@ -73,7 +78,7 @@ int next_poll(ibv_cq_ex *c)
 	return 0;
 }
 
-void end_poll(ibv_cq_ex *c)
+void end_poll(ibv_cq_ex *c) noexcept
 {
 	loop_cq *cq = cq_of(c);
 	if (cq->locked) {
@@ -82,57 +87,57 @@ void end_poll(ibv_cq_ex *c)
 	}
 }
 
-ibv_wc_opcode read_opcode(ibv_cq_ex *c)
+ibv_wc_opcode read_opcode(ibv_cq_ex *c) noexcept
 {
 	return static_cast<ibv_wc_opcode>(cq_of(c)->cur.opcode);
 }
 
-uint32_t read_vendor_err(ibv_cq_ex *c)
+uint32_t read_vendor_err(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.vendor_err;
 }
 
-uint32_t read_byte_len(ibv_cq_ex *c)
+uint32_t read_byte_len(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.byte_len;
 }
 
-__be32 read_imm_data(ibv_cq_ex *c)
+__be32 read_imm_data(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.imm_data;
 }
 
-uint32_t read_qp_num(ibv_cq_ex *c)
+uint32_t read_qp_num(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.qp_num;
 }
 
-uint32_t read_src_qp(ibv_cq_ex *c)
+uint32_t read_src_qp(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.src_qp;
 }
 
-unsigned int read_wc_flags(ibv_cq_ex *c)
+unsigned int read_wc_flags(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.wc_flags;
 }
 
-uint32_t read_slid(ibv_cq_ex *c)
+uint32_t read_slid(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.slid;
 }
 
-uint8_t read_sl(ibv_cq_ex *c)
+uint8_t read_sl(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.sl;
 }
 
-uint8_t read_dlid_path_bits(ibv_cq_ex *c)
+uint8_t read_dlid_path_bits(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.dlid_path_bits;
 }
 
-uint64_t read_completion_ts(ibv_cq_ex *c)
+uint64_t read_completion_ts(ibv_cq_ex *c) noexcept
 {
 	return cq_of(c)->cur.timestamp;
 }
@@ -146,7 +151,7 @@ uint64_t clock_ns(clockid_t id)
 
 // The stamp moved from the monotonic clock to the wall clock by their
 // current offset (a step of the wall clock in between shows up as such).
-uint64_t read_completion_wallclock_ns(ibv_cq_ex *c)
+uint64_t read_completion_wallclock_ns(ibv_cq_ex *c) noexcept
 {
 	uint64_t mono = clock_ns(CLOCK_MONOTONIC);
 	uint64_t real = clock_ns(CLOCK_REALTIME);

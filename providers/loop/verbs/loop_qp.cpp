@@ -255,7 +255,7 @@ bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged)
 	// The WQE came from shared memory: bound what we will believe.
 	uint32_t limit = std::min(n_sge, g.max_sge ? g.max_sge : n_sge);
 	if (out->num_sge > limit)
-		out->num_sge = 0xffffffff; // Marked invalid for the caller's lkey check.
+		out->num_sge = SV_RECV_WQE_INVALID; // For the caller's lkey check
 	return true;
 }
 

@@ -8,6 +8,11 @@
 //
 // Locking: the builder lock is held from wr_start to wr_complete/wr_abort,
 // so two threads building on one QP take turns, as with rdma-core's mlx5.
+//
+// The ibv_wr_* functions are entry points that C code calls through the
+// ibv_qp_ex's pointers, not through the ops table's c_boundary wrappers:
+// each is noexcept and turns what could throw into the batch's error.
+#include "c_boundary.h"
 #include "loop.h"
 #include "objects.h"
 
@@ -104,8 +109,8 @@ send_wr *new_wr(ibv_qp_ex *qpx, uint64_t flag, ibv_wr_opcode op)
 	try {
 		b->wrs.emplace_back();
 		b->addressed.push_back(0);
-	} catch (const std::bad_alloc &) {
-		fail(b, ENOMEM);
+	} catch (...) { // c_boundary.h: ENOMEM, or what the exception stands for
+		fail(b, current_exception_errno());
 		return nullptr;
 	}
 	send_wr &w = b->wrs.back();
@@ -115,24 +120,24 @@ send_wr *new_wr(ibv_qp_ex *qpx, uint64_t flag, ibv_wr_opcode op)
 	return &w;
 }
 
-void wr_send(ibv_qp_ex *qpx)
+void wr_send(ibv_qp_ex *qpx) noexcept
 {
 	new_wr(qpx, IBV_QP_EX_WITH_SEND, IBV_WR_SEND);
 }
 
-void wr_send_imm(ibv_qp_ex *qpx, __be32 imm)
+void wr_send_imm(ibv_qp_ex *qpx, __be32 imm) noexcept
 {
 	if (send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_SEND_WITH_IMM, IBV_WR_SEND_WITH_IMM))
 		w->imm_data = imm;
 }
 
-void wr_send_inv(ibv_qp_ex *qpx, uint32_t rkey)
+void wr_send_inv(ibv_qp_ex *qpx, uint32_t rkey) noexcept
 {
 	if (send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_SEND_WITH_INV, IBV_WR_SEND_WITH_INV))
 		w->invalidate_rkey = rkey;
 }
 
-void wr_local_inv(ibv_qp_ex *qpx, uint32_t rkey)
+void wr_local_inv(ibv_qp_ex *qpx, uint32_t rkey) noexcept
 {
 	if (send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_LOCAL_INV, IBV_WR_LOCAL_INV))
 		w->invalidate_rkey = rkey;
@@ -146,12 +151,12 @@ void set_rdma(send_wr *w, uint32_t rkey, uint64_t addr)
 	w->remote_addr = addr;
 }
 
-void wr_rdma_write(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
+void wr_rdma_write(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr) noexcept
 {
 	set_rdma(new_wr(qpx, IBV_QP_EX_WITH_RDMA_WRITE, IBV_WR_RDMA_WRITE), rkey, addr);
 }
 
-void wr_rdma_write_imm(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, __be32 imm)
+void wr_rdma_write_imm(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, __be32 imm) noexcept
 {
 	send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_WRITE_WITH_IMM);
 	set_rdma(w, rkey, addr);
@@ -159,13 +164,13 @@ void wr_rdma_write_imm(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, __be32 imm)
 		w->imm_data = imm;
 }
 
-void wr_rdma_read(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr)
+void wr_rdma_read(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr) noexcept
 {
 	set_rdma(new_wr(qpx, IBV_QP_EX_WITH_RDMA_READ, IBV_WR_RDMA_READ), rkey, addr);
 }
 
 void wr_atomic_cmp_swp(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t compare,
-		       uint64_t swap)
+		       uint64_t swap) noexcept
 {
 	send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_CMP_AND_SWP);
 	set_rdma(w, rkey, addr);
@@ -175,7 +180,7 @@ void wr_atomic_cmp_swp(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t co
 	}
 }
 
-void wr_atomic_fetch_add(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t add)
+void wr_atomic_fetch_add(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t add) noexcept
 {
 	send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, IBV_WR_ATOMIC_FETCH_AND_ADD);
 	set_rdma(w, rkey, addr);
@@ -185,7 +190,7 @@ void wr_atomic_fetch_add(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t 
 
 // Type 2 windows only, as ibv_wr_bind_mw(3) says (type 1: ibv_bind_mw).
 // The fields are those mr_copy_wr fills for a posted BIND_MW.
-void wr_bind_mw(ibv_qp_ex *qpx, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info *bi)
+void wr_bind_mw(ibv_qp_ex *qpx, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info *bi) noexcept
 {
 	send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_BIND_MW, IBV_WR_BIND_MW);
 	if (!w)
@@ -204,14 +209,15 @@ void wr_bind_mw(ibv_qp_ex *qpx, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_inf
 }
 
 // Ops the QP never accepts in send_ops_flags: reaching one is misuse.
-void wr_send_tso(ibv_qp_ex *qpx, void *, uint16_t, uint16_t)
+void wr_send_tso(ibv_qp_ex *qpx, void *, uint16_t, uint16_t) noexcept
 {
 	new_wr(qpx, IBV_QP_EX_WITH_TSO, IBV_WR_TSO);
 }
 
 // An 8-byte write that lands whole (IBTA 1.5 atomic write): the value travels
 // in the WR like inline data.
-void wr_atomic_write(ibv_qp_ex *qpx, uint32_t rkey, uint64_t remote_addr, const void *atomic_wr)
+void wr_atomic_write(ibv_qp_ex *qpx, uint32_t rkey, uint64_t remote_addr,
+		     const void *atomic_wr) noexcept
 {
 	send_wr *w = new_wr(qpx, IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_WR_ATOMIC_WRITE);
 	if (!w)
@@ -238,7 +244,7 @@ bool may_inline(ibv_wr_opcode op)
 	       op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
 
-void wr_set_sge_list(ibv_qp_ex *qpx, size_t n, const ibv_sge *list)
+void wr_set_sge_list(ibv_qp_ex *qpx, size_t n, const ibv_sge *list) noexcept
 {
 	send_wr *w = cur(qpx);
 	if (!w)
@@ -259,13 +265,13 @@ void wr_set_sge_list(ibv_qp_ex *qpx, size_t n, const ibv_sge *list)
 	w->inline_len = 0;
 }
 
-void wr_set_sge(ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t length)
+void wr_set_sge(ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t length) noexcept
 {
 	ibv_sge s{addr, length, lkey};
 	wr_set_sge_list(qpx, 1, &s);
 }
 
-void wr_set_inline_data_list(ibv_qp_ex *qpx, size_t n, const ibv_data_buf *bufs)
+void wr_set_inline_data_list(ibv_qp_ex *qpx, size_t n, const ibv_data_buf *bufs) noexcept
 {
 	send_wr *w = cur(qpx);
 	if (!w)
@@ -294,13 +300,13 @@ void wr_set_inline_data_list(ibv_qp_ex *qpx, size_t n, const ibv_data_buf *bufs)
 	w->num_sge = 0;
 }
 
-void wr_set_inline_data(ibv_qp_ex *qpx, void *addr, size_t length)
+void wr_set_inline_data(ibv_qp_ex *qpx, void *addr, size_t length) noexcept
 {
 	ibv_data_buf b{addr, length};
 	wr_set_inline_data_list(qpx, 1, &b);
 }
 
-void wr_set_ud_addr(ibv_qp_ex *qpx, ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey)
+void wr_set_ud_addr(ibv_qp_ex *qpx, ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey) noexcept
 {
 	send_wr *w = cur(qpx);
 	if (!w)
@@ -319,7 +325,7 @@ void wr_set_ud_addr(ibv_qp_ex *qpx, ibv_ah *ah, uint32_t remote_qpn, uint32_t re
 	qp->builder->addressed.back() = 1;
 }
 
-void wr_set_xrc_srqn(ibv_qp_ex *qpx, uint32_t srqn)
+void wr_set_xrc_srqn(ibv_qp_ex *qpx, uint32_t srqn) noexcept
 {
 	send_wr *w = cur(qpx);
 	if (!w)
@@ -333,7 +339,7 @@ void wr_set_xrc_srqn(ibv_qp_ex *qpx, uint32_t srqn)
 	qp->builder->addressed.back() = 1;
 }
 
-void wr_start(ibv_qp_ex *qpx)
+void wr_start(ibv_qp_ex *qpx) noexcept
 {
 	if (!live(qpx)) [[unlikely]]
 		return; // wr_complete reports it
@@ -359,7 +365,7 @@ void close_batch(wr_builder *b)
 	b->lock.unlock();
 }
 
-int wr_complete(ibv_qp_ex *qpx)
+int wr_complete(ibv_qp_ex *qpx) noexcept
 {
 	loop_qp *qp = qp_of(qpx);
 	if (!qp->life.is(kLifeQp)) [[unlikely]]
@@ -372,13 +378,18 @@ int wr_complete(ibv_qp_ex *qpx)
 	for (size_t i = 0; !ret && needs_addr && i < b->wrs.size(); i++)
 		if (!b->addressed[i] && b->wrs[i].opcode != IBV_WR_LOCAL_INV)
 			ret = EINVAL;
-	if (!ret && !b->wrs.empty())
-		ret = qp_post_batch(qp, b->wrs.data(), b->wrs.size());
+	if (!ret && !b->wrs.empty()) {
+		try { // c_boundary.h: the WRs before the one that failed are posted
+			ret = qp_post_batch(qp, b->wrs.data(), b->wrs.size());
+		} catch (...) {
+			ret = current_exception_errno();
+		}
+	}
 	close_batch(b);
 	return ret;
 }
 
-void wr_abort(ibv_qp_ex *qpx)
+void wr_abort(ibv_qp_ex *qpx) noexcept
 {
 	if (!live(qpx)) [[unlikely]]
 		return;

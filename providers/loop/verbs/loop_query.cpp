@@ -73,8 +73,8 @@ int roce_gids(const std::string &netdev, gid_slot *table, int max)
 // the table, and a netlink address dump per datagram (two sockets, a
 // request and its replies) cost 150-300 us each, which was most of
 // libfabric's fi_pingpong time on a RoCE port (docs/PERFORMANCE.md).
-// Refreshed when older than kGidCacheNs, and by every uncached read.
-constexpr uint64_t kGidCacheNs = 1000ULL * 1000 * 1000;
+// Refreshed when older than kGidCacheNs (tunables.h), and by every
+// uncached read.
 struct gid_cache_entry {
 	std::string netdev;
 	uint64_t at = 0; // now_ns() of the read; 0: empty

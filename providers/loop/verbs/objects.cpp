@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "objects.h"
+#include "tunables.h"
 
 #include <infiniband/verbs.h>
 
@@ -56,10 +57,7 @@ const char *kind_name(uint32_t kind)
 	}
 }
 
-// Destroyed objects kept, oldest first overwritten.  Bounded so that an
-// application that creates and destroys objects forever does not grow: a
-// pointer used long after its object was destroyed may read reused memory.
-constexpr size_t kQuarantine = 1024;
+// Destroyed objects kept (kQuarantine, tunables.h), oldest first overwritten.
 struct held {
 	void *obj;
 	void (*release)(void *);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "fabric.h"
+#include "tunables.h"
 
 #include <atomic>
 #include <cerrno>
@@ -25,7 +26,6 @@ static_assert(offsetof(sv_reg_lock, word) == 0, "the futex word leads");
 namespace {
 
 constexpr size_t kRegistrySize = (sizeof(sv_registry) + 4095) & ~size_t(4095);
-constexpr int kReadyWaitMs = 2000;
 
 uint64_t fnv1a(const std::string &s, uint64_t h = 0xcbf29ce484222325ULL)
 {
@@ -68,10 +68,6 @@ std::atomic_ref<uint32_t> state_of(sv_registry *r)
 // instead of waiting for itself forever.
 
 constexpr uint32_t kPidMaxLimit = 1u << 22; // PID_MAX_LIMIT on 64-bit Linux
-constexpr uint64_t kLockSleepNs = 20000000ULL;	   // 20 ms per FUTEX_WAIT
-constexpr uint64_t kLockCheckNs = 200000000ULL;	   // Same value this long: check start time
-constexpr uint64_t kLockZeroStartNs = 2000000000ULL; // holder_start still 0 this long
-constexpr int kLockSpins = 100;
 
 bool debug_on()
 {

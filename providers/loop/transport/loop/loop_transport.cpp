@@ -295,7 +295,7 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 {
 	const local_buf &lb = *d.lb;
 	if (p.self || lb.checked || !lb.len || lb.len > SV_CQE_INLINE_MAX || d.nriov != 1 ||
-	    d.riov[0].kind != seg_kind::peer || d.wqe->num_sge == 0xffffffff)
+	    d.riov[0].kind != seg_kind::peer || d.wqe->num_sge == SV_RECV_WQE_INVALID)
 		return false;
 	const sv_sge *sge = nullptr;
 	for (uint32_t i = 0; i < d.wqe->num_sge; i++)

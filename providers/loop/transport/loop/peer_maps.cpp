@@ -32,8 +32,7 @@ struct fd_map {
 
 std::mutex g_map_lock;
 // (slot << 32 | cookie) -> mapping.  Never destroyed (see g_objects).
-std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>;
-constexpr size_t kMaxMaps = 256;
+std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>; // At most kMaxMaps (tunables.h)
 
 int open_peer_fd(pid_t pid, int fd)
 {

@@ -25,12 +25,6 @@ namespace loop {
 
 namespace {
 
-constexpr int kSpinIters = 2000;
-constexpr uint64_t kPeerTimeoutNs = 2000000000ULL; // Then the peer's lease is checked
-// A live peer whose service has not answered one request in this long is
-// stuck, or its ring was written over: the copy fails (ETIMEDOUT) rather
-// than waiting on.  A request is one bounce buffer, microseconds of work.
-constexpr uint64_t kServiceGiveUpNs = 5 * kPeerTimeoutNs;
 
 long futex(uint32_t *word, int op, uint32_t val, const timespec *ts)
 {
@@ -42,7 +36,6 @@ std::atomic_ref<uint32_t> word(uint32_t &w)
 	return std::atomic_ref<uint32_t>(w);
 }
 
-constexpr long kStopPollNs = 100000000; // The serving thread looks at `stop` this often
 
 struct service {
 	fabric *fab = nullptr;
@@ -101,7 +94,7 @@ void serve(service *s)
 		if (st != SV_SVC_POSTED) {
 			// Bounded: a stop request's wake-up may come just before
 			// the wait, and the state word is the peers', not ours.
-			timespec ts{0, kStopPollNs};
+			timespec ts{0, kServiceStopPollNs};
 			futex(&r->state, FUTEX_WAIT, st, &ts);
 			continue;
 		}
@@ -182,9 +175,9 @@ int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, ui
 			break;
 		if (st != SV_SVC_POSTED)
 			return EIO; // Someone else wrote the state word: the request is lost
-		if (i < kSpinIters)
+		if (i < kServiceSpinIters)
 			continue;
-		timespec ts{0, 1000000}; // 1 ms, then look again
+		timespec ts{0, kServiceWaitNs}; // Then look again
 		futex(&r->state, FUTEX_WAIT, st, &ts);
 		uint64_t now = now_ns();
 		if (now - start > kPeerTimeoutNs) {

@@ -2,6 +2,7 @@
 #include "xfer.h"
 
 #include "service.h"
+#include "tunables.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -48,10 +48,8 @@ struct rseg {
 int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nlocal, const rseg *remote,
 	      int nremote, xfer_dir dir, bool relaxed = false);
 
-// Writes above this size into a relaxed-ordering MR are placed in chunks,
-// last chunk first.
-inline constexpr size_t kRelaxedMinBytes = 64 * 1024;
-inline constexpr size_t kRelaxedChunk = 16 * 1024;
+// Writes above kRelaxedMinBytes into a relaxed-ordering MR are placed in
+// chunks, last chunk first (tunables.h).
 
 // Reads or writes 8 bytes at a peer address (for atomics).
 // An 8-byte word of a peer's fd-backed object mapped into this process:
