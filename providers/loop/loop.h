@@ -207,6 +207,7 @@ struct send_wr {
 	int rnr_left;
 	int retry_left;
 	uint64_t next_try_ns;
+	uint32_t psn; // Its request's sequence number (engine.h: kNoPsn until it is sent)
 };
 
 struct loop_qp {
@@ -255,6 +256,7 @@ struct loop_qp {
 	// valid while sq_head_valid.
 	bool sq_head_valid = false;
 	send_wr sq_head;
+	uint32_t req_psn = 0; // The requester's next sequence number (requester.cpp)
 	// Per slot: the fast-register key object a library-posted WQE names
 	// (process memory: never read from the ring).
 	// What only the library knows of the WQEs it wrote (the ring is
@@ -484,7 +486,7 @@ int loop_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad);
 ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr);
 int loop_destroy_ah(ibv_ah *ah);
 
-// loop_req.cpp: the requester
+// engine/sq_ring.cpp: posting
 int loop_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
 // loop_post_send with what a bind or fast-register carries beyond the WR.
 int post_send_mem(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr_extra *x);

@@ -54,7 +54,7 @@ inline constexpr long kEngineShortSleepNs = 200 * 1000;
 // this long.
 inline constexpr uint64_t kProgressRetryNs = 1000 * 1000;
 
-// ---- Queue pairs (loop.h, engine/loop_req.cpp) ----
+// ---- Queue pairs (loop.h, transport/loop/loop_transport.cpp) ----
 // Deferred SENDs a QP remembers (note_deferred) before it places them all
 // itself.
 inline constexpr size_t kMaxDeferred = 256;
@@ -65,7 +65,7 @@ inline constexpr size_t kMaxDeferred = 256;
 // pointer used long after its object was destroyed may read reused memory.
 inline constexpr size_t kQuarantine = 1024;
 
-// ---- Peer memory (verbs/loop_mr.cpp) ----
+// ---- Peer memory (transport/loop/peer_maps.cpp) ----
 // Mappings of peers' fd-backed memory kept cached, beyond those pinned by
 // segments in use.
 inline constexpr size_t kMaxMaps = 256;

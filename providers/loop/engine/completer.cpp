@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: MIT
+// The completer: answers become completions.  It books the retries of the
+// head WQE (RNR waits on the responder's timer, transport timeouts on the
+// QP's), fails it when they run out (RNR_RETRY_EXC_ERR, RETRY_EXC_ERR),
+// takes the QP to ERR on an error and flushes the WQEs behind it.  A WQE
+// waits at the head of the send queue, and the ones behind it wait with
+// it: so completions come in posting order and fences hold (the requester
+// runs one WQE at a time).  Caller holds sq_lock, but for push_own.
+#include "c_boundary.h"
+#include "engine.h"
+
+#include <cerrno>
+#include <algorithm>
+#include <sched.h>
+
+namespace loop {
+
+namespace {
+
+// IB's encoded RNR timer values, in microseconds (IB spec table 45).
+constexpr uint32_t kRnrTimerUs[32] = {
+	655360, 10,    20,    30,    40,    60,	 80,	 120,	 160,	 240,	  320,
+	480,	640,   960,   1280,  1920,  2560,  3840,  5120,  7680,  10240, 15360,
+	20480,	30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+};
+
+uint64_t timeout_ns(uint8_t timeout)
+{
+	// 4.096 us * 2^timeout; 0 means "infinite" in the spec, which would let a
+	// dead peer hang a WR forever, so it is capped like every other value.
+	uint64_t ns = timeout ? 4096ULL << std::min<uint8_t>(timeout, 31) : 1000000000ULL;
+	return std::min<uint64_t>(ns, 1000000000ULL);
+}
+
+} // namespace
+
+int push_own(loop_cq *cq, sv_cqe &e)
+{
+	if (!cq)
+		return 0;
+	// A concurrent resize closes the old ring; ESTALE means look again,
+	// for as long as a resize may take.
+	uint64_t deadline = 0;
+	for (;;) {
+		// Counted while the ring's address is in hand: a resize unmaps the
+		// ring it replaced only once no thread here is inside (the counter
+		// and the ring pointer are both seq_cst, as in Dekker's protocol).
+		cq->pushers.fetch_add(1, std::memory_order_seq_cst);
+		sv_cq_ring *ring = std::atomic_ref<sv_cq_ring *>(cq->ring).load(std::memory_order_seq_cst);
+		int err = cq_push(ring, e, false);
+		cq->pushers.fetch_sub(1, std::memory_order_release);
+		if (err != ESTALE)
+			return err;
+		uint64_t now = now_ns();
+		if (!deadline)
+			deadline = now + kResizeWaitNs + 1000000000ULL;
+		else if (now > deadline)
+			return ENOSPC;
+		sched_yield();
+	}
+}
+
+// A completion of the send queue: it names the WR's slot, which the poller
+// frees.  A send CQ that overflowed takes the QP to ERR with
+// IBV_EVENT_QP_FATAL: the completion is lost, but never silently.
+void push_sq(loop_qp *qp, const send_wr &w, ibv_wc_status st, ibv_wc_opcode op,
+	     uint32_t byte_len)
+{
+	sv_cqe e{};
+	e.wr_id = w.wr_id;
+	e.status = st;
+	e.opcode = op;
+	e.qp_num = qp->qpn;
+	e.byte_len = byte_len;
+	e.src_qp = static_cast<uint32_t>(w.sq_index);
+	e.flags = SV_CQE_SQ_INDEX;
+	if (push_own(qp->scq, e) == ENOSPC && qp_set_error(*qp->ctx->fab, qp->slot))
+		raise_qp_event(*qp->ctx->fab, qp->slot, IBV_EVENT_QP_FATAL);
+}
+
+void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len)
+{
+	// UC has no acknowledgements: a requester never learns what the
+	// responder did with its message, so remote errors complete as sent.
+	if (qp->type == IBV_QPT_UC && (st == IBV_WC_REM_ACCESS_ERR || st == IBV_WC_REM_INV_REQ_ERR ||
+				       st == IBV_WC_REM_OP_ERR))
+		st = IBV_WC_SUCCESS;
+	bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED) || st != IBV_WC_SUCCESS;
+	if (!signaled)
+		return;
+	push_sq(qp, w, st, wc_opcode(w.opcode), byte_len);
+	// An error completion takes a connected QP to ERR (IB C10-61, C10-96):
+	// its receive queue and the WRs behind this one then complete flushed.
+	if (st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR && qp->type != IBV_QPT_UD)
+		qp_set_error(*qp->ctx->fab, qp->slot);
+}
+
+// Completes every WQE the requester has not finished flushed, in order.
+// Caller holds sq_lock.
+void flush_backlog(loop_qp *qp)
+{
+	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+	thread_local send_wr w;
+	for (uint64_t i = qp->sq_cons; i != posted; i++) {
+		const send_wr *f = &w;
+		if (i == qp->sq_cons && qp->sq_head_valid)
+			f = &qp->sq_head;
+		else
+			wqe_read(qp, i, w);
+		push_sq(qp, *f, IBV_WC_WR_FLUSH_ERR, wc_opcode(f->opcode), 0);
+	}
+	sq_set_cons(qp, posted);
+}
+
+// Runs WQEs from the head of the send queue.  Caller holds sq_lock.
+uint64_t drain(loop_qp *qp)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+	while (qp->sq_cons != posted) {
+		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+		if (state == IBV_QPS_ERR) {
+			flush_backlog(qp);
+			return 0;
+		}
+		send_wr &w = qp->sq_head;
+		if (!qp->sq_head_valid) {
+			ibv_wc_status st = wqe_read(qp, qp->sq_cons, w);
+			qp->sq_head_valid = true;
+			if (st != IBV_WC_SUCCESS) {
+				complete(qp, w, st, 0);
+				sq_set_cons(qp, qp->sq_cons + 1);
+				continue;
+			}
+		}
+		uint64_t now = now_ns();
+		if (w.next_try_ns > now)
+			return w.next_try_ns;
+		step s = run_wr(qp, w);
+		if (s == step::done) {
+			sq_set_cons(qp, qp->sq_cons + 1);
+			continue;
+		}
+		ibv_wc_status fail = IBV_WC_SUCCESS;
+		const transport_ops &t = active_transport();
+		tp_liveness live{};
+		if (s == step::rnr) {
+			// An RNR wait on a dead responder would last forever with
+			// rnr_retry 7: a dead peer counts as unreachable instead.
+			live = t.alive(qp, qp->attr.dest_qp_num, false);
+			if (!live.alive)
+				s = step::unreachable;
+		}
+		if (s == step::rnr) {
+			if (w.rnr_left == 0)
+				fail = IBV_WC_RNR_RETRY_EXC_ERR;
+			else if (w.rnr_left != 7)
+				w.rnr_left--;
+			w.next_try_ns = now + kRnrTimerUs[live.min_rnr_timer & 31] * 1000ULL;
+		} else {
+			t.alive(qp, qp->attr.dest_qp_num, true);
+			if (w.retry_left == 0)
+				fail = IBV_WC_RETRY_EXC_ERR;
+			else
+				w.retry_left--;
+			w.next_try_ns = now + timeout_ns(qp->attr.timeout);
+		}
+		if (fail != IBV_WC_SUCCESS) {
+			complete(qp, w, fail, 0);
+			sq_set_cons(qp, qp->sq_cons + 1);
+			qp_set_error(fab, qp->slot);
+			flush_backlog(qp);
+			return 0;
+		}
+		return w.next_try_ns;
+	}
+	return 0;
+}
+
+} // namespace loop

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: MIT
+// The engine's stages and what they share (private to engine/ and the
+// transports).  rxe's split:
+//   sq_ring.cpp    the send queue ring: posting, WQE format, doorbell
+//   requester.cpp  a WQE becomes transport requests (transport.h)
+//   responder.cpp  a request meets the peer's RQ/SRQ: receive WQE,
+//                  scatter, completion, or RNR; duplicates by sequence
+//   completer.cpp  answers become CQEs; retries, RNR waits, timeouts,
+//                  flushes; drain() runs the head of the send queue
+// The posting thread runs them inline (the latency path); the engine
+// thread (loop_engine.cpp) for agents' doorbells, and the progress thread
+// (loop_progress.cpp) for WQEs waiting on a timer, through the same drain().
+// Locks: everything here runs under the QP's sq_lock.
+#pragma once
+
+#include "loop.h"
+#include "transport.h"
+
+namespace loop {
+
+// What running the head WQE came to.
+enum class step {
+	done,	     // Completed (successfully or not)
+	rnr,	     // The responder had no receive WQE: retry after its RNR timer
+	unreachable, // No live QP answered, or no answer came: retry after the QP's timeout
+};
+
+// No sequence number given yet (send_wr::psn).
+inline constexpr uint32_t kNoPsn = UINT32_MAX;
+inline constexpr uint32_t kPsnMask = 0xffffff;
+
+inline bool peer_receives(const sv_qp_rec &q)
+{
+	return q.state == IBV_QPS_RTR || q.state == IBV_QPS_RTS || q.state == IBV_QPS_SQD;
+}
+
+// requester.cpp
+bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op);
+ibv_wc_opcode wc_opcode(ibv_wr_opcode op);
+step run_wr(loop_qp *qp, send_wr &w);
+
+// responder.cpp
+// Runs request r at the responder of p, through t's responder calls.
+tp_answer respond(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r);
+// A responder's expected sequence number, for transports whose requests
+// may be lost, duplicated or reordered (the fake; RoCE v2 later).  The
+// loop transport delivers exactly once and keeps none.
+struct resp_seq {
+	uint32_t epsn = 0;
+	bool started = false; // The first request sets epsn
+};
+enum class psn_class {
+	expected,  // Execute it, then resp_seq_advance
+	duplicate, // Executed before: answer again, do not execute
+	future,	   // Beyond a gap: a sequence NAK (the requester retries)
+};
+psn_class resp_seq_check(resp_seq &s, uint32_t psn);
+void resp_seq_advance(resp_seq &s, uint32_t psn);
+
+// completer.cpp
+// Completes w with st on the send CQ (signaled or an error); an error
+// takes a connected QP to ERR.
+void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len);
+void push_sq(loop_qp *qp, const send_wr &w, ibv_wc_status st, ibv_wc_opcode op,
+	     uint32_t byte_len);
+// Completes every WQE the requester has not finished flushed, in order.
+void flush_backlog(loop_qp *qp);
+// Runs WQEs from the head of the send queue: the time of the next retry,
+// or 0 when nothing waits.
+uint64_t drain(loop_qp *qp);
+
+// sq_ring.cpp
+ibv_wc_status wqe_read(loop_qp *qp, uint64_t index, send_wr &w);
+void sq_set_cons(loop_qp *qp, uint64_t c);
+
+// transport/loop/loop_transport.cpp: the fabric's own ports and events
+extern const transport_ops loop_transport_ops;
+uint16_t fabric_port_lid(loop_context *lctx, uint8_t port);
+bool fabric_port_is_eth(loop_context *lctx, uint8_t port);
+uint8_t fabric_port_mtu(loop_context *lctx, uint8_t port);
+void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type);
+
+} // namespace loop

@@ -1,0 +1,441 @@
+// SPDX-License-Identifier: MIT
+// The requester: turns the head WQE of a send queue into transport
+// requests (transport.h).  It resolves the destination, gathers the local
+// SGEs, and then either moves the bytes itself (RDMA WRITE and READ,
+// atomics: one-sided, the target application never called) or hands the
+// request to the peer's responder (SEND, WRITE WITH IMM, UD), and reports
+// the answer to the completer.  Local memory operations (bind, local
+// invalidate, fast-register) run here, in WR order.  Caller holds sq_lock.
+#include "c_boundary.h"
+#include "engine.h"
+
+#include <cerrno>
+#include <cstring>
+#include <algorithm>
+#include <vector>
+
+namespace loop {
+
+namespace {
+
+constexpr uint32_t kMcastQpn = 0xffffff;
+
+uint32_t mtu_bytes(uint8_t mtu)
+{
+	return mtu >= IBV_MTU_256 && mtu <= IBV_MTU_4096 ? 128u << mtu : 4096;
+}
+
+} // namespace
+
+ibv_wc_opcode wc_opcode(ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return IBV_WC_RDMA_WRITE;
+	case IBV_WR_RDMA_READ:
+		return IBV_WC_RDMA_READ;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return IBV_WC_COMP_SWAP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return IBV_WC_FETCH_ADD;
+	case IBV_WR_LOCAL_INV:
+		return IBV_WC_LOCAL_INV;
+	case IBV_WR_BIND_MW:
+		return IBV_WC_BIND_MW;
+	case IBV_WR_ATOMIC_WRITE:
+		return IBV_WC_ATOMIC_WRITE;
+	default:
+		return op == kWrFastReg ? kWcFastReg : IBV_WC_SEND;
+	}
+}
+
+bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+		return true;
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return t != IBV_QPT_UD;
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+	case IBV_WR_ATOMIC_WRITE:
+	case IBV_WR_SEND_WITH_INV:
+		return t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND;
+	case IBV_WR_LOCAL_INV:
+	case IBV_WR_BIND_MW:
+		return t != IBV_QPT_UD;
+	default:
+		return op == kWrFastReg && t != IBV_QPT_UD;
+	}
+}
+
+namespace {
+
+// A scratch area standing behind the null MR: writes land here and are
+// dropped, reads see whatever is here, which is zeros until written.
+constexpr size_t kNullChunk = 1 << 16;
+char g_null_area[kNullChunk];
+
+void add_null(std::vector<iovec> &v, uint64_t len)
+{
+	while (len) {
+		size_t n = std::min<uint64_t>(len, kNullChunk);
+		v.push_back({g_null_area, n});
+		len -= n;
+	}
+}
+
+ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &b)
+{
+	b.iov.clear();
+	b.len = 0;
+	// Inline data is in the WR: never on demand, whatever the last WR had.
+	b.checked = false;
+	if (w.is_inline) {
+		b.iov.push_back({w.inline_data, w.inline_len});
+		b.len = w.inline_len;
+		return IBV_WC_SUCCESS;
+	}
+	fabric &fab = *qp->ctx->fab;
+	thread_local std::vector<rseg> segs;
+	for (uint32_t i = 0; i < w.num_sge; i++) {
+		const ibv_sge &s = w.sge[i];
+		if (!s.length)
+			continue;
+		segs.clear();
+		if (mr_resolve(fab, s.lkey, static_cast<uint32_t>(qp->ctx->lease), qp->pdn, s.addr,
+			       s.length, need_write ? IBV_ACCESS_LOCAL_WRITE : 0, qp->qpn, segs))
+			return IBV_WC_LOC_PROT_ERR;
+		for (const rseg &g : segs) {
+			if (g.kind == seg_kind::null)
+				add_null(b.iov, g.len);
+			else
+				b.iov.push_back({g.base, g.len});
+			b.checked |= g.kind == seg_kind::peer_checked;
+		}
+		b.len += s.length;
+	}
+	return IBV_WC_SUCCESS;
+}
+
+// Bytes a WR's SGEs name (not inline data).
+uint64_t sge_bytes(const send_wr &w)
+{
+	uint64_t n = 0;
+	for (uint32_t i = 0; i < w.num_sge && i < kMaxSge; i++)
+		n += w.sge[i].length;
+	return n;
+}
+
+// Places a response of len bytes into the local buffer gather_local built
+// (at least len bytes).  Returns 0 or the errno of a checked copy.
+int put_response(const local_buf &b, const void *data, size_t len)
+{
+	if (b.checked) {
+		iovec src{const_cast<void *>(data), len};
+		return xfer(getpid(), false, &src, 1, b.iov.data(), static_cast<int>(b.iov.size()),
+			    xfer_dir::to_peer);
+	}
+	auto *p = static_cast<const char *>(data);
+	for (const iovec &v : b.iov) {
+		size_t n = std::min(v.iov_len, len);
+		memcpy(v.iov_base, p, n);
+		p += n;
+		len -= n;
+		if (!len)
+			break;
+	}
+	return 0;
+}
+
+// The 40-byte GRH a UD receive finds at the head of its buffer.
+void build_grh(ibv_grh &g, const ibv_gid &sgid, const ibv_gid &dgid, uint32_t payload,
+	       const ibv_global_route &route)
+{
+	memset(&g, 0, sizeof(g));
+	g.version_tclass_flow = htobe32((6u << 28) | (static_cast<uint32_t>(route.traffic_class) << 20) |
+					(route.flow_label & 0xfffff));
+	g.paylen = htobe16(static_cast<uint16_t>(payload));
+	g.next_hdr = 0x1b;
+	g.hop_limit = route.hop_limit;
+	g.sgid = sgid;
+	g.dgid = dgid;
+}
+
+// A request's answer, as the step the completer books.
+step finish(loop_qp *qp, send_wr &w, const tp_answer &a)
+{
+	switch (a.k) {
+	case tp_answer::kind::ack:
+		complete(qp, w, IBV_WC_SUCCESS, a.byte_len);
+		return step::done;
+	case tp_answer::kind::nak:
+		complete(qp, w, a.status, 0);
+		return step::done;
+	case tp_answer::kind::rnr:
+		if (qp->type == IBV_QPT_UC) {
+			complete(qp, w, IBV_WC_SUCCESS, 0); // Dropped, as on the wire
+			return step::done;
+		}
+		return step::rnr;
+	case tp_answer::kind::lost:
+		break;
+	}
+	return step::unreachable;
+}
+
+bool no_answer(int err)
+{
+	return err == ESRCH || err == ETIMEDOUT;
+}
+
+// The responder failed a one-sided request: a connected QP's responder
+// goes to ERR (UC has no NAK, and completes as sent).
+void remote_fail(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p,
+		 ibv_wc_status st, ibv_event_type ev)
+{
+	if (qp->type != IBV_QPT_UC)
+		t.responder_error(qp, p, ev);
+	complete(qp, w, st, 0);
+}
+
+step run_rdma(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, local_buf &lb)
+{
+	bool read = w.opcode == IBV_WR_RDMA_READ;
+	uint32_t right = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+	thread_local std::vector<rseg> riov;
+	riov.clear();
+	uint32_t raccess = 0;
+	uint64_t len = read ? sge_bytes(w) : lb.len;
+	int kerr = 0;
+	if (len)
+		kerr = !(p.rec.access & right) ? EACCES
+					       : t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr,
+							       len, right, riov, &raccess);
+	if (kerr) {
+		remote_fail(t, qp, w, p, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
+		return step::done;
+	}
+	if (read) {
+		// The response arrives: now its local SGEs are checked.
+		ibv_wc_status st = gather_local(qp, w, true, lb);
+		if (st != IBV_WC_SUCCESS) {
+			complete(qp, w, st, 0);
+			return step::done;
+		}
+	}
+	if (lb.len) {
+		tp_move m{lb.iov.data(),
+			  static_cast<int>(lb.iov.size()),
+			  riov.data(),
+			  static_cast<int>(riov.size()),
+			  read ? xfer_dir::from_peer : xfer_dir::to_peer,
+			  lb.checked,
+			  (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0};
+		int err = t.move(qp, p, &m, 1);
+		if (no_answer(err))
+			return step::unreachable;
+		if (err) {
+			// The registered range is not mapped in the target any more.
+			remote_fail(t, qp, w, p, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
+			return step::done;
+		}
+	}
+	complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
+	return step::done;
+}
+
+step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, local_buf &lb)
+{
+	tp_atomic op{};
+	op.rkey = w.rkey;
+	op.addr = w.remote_addr;
+	if (w.opcode == IBV_WR_ATOMIC_WRITE) {
+		// 8 bytes, aligned, needing remote write: they land whole, under
+		// the same striped lock as the other atomics of the fabric.
+		op.op = tp_atomic::kind::write;
+		op.right = IBV_ACCESS_REMOTE_WRITE;
+		memcpy(&op.swap, w.inline_data, 8);
+	} else {
+		// The response is 8 bytes: SGEs of another total length are a
+		// local length error, found before the request goes out.
+		if (sge_bytes(w) != 8) {
+			complete(qp, w, IBV_WC_LOC_LEN_ERR, 0);
+			return step::done;
+		}
+		op.op = w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? tp_atomic::kind::fetch_add
+								 : tp_atomic::kind::cmp_swap;
+		op.right = IBV_ACCESS_REMOTE_ATOMIC;
+		op.compare_add = w.compare_add;
+		op.swap = w.swap;
+	}
+	int err = t.atomic(qp, p, op);
+	if (no_answer(err))
+		return step::unreachable;
+	if (err) {
+		// A misaligned address is an invalid request; a key, right or
+		// range fault (or a target gone from under the key) an access error.
+		if (err == EINVAL)
+			remote_fail(t, qp, w, p, IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
+		else
+			remote_fail(t, qp, w, p, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
+		return step::done;
+	}
+	if (op.op == tp_atomic::kind::write) {
+		complete(qp, w, IBV_WC_SUCCESS, 8);
+		return step::done;
+	}
+	// The response arrives: its local SGEs are checked now, so a bad lkey
+	// fails the WR after the responder executed the atomic, as on an HCA.
+	ibv_wc_status st = gather_local(qp, w, true, lb);
+	if (st == IBV_WC_SUCCESS && put_response(lb, &op.old, 8))
+		st = IBV_WC_LOC_PROT_ERR;
+	complete(qp, w, st, st == IBV_WC_SUCCESS ? 8 : 0);
+	return step::done;
+}
+
+step run_connected(loop_qp *qp, send_wr &w)
+{
+	const transport_ops &t = active_transport();
+	loop_context *lctx = qp->ctx;
+	const ibv_qp_attr &a = qp->attr;
+	tp_dest d{a.dest_qp_num, a.ah_attr.dlid, fabric_port_is_eth(lctx, a.port_num),
+		  qp->type == IBV_QPT_XRC_SEND ? w.xrc_srqn : kNoXrcSrq};
+	peer p;
+	int rerr = t.resolve(qp, d, p);
+	if (rerr == ENOENT || !peer_receives(p.rec) ||
+	    p.rec.qp_type != (qp->type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : qp->type))
+		return qp->type == IBV_QPT_UC ? (complete(qp, w, IBV_WC_SUCCESS, 0), step::done)
+					      : step::unreachable;
+	if (rerr) {
+		// XRC: the WR names no SRQ of the target's domain.
+		complete(qp, w, IBV_WC_REM_INV_REQ_ERR, 0);
+		return step::done;
+	}
+	// One sequence number per request that reaches a responder, from the
+	// QP's SQ PSN on, kept across its retries (a responder that keeps
+	// state knows a duplicate by it).
+	if (w.psn == kNoPsn)
+		w.psn = (a.sq_psn + qp->req_psn++) & kPsnMask;
+	// A READ's or an atomic's local SGEs receive the response: an HCA sends
+	// the request first and checks them only when the response arrives, so
+	// the responder's errors come first (docs/error-semantics.md).  Their
+	// gather is done in their own cases, after the responder's checks.
+	thread_local local_buf lb;
+	lb.iov.clear();
+	lb.len = 0;
+	lb.checked = false;
+	switch (w.opcode) {
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		break;
+	default:
+		if (ibv_wc_status st = gather_local(qp, w, false, lb); st != IBV_WC_SUCCESS) {
+			complete(qp, w, st, 0);
+			return step::done;
+		}
+	}
+	switch (w.opcode) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_INV:
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_RDMA_WRITE_WITH_IMM: {
+		tp_request r{};
+		r.w = &w;
+		r.lb = &lb;
+		r.psn = w.psn;
+		r.src_qpn = qp->qpn;
+		r.slid = fabric_port_lid(lctx, a.port_num);
+		r.sl = a.ah_attr.sl;
+		return finish(qp, w, t.deliver(qp, p, r));
+	}
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_READ:
+		return run_rdma(t, qp, w, p, lb);
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+	case IBV_WR_ATOMIC_WRITE:
+		return run_atomic(t, qp, w, p, lb);
+	default:
+		complete(qp, w, IBV_WC_LOC_QP_OP_ERR, 0);
+		return step::done;
+	}
+}
+
+step run_ud(loop_qp *qp, send_wr &w)
+{
+	const transport_ops &t = active_transport();
+	loop_context *lctx = qp->ctx;
+	thread_local local_buf lb;
+	ibv_wc_status st = gather_local(qp, w, false, lb);
+	if (st != IBV_WC_SUCCESS) {
+		complete(qp, w, st, 0);
+		return step::done;
+	}
+	if (lb.len > mtu_bytes(fabric_port_mtu(lctx, qp->attr.port_num))) {
+		complete(qp, w, IBV_WC_LOC_LEN_ERR, 0);
+		return step::done;
+	}
+	ibv_grh grh;
+	bool global = w.ah.is_global;
+	if (global) {
+		ibv_gid sgid{};
+		gid_slot table[kGidTableLen];
+		int n = loop_gid_table(lctx, qp->attr.port_num, table, kGidTableLen, true);
+		if (w.ah.grh.sgid_index < n)
+			sgid = table[w.ah.grh.sgid_index].gid;
+		build_grh(grh, sgid, w.ah.grh.dgid, static_cast<uint32_t>(lb.len), w.ah.grh);
+	} else {
+		memset(&grh, 0, sizeof(grh));
+	}
+	tp_request r{};
+	r.w = &w;
+	r.lb = &lb;
+	r.psn = kNoPsn; // Datagrams are not sequenced
+	r.src_qpn = qp->qpn;
+	// A Q_Key with the high bit set means "use the QP's own" (IB 10.2.4.4).
+	r.qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
+	r.slid = fabric_port_lid(lctx, qp->attr.port_num);
+	r.sl = w.ah.sl;
+	r.grh = &grh;
+	r.grh_valid = global;
+	bool eth = fabric_port_is_eth(lctx, qp->attr.port_num);
+	bool mcast = (!eth && w.ah.dlid >= 0xc000 && w.ah.dlid != 0xffff) ||
+		     (w.ah.is_global && w.ah.grh.dgid.raw[0] == 0xff);
+	if (mcast && w.remote_qpn == kMcastQpn) {
+		thread_local std::vector<peer> members;
+		members.clear();
+		t.mcast_members(qp, w, eth, members);
+		for (const peer &p : members)
+			t.deliver(qp, p, r);
+	} else {
+		peer p;
+		if (!t.resolve(qp, {w.remote_qpn, w.ah.dlid, eth, kNoXrcSrq}, p))
+			t.deliver(qp, p, r);
+	}
+	complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
+	return step::done;
+}
+
+} // namespace
+
+step run_wr(loop_qp *qp, send_wr &w)
+{
+	// Local memory operations: run here, in WR order.  Every WR before
+	// them has completed (the requester runs one WR at a time), so a fence
+	// holds by construction.
+	if (w.opcode == IBV_WR_LOCAL_INV || w.opcode == IBV_WR_BIND_MW || w.opcode == kWrFastReg) {
+		complete(qp, w, mr_local_op(qp, w), 0);
+		return step::done;
+	}
+	if (qp->type == IBV_QPT_UD)
+		return run_ud(qp, w);
+	return run_connected(qp, w);
+}
+
+} // namespace loop

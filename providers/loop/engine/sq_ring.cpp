@@ -1,0 +1,668 @@
+// SPDX-License-Identifier: MIT
+// The send queue ring (sv_sq_ring, kernel-abi/softverbs-abi.h) and the
+// posting path.  ibv_post_send and the ibv_wr_* batches write each WR as a
+// WQE into the QP's ring and ring its doorbell; the posting thread then
+// runs the engine on it at once (the latency path).  A WQE that cannot
+// finish now (RNR, an unreachable peer) stays at the head of the ring for
+// the progress thread, and the WQEs behind it wait with it: the ring
+// between the requester's consumer index and the producer index is the
+// QP's backlog.  An agent's QP (softverbs_dv_qp_agent) is posted to by
+// the agent, whose doorbell the engine thread serves (sq_serve_doorbell).
+#include "c_boundary.h"
+#include "engine.h"
+
+#include <cerrno>
+#include <cstring>
+#include <algorithm>
+#include <sys/mman.h>
+
+namespace loop {
+
+namespace {
+
+static_assert(SV_WQE_OP_FAST_REG == kWrFastReg, "the fast-register opcode is the ABI's");
+static_assert(kMaxSge <= UINT8_MAX, "ctrl.num_sge holds any SGE count");
+// <infiniband/softverbs_dv.h> mirrors the ABI's layouts for its inline helpers.
+static_assert(SOFTVERBS_SQ_FORMAT_VERSION == SV_SQ_FORMAT_VERSION);
+static_assert(SOFTVERBS_WQE_HDR_SIZE == SV_WQE_HDR_SIZE);
+static_assert(SOFTVERBS_WQE_INLINE == SV_WQE_INLINE);
+static_assert(SOFTVERBS_CQE_SQ_INDEX == SV_CQE_SQ_INDEX);
+static_assert(SOFTVERBS_WQE_OP_FAST_REG == SV_WQE_OP_FAST_REG);
+static_assert(SV_CQE_PLACE == 2, "softverbs_dv_cq_poll tests bit 2");
+static_assert(sizeof(softverbs_wqe) == sizeof(sv_send_wqe));
+static_assert(offsetof(softverbs_wqe, raddr) == offsetof(sv_send_wqe, raddr));
+static_assert(offsetof(softverbs_wqe, atomic) == offsetof(sv_send_wqe, atomic));
+static_assert(offsetof(softverbs_wqe, ud) == offsetof(sv_send_wqe, ud));
+static_assert(offsetof(softverbs_wqe, mem) == offsetof(sv_send_wqe, mem));
+static_assert(sizeof(softverbs_wqe_ctrl) == sizeof(sv_wqe_ctrl));
+static_assert(offsetof(softverbs_wqe_ctrl, send_flags) == offsetof(sv_wqe_ctrl, send_flags));
+static_assert(offsetof(softverbs_wqe_ctrl, wr_id) == offsetof(sv_wqe_ctrl, wr_id));
+static_assert(offsetof(softverbs_wqe_ctrl, imm) == offsetof(sv_wqe_ctrl, imm));
+static_assert(offsetof(softverbs_wqe_ctrl, inline_len) == offsetof(sv_wqe_ctrl, inline_len));
+static_assert(offsetof(softverbs_wqe_ctrl, index) == offsetof(sv_wqe_ctrl, index));
+static_assert(sizeof(softverbs_sge) == sizeof(sv_sge));
+static_assert(sizeof(softverbs_cqe) == sizeof(sv_cqe));
+static_assert(offsetof(softverbs_cqe, wr_id) == offsetof(sv_cqe, wr_id));
+static_assert(offsetof(softverbs_cqe, byte_len) == offsetof(sv_cqe, byte_len));
+static_assert(offsetof(softverbs_cqe, qp_num) == offsetof(sv_cqe, qp_num));
+static_assert(offsetof(softverbs_cqe, src_qp) == offsetof(sv_cqe, src_qp));
+static_assert(offsetof(softverbs_cqe, flags) == offsetof(sv_cqe, flags));
+static_assert(offsetof(softverbs_cqe, timestamp) == offsetof(sv_cqe, timestamp));
+
+sv_send_wqe *sq_slot(loop_qp *qp, uint64_t index)
+{
+	return reinterpret_cast<sv_send_wqe *>(reinterpret_cast<char *>(qp->sq) + SV_SQ_HDR_SIZE +
+					       (index & qp->sq_mask) * size_t{qp->sq_stride});
+}
+
+bool is_mem_op(uint32_t op)
+{
+	return op == IBV_WR_BIND_MW || op == kWrFastReg;
+}
+
+bool is_inv_op(uint32_t op)
+{
+	return op == IBV_WR_LOCAL_INV || op == IBV_WR_SEND_WITH_INV;
+}
+
+// Writes w as WQE number `index`, whose slot is free.  Caller holds sq_lock.
+void wqe_write(loop_qp *qp, const send_wr &w, uint64_t index)
+{
+	sv_send_wqe q{};
+	q.ctrl.opcode = static_cast<uint8_t>(w.opcode);
+	q.ctrl.num_sge = static_cast<uint8_t>(w.is_inline ? 0 : w.num_sge);
+	q.ctrl.flags = w.is_inline ? SV_WQE_INLINE : 0;
+	q.ctrl.send_flags = w.flags;
+	q.ctrl.wr_id = w.wr_id;
+	q.ctrl.imm = is_inv_op(w.opcode) ? w.invalidate_rkey : w.imm_data;
+	q.ctrl.inline_len = w.is_inline ? w.inline_len : 0;
+	q.ctrl.xrc_srqn = w.xrc_srqn;
+	q.ctrl.index = static_cast<uint32_t>(index);
+	q.raddr.remote_addr = w.remote_addr;
+	q.raddr.rkey = w.rkey;
+	q.atomic.compare_add = w.compare_add;
+	q.atomic.swap = w.swap;
+	if (qp->type == IBV_QPT_UD) {
+		q.ud.remote_qpn = w.remote_qpn;
+		q.ud.qkey = w.remote_qkey;
+		q.ud.dlid = w.ah.dlid;
+		q.ud.sl = w.ah.sl;
+		q.ud.src_path_bits = w.ah.src_path_bits;
+		q.ud.static_rate = w.ah.static_rate;
+		q.ud.is_global = w.ah.is_global;
+		q.ud.port_num = w.ah.port_num;
+		q.ud.sgid_index = w.ah.grh.sgid_index;
+		q.ud.hop_limit = w.ah.grh.hop_limit;
+		q.ud.traffic_class = w.ah.grh.traffic_class;
+		q.ud.flow_label = w.ah.grh.flow_label;
+		memcpy(q.ud.dgid, w.ah.grh.dgid.raw, sizeof(q.ud.dgid));
+	}
+	if (is_mem_op(w.opcode)) {
+		q.mem.slot = w.mw_slot;
+		q.mem.type = w.mw_type;
+		q.mem.lkey = w.bind_lkey;
+		q.mem.access = w.bind_access;
+		q.mem.addr = w.bind_addr;
+		q.mem.length = w.bind_len;
+		q.mem.npages = w.npages;
+		q.mem.page_shift = w.page_shift;
+		q.mem.new_key = w.rkey;
+	}
+	sv_send_wqe *slot = sq_slot(qp, index);
+	char *data = reinterpret_cast<char *>(slot) + SV_WQE_HDR_SIZE;
+	if (w.is_inline) {
+		memcpy(data, w.inline_data, w.inline_len);
+	} else {
+		for (uint32_t i = 0; i < w.num_sge; i++) {
+			sv_sge s{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+			memcpy(data + i * sizeof(sv_sge), &s, sizeof(s));
+		}
+	}
+	memcpy(slot, &q, sizeof(q));
+	loop_qp::lib_wqe &lib = qp->sq_lib[index & qp->sq_mask];
+	lib.index1 = index + 1;
+	lib.frmr = w.opcode == kWrFastReg ? w.frmr : nullptr;
+	lib.bind1_slot =
+		w.opcode == IBV_WR_BIND_MW && w.mw_type == IBV_MW_TYPE_1 ? w.mw_slot : 0;
+}
+
+} // namespace
+
+// Reads WQE number `index` into w (with fresh retry state), checking it as
+// any input from shared memory is checked.  Returns IBV_WC_SUCCESS, or the
+// status a malformed WQE completes with.  Caller holds sq_lock.
+ibv_wc_status wqe_read(loop_qp *qp, uint64_t index, send_wr &w)
+{
+	const sv_send_wqe *slot = sq_slot(qp, index);
+	sv_send_wqe q;
+	memcpy(&q, slot, sizeof(q));
+	const char *data = reinterpret_cast<const char *>(slot) + SV_WQE_HDR_SIZE;
+	w.sq_index = index;
+	w.wr_id = q.ctrl.wr_id;
+	w.flags = q.ctrl.send_flags;
+	w.rnr_left = qp->attr.rnr_retry;
+	w.retry_left = qp->attr.retry_cnt;
+	w.next_try_ns = 0;
+	w.psn = kNoPsn;
+	w.is_inline = false;
+	w.inline_len = 0;
+	w.num_sge = 0;
+	w.frmr = nullptr;
+	uint32_t op = q.ctrl.opcode;
+	// The opcode is checked as an integer before it becomes the enum.
+	if (op > IBV_WR_ATOMIC_WRITE || !opcode_ok(qp->type, static_cast<ibv_wr_opcode>(op))) {
+		w.opcode = IBV_WR_SEND; // Completes as what it cannot be
+		return IBV_WC_LOC_QP_OP_ERR;
+	}
+	w.opcode = static_cast<ibv_wr_opcode>(op);
+	if (q.ctrl.flags & SV_WQE_INLINE) {
+		if (q.ctrl.inline_len > qp->cap.max_inline_data ||
+		    SV_WQE_HDR_SIZE + q.ctrl.inline_len > qp->sq_stride)
+			return IBV_WC_LOC_LEN_ERR;
+		w.is_inline = true;
+		w.inline_len = q.ctrl.inline_len;
+		memcpy(w.inline_data, data, w.inline_len);
+	} else {
+		if (q.ctrl.num_sge > qp->cap.max_send_sge ||
+		    SV_WQE_HDR_SIZE + q.ctrl.num_sge * sizeof(sv_sge) > qp->sq_stride)
+			return IBV_WC_LOC_LEN_ERR;
+		w.num_sge = q.ctrl.num_sge;
+		for (uint32_t i = 0; i < w.num_sge; i++) {
+			sv_sge s;
+			memcpy(&s, data + i * sizeof(sv_sge), sizeof(s));
+			w.sge[i] = {s.addr, s.length, s.lkey};
+		}
+	}
+	w.imm_data = is_inv_op(op) ? 0 : q.ctrl.imm;
+	w.invalidate_rkey = is_inv_op(op) ? q.ctrl.imm : 0;
+	w.xrc_srqn = q.ctrl.xrc_srqn;
+	w.remote_addr = q.raddr.remote_addr;
+	w.rkey = q.raddr.rkey;
+	w.compare_add = q.atomic.compare_add;
+	w.swap = q.atomic.swap;
+	if (qp->type == IBV_QPT_UD) {
+		w.remote_qpn = q.ud.remote_qpn;
+		w.remote_qkey = q.ud.qkey;
+		w.ah = {};
+		w.ah.dlid = q.ud.dlid;
+		w.ah.sl = q.ud.sl;
+		w.ah.src_path_bits = q.ud.src_path_bits;
+		w.ah.static_rate = q.ud.static_rate;
+		w.ah.is_global = q.ud.is_global;
+		w.ah.port_num = q.ud.port_num;
+		w.ah.grh.sgid_index = q.ud.sgid_index;
+		w.ah.grh.hop_limit = q.ud.hop_limit;
+		w.ah.grh.traffic_class = q.ud.traffic_class;
+		w.ah.grh.flow_label = q.ud.flow_label;
+		memcpy(w.ah.grh.dgid.raw, q.ud.dgid, sizeof(q.ud.dgid));
+	}
+	if (is_mem_op(op)) {
+		w.mw_slot = q.mem.slot;
+		w.mw_type = q.mem.type;
+		w.bind_lkey = q.mem.lkey;
+		w.bind_access = q.mem.access;
+		w.bind_addr = q.mem.addr;
+		w.bind_len = q.mem.length;
+		w.npages = q.mem.npages;
+		w.page_shift = q.mem.page_shift;
+		w.rkey = q.mem.new_key;
+		// Checked here, where every WQE is run, whoever wrote it: a type 1
+		// window is bound only by ibv_bind_mw, and only the library
+		// fast-registers (its staged page list is in process memory).
+		// The library's record of the slot says which WQE it wrote.
+		const loop_qp::lib_wqe &lib = qp->sq_lib[index & qp->sq_mask];
+		bool by_lib = lib.index1 == index + 1;
+		if (op == IBV_WR_BIND_MW) {
+			if (q.mem.type != IBV_MW_TYPE_1 && q.mem.type != IBV_MW_TYPE_2)
+				return IBV_WC_MW_BIND_ERR;
+			if (q.mem.type == IBV_MW_TYPE_1 &&
+			    (!by_lib || !lib.bind1_slot || lib.bind1_slot != q.mem.slot))
+				return IBV_WC_MW_BIND_ERR;
+		} else {
+			if (!by_lib || !lib.frmr || lib.frmr->slot != q.mem.slot)
+				return IBV_WC_LOC_QP_OP_ERR;
+			w.frmr = lib.frmr;
+		}
+	}
+	return IBV_WC_SUCCESS;
+}
+
+// Publishes the requester's progress: WQEs before c are done.
+void sq_set_cons(loop_qp *qp, uint64_t c)
+{
+	qp->sq_cons = c;
+	qp->sq_head_valid = false;
+	if (!qp->sq)
+		return;
+	std::atomic_ref<uint64_t>(qp->sq->acked).store(c, std::memory_order_release);
+	std::atomic_ref<uint64_t>(qp->sq->cons).store(c, std::memory_order_release);
+}
+
+namespace {
+
+// Publishes the producer index and rings the doorbell (the ring's contract,
+// softverbs-abi.h).  The posting thread runs the requester itself next, so
+// no engine needs waking.
+void sq_doorbell(loop_qp *qp, uint64_t prod)
+{
+	std::atomic_ref<uint64_t>(qp->sq->retired)
+		.store(qp->sq_retired.load(std::memory_order_acquire), std::memory_order_release);
+	std::atomic_ref<uint64_t>(qp->sq->prod).store(prod, std::memory_order_release);
+	std::atomic_ref<uint64_t>(qp->sq->db_record).store(prod, std::memory_order_seq_cst);
+}
+
+// Copies an ibv_send_wr into our own form, checking what a real provider
+// checks at post time.  Returns 0 or the errno for post_send.
+int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *x)
+{
+	// Any bits may come in (tests pass 77): check them as an integer first,
+	// since loading a value beyond the enum's range is undefined (UBSan).
+	uint32_t raw_op;
+	static_assert(sizeof(raw_op) == sizeof(in->opcode));
+	memcpy(&raw_op, &in->opcode, sizeof(raw_op));
+	if (raw_op > IBV_WR_ATOMIC_WRITE || !opcode_ok(qp->type, in->opcode))
+		return EINVAL;
+	if (in->num_sge < 0 || static_cast<uint32_t>(in->num_sge) > qp->cap.max_send_sge)
+		return EINVAL;
+	w.wr_id = in->wr_id;
+	w.opcode = in->opcode;
+	w.flags = in->send_flags;
+	w.num_sge = static_cast<uint32_t>(in->num_sge);
+	w.is_inline = false;
+	w.inline_len = 0;
+	if ((in->send_flags & IBV_SEND_INLINE) &&
+	    (in->opcode == IBV_WR_SEND || in->opcode == IBV_WR_SEND_WITH_IMM ||
+	     in->opcode == IBV_WR_RDMA_WRITE || in->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) {
+		uint64_t len = 0;
+		for (int i = 0; i < in->num_sge; i++)
+			len += in->sg_list[i].length;
+		if (len > qp->cap.max_inline_data)
+			return EINVAL;
+		uint32_t off = 0;
+		for (int i = 0; i < in->num_sge; i++) {
+			// An empty entry may carry a null address (UCX's am_short
+			// with no payload): memcpy's source must not be null even
+			// for 0 bytes (UBSan: nonnull argument).
+			if (in->sg_list[i].length)
+				memcpy(w.inline_data + off,
+				       reinterpret_cast<const void *>(in->sg_list[i].addr),
+				       in->sg_list[i].length);
+			off += in->sg_list[i].length;
+		}
+		w.is_inline = true;
+		w.inline_len = off;
+		w.num_sge = 0;
+	} else {
+		for (int i = 0; i < in->num_sge; i++)
+			w.sge[i] = in->sg_list[i];
+	}
+	w.imm_data = in->imm_data;
+	w.invalidate_rkey = 0;
+	if (in->opcode == IBV_WR_LOCAL_INV || in->opcode == IBV_WR_SEND_WITH_INV)
+		w.invalidate_rkey = in->invalidate_rkey;
+	if (in->opcode == IBV_WR_BIND_MW || in->opcode == kWrFastReg) {
+		int err = mr_copy_wr(qp, in, w, x);
+		if (err)
+			return err;
+	}
+	switch (in->opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_RDMA_READ:
+		w.remote_addr = in->wr.rdma.remote_addr;
+		w.rkey = in->wr.rdma.rkey;
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		w.remote_addr = in->wr.atomic.remote_addr;
+		w.rkey = in->wr.atomic.rkey;
+		w.compare_add = in->wr.atomic.compare_add;
+		w.swap = in->wr.atomic.swap;
+		break;
+	default:
+		break;
+	}
+	if (qp->type == IBV_QPT_UD) {
+		// A destroyed AH, or one of another context: EINVAL (objects.h).
+		if (!in->wr.ud.ah || !to_loop_ah(in->wr.ud.ah)->life.is(kLifeAh) ||
+		    in->wr.ud.ah->context != qp->vqp.qp.context)
+			return EINVAL;
+		w.ah = to_loop_ah(in->wr.ud.ah)->attr;
+		w.remote_qpn = in->wr.ud.remote_qpn;
+		w.remote_qkey = in->wr.ud.remote_qkey;
+	}
+	if (qp->type == IBV_QPT_XRC_SEND)
+		w.xrc_srqn = in->qp_type.xrc.remote_srqn;
+	w.rnr_left = qp->attr.rnr_retry;
+	w.retry_left = qp->attr.retry_cnt;
+	w.next_try_ns = 0;
+	return 0;
+}
+
+// Writes one WR that passed the posting checks into the send queue and
+// rings the doorbell; then, as the NIC, runs it unless it waits behind the
+// backlog.  A WR posted to a QP in ERR completes flushed (with any the
+// requester had not finished).  Caller holds sq_lock; state is refreshed
+// for the next WR.  Returns 0 or ENOMEM.
+int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress)
+{
+	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
+	if (!qp->sq)
+		return EINVAL;
+	// The WR takes a send-queue slot until its completion (or a later
+	// one's) is polled: past cap.max_send_wr the queue is full.
+	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+	if (posted - qp->sq_retired.load(std::memory_order_acquire) >= qp->cap.max_send_wr)
+		return ENOMEM;
+	w.sq_index = posted;
+	wqe_write(qp, w, posted);
+	qp->sq_posted.store(posted + 1, std::memory_order_release);
+	sq_doorbell(qp, posted + 1);
+	if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
+		flush_backlog(qp);
+		return 0;
+	}
+	if (qp->sq_cons != posted)
+		return 0; // Waits behind the backlog
+	// The requester allocates (iovecs) before it moves a byte: out of
+	// memory fails this WR with ENOMEM and gives its slot back; no
+	// exception leaves through the C caller (c_boundary.h).
+	try {
+		send_wr &h = qp->sq_head;
+		ibv_wc_status st = wqe_read(qp, posted, h);
+		qp->sq_head_valid = true;
+		if (st != IBV_WC_SUCCESS) {
+			complete(qp, h, st, 0);
+			sq_set_cons(qp, posted + 1);
+		} else if (run_wr(qp, h) == step::done) {
+			sq_set_cons(qp, posted + 1);
+		} else {
+			h.next_try_ns = 0;
+			drain(qp); // Books the retry (and fails at once with no retries left)
+			need_progress = qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
+		}
+	} catch (abi::__forced_unwind &) {
+		throw;
+	} catch (...) {
+		if (qp->sq_cons == posted) {
+			qp->sq_head_valid = false;
+			qp->sq_posted.store(posted, std::memory_order_release);
+			sq_doorbell(qp, posted);
+		}
+		return current_exception_errno();
+	}
+	state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+	return 0;
+}
+
+} // namespace
+
+int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
+{
+	return post_send_mem(ibqp, wr, bad, nullptr);
+}
+
+int post_send_mem(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr_extra *x)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp)) [[unlikely]] { // A destroyed QP (objects.h)
+		*bad = wr;
+		return life_bad("ibv_post_send", qp, qp->life, kLifeQp);
+	}
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	int ret = 0;
+	bool need_progress = false;
+	{
+		std::lock_guard<std::mutex> g(qp->sq_lock);
+		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
+		    qp->type == IBV_QPT_XRC_RECV || qp->agent) {
+			*bad = wr;
+			return EINVAL;
+		}
+		thread_local send_wr w;
+		for (; wr; wr = wr->next) {
+			try { // c_boundary.h: ENOMEM at this WR, those before it posted
+				ret = copy_wr(qp, wr, w, x);
+			} catch (abi::__forced_unwind &) {
+				throw;
+			} catch (...) {
+				ret = current_exception_errno();
+			}
+			if (!ret)
+				ret = submit(qp, w, state, need_progress);
+			if (ret) {
+				*bad = wr;
+				break;
+			}
+		}
+	}
+	if (need_progress)
+		progress_add(qp);
+	return ret;
+}
+
+void qp_flush_backlog(loop_qp *qp)
+{
+	flush_backlog(qp);
+}
+
+uint64_t qp_run_backlog(loop_qp *qp)
+{
+	std::lock_guard<std::mutex> g(qp->sq_lock);
+	return drain(qp);
+}
+
+bool wr_opcode_supported(ibv_qp_type t, ibv_wr_opcode op)
+{
+	return opcode_ok(t, op);
+}
+
+// The loop of loop_post_send over WRs already in our form (ibv_wr_*).
+int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	bool need_progress = false;
+	int ret = 0;
+	{
+		std::lock_guard<std::mutex> g(qp->sq_lock);
+		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
+		    qp->type == IBV_QPT_XRC_RECV || qp->agent)
+			return EINVAL;
+		uint64_t used = qp->sq_posted.load(std::memory_order_relaxed) -
+				qp->sq_retired.load(std::memory_order_acquire);
+		if (used + n > qp->cap.max_send_wr)
+			return ENOMEM;
+		// The room check above makes submit() succeed for every WR: the
+		// batch posts whole, unless memory runs out (ENOMEM, with the WRs
+		// before that one posted).
+		for (size_t i = 0; i < n && !ret; i++) {
+			send_wr &w = wrs[i];
+			w.rnr_left = qp->attr.rnr_retry;
+			w.retry_left = qp->attr.retry_cnt;
+			w.next_try_ns = 0;
+			ret = submit(qp, w, state, need_progress);
+		}
+	}
+	if (need_progress)
+		progress_add(qp);
+	return ret;
+}
+
+int sq_create(loop_qp *qp, ibv_pd *pd)
+{
+	uint32_t count = round_pow2(std::max<uint32_t>(qp->cap.max_send_wr, 1));
+	uint32_t data = std::max<uint32_t>({qp->cap.max_send_sge * uint32_t{sizeof(sv_sge)},
+					    qp->cap.max_inline_data, SV_SQ_MIN_INLINE});
+	uint32_t stride = (SV_WQE_HDR_SIZE + data + SV_CACHELINE - 1) & ~uint32_t{SV_CACHELINE - 1};
+	size_t bytes = SV_SQ_HDR_SIZE + size_t{count} * stride;
+	try {
+		qp->sq_lib.assign(count, loop_qp::lib_wqe{});
+	} catch (...) {
+		return ENOMEM;
+	}
+	// The application's placement first (a parent domain's allocator);
+	// else shared memory of our own.  No peer maps it.
+	void *map = pd_alloc(pd, bytes, 4096, SOFTVERBS_RES_TYPE_SQ);
+	if (!map)
+		return ENOMEM;
+	if (map != IBV_ALLOCATOR_USE_DEFAULT) {
+		if (reinterpret_cast<uintptr_t>(map) % SV_CACHELINE) {
+			pd_free(pd, map, SOFTVERBS_RES_TYPE_SQ);
+			return EINVAL; // The ring's lines must be cache lines
+		}
+		memset(map, 0, bytes);
+		qp->sq_alloc_pd = pd;
+	} else {
+		map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+			   0);
+		if (map == MAP_FAILED)
+			return ENOMEM;
+	}
+	auto *r = static_cast<sv_sq_ring *>(map);
+	r->magic = SV_SQ_MAGIC;
+	r->format_version = SV_SQ_FORMAT_VERSION;
+	r->count = count;
+	r->stride = stride;
+	r->hdr_size = SV_SQ_HDR_SIZE;
+	r->max_sge = qp->cap.max_send_sge;
+	r->max_inline = qp->cap.max_inline_data;
+	qp->sq = r;
+	qp->sq_bytes = bytes;
+	qp->sq_mask = count - 1;
+	qp->sq_stride = stride;
+	return 0;
+}
+
+void sq_destroy(loop_qp *qp)
+{
+	std::lock_guard<std::mutex> g(qp->sq_lock);
+	if (qp->sq && qp->sq_alloc_pd)
+		pd_free(qp->sq_alloc_pd, qp->sq, SOFTVERBS_RES_TYPE_SQ);
+	else if (qp->sq)
+		munmap(qp->sq, qp->sq_bytes);
+	qp->sq = nullptr;
+	qp->sq_alloc_pd = nullptr;
+	qp->sq_head_valid = false;
+}
+
+void sq_reset(loop_qp *qp)
+{
+	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+	sq_set_cons(qp, posted);
+	// Nothing of the send queue is left to complete: every slot is free.
+	qp->sq_retired.store(posted, std::memory_order_release);
+	if (qp->sq)
+		std::atomic_ref<uint64_t>(qp->sq->retired).store(posted, std::memory_order_release);
+}
+
+int sq_serve_doorbell(loop_qp *qp, bool &need_progress)
+{
+	std::lock_guard<std::mutex> g(qp->sq_lock);
+	if (!qp->agent || !qp->sq)
+		return 0;
+	uint64_t db = std::atomic_ref<uint64_t>(qp->sq->db_record).load(std::memory_order_acquire);
+	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+	if (db == posted || db == qp->sq_bad_db)
+		return 0;
+	fabric &fab = *qp->ctx->fab;
+	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+	uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+	// A doorbell that goes back, or past the ring's slots, is refused; so
+	// is one rung before the QP can send (ring again once it can).
+	uint64_t count = uint64_t{qp->sq_mask} + 1;
+	if (db - posted > count || db - qp->sq_cons > count || state == IBV_QPS_RESET ||
+	    state == IBV_QPS_INIT || state == IBV_QPS_RTR) {
+		qp->sq_bad_db = db;
+		debug_log("QP %#x: agent doorbell %llu refused (posted %llu, state %u)", qp->qpn,
+			  static_cast<unsigned long long>(db), static_cast<unsigned long long>(posted),
+			  state);
+		return 0;
+	}
+	qp->sq_posted.store(db, std::memory_order_release);
+	int n = static_cast<int>(db - posted);
+	if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
+		flush_backlog(qp);
+		return n;
+	}
+	drain(qp);
+	need_progress = qp->sq_cons != db;
+	return n;
+}
+
+int loop_dv_qp_agent(ibv_qp *ibqp, int on, softverbs_dv_sq *out)
+{
+	loop_qp *qp = to_loop_qp(ibqp);
+	if (!qp->life.is(kLifeQp))
+		return life_bad("softverbs_dv_qp_agent", qp, qp->life, kLifeQp);
+	if (!qp->sq || qp->opened ||
+	    (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC && qp->type != IBV_QPT_UD))
+		return EINVAL;
+	if (on) {
+		if (!out)
+			return EINVAL;
+		{
+			std::lock_guard<std::mutex> g(qp->sq_lock);
+			if (qp->agent)
+				return EBUSY;
+			// Handed over empty: every WQE the library posted has
+			// completed and been polled.
+			uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+			if (qp->sq_cons != posted ||
+			    qp->sq_retired.load(std::memory_order_acquire) != posted)
+				return EBUSY;
+			sv_sq_ring *r = qp->sq;
+			std::atomic_ref<uint64_t>(r->retired).store(posted, std::memory_order_relaxed);
+			std::atomic_ref<uint64_t>(r->prod).store(posted, std::memory_order_relaxed);
+			std::atomic_ref<uint32_t>(r->sleeping).store(0, std::memory_order_relaxed);
+			std::atomic_ref<uint64_t>(r->db_record).store(posted, std::memory_order_release);
+			qp->sq_bad_db = posted;
+			qp->agent = true;
+			memset(out, 0, sizeof(*out));
+			out->ring = r;
+			out->slots = reinterpret_cast<char *>(r) + SV_SQ_HDR_SIZE;
+			out->prod = &r->prod;
+			out->db_record = &r->db_record;
+			out->sleeping = &r->sleeping;
+			out->retired = &r->retired;
+			out->format_version = SV_SQ_FORMAT_VERSION;
+			out->count = qp->sq_mask + 1;
+			out->stride = qp->sq_stride;
+			out->max_sge = qp->cap.max_send_sge;
+			out->max_inline = qp->cap.max_inline_data;
+			out->max_wr = qp->cap.max_send_wr;
+			out->qpn = qp->qpn;
+			out->next = posted;
+			out->freed = posted;
+		}
+		if (int e = engine_add(qp)) {
+			std::lock_guard<std::mutex> g(qp->sq_lock);
+			qp->agent = false;
+			return e;
+		}
+		return 0;
+	}
+	{
+		std::lock_guard<std::mutex> g(qp->sq_lock);
+		if (!qp->agent)
+			return EINVAL;
+		uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+		uint64_t db =
+			std::atomic_ref<uint64_t>(qp->sq->db_record).load(std::memory_order_acquire);
+		if (qp->sq_cons != posted || (db != posted && db != qp->sq_bad_db))
+			return EBUSY; // Work is still in the ring
+		qp->agent = false;
+		// The agent's retired count, as far as it is believable.
+		uint64_t r = std::atomic_ref<uint64_t>(qp->sq->retired).load(std::memory_order_acquire);
+		uint64_t mine = qp->sq_retired.load(std::memory_order_acquire);
+		if (r - mine <= posted - mine)
+			qp->sq_retired.store(r, std::memory_order_release);
+	}
+	engine_remove(qp);
+	return 0;
+}
+
+} // namespace loop

@@ -1,0 +1,504 @@
+// SPDX-License-Identifier: MIT
+// The loop transport: peers are processes of this host on one fabric.  A
+// destination is a record in the registry; a key resolves to the owner's
+// addresses (cross-memory attach, or memcpy within a process) or to our
+// mapping of its fd-backed memory (mr_resolve, loop_mr.cpp); receive
+// queues and CQs are the peer's shared rings, mapped and held by
+// queue_map.  Delivery is synchronous: the requester's thread runs the
+// peer's responder (engine/responder.cpp) against those rings, so every
+// request is delivered exactly once and no sequence state is kept.
+#include "engine.h"
+#include "queue_geom.h"
+#include "queue_seg.h"
+#include "transport.h"
+#include "xfer.h"
+
+#include <cerrno>
+#include <cstring>
+#include <algorithm>
+#include <signal.h>
+
+namespace loop {
+
+namespace {
+
+uint16_t port_lid(sv_registry *r, uint32_t dev, uint8_t port)
+{
+	if (dev >= SV_MAX_DEVICES || port < 1 || port > SV_MAX_PORTS)
+		return 0;
+	return r->devices[dev].ports[port - 1].lid;
+}
+
+bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
+{
+	if (dev >= SV_MAX_DEVICES || port < 1 || port > SV_MAX_PORTS)
+		return false;
+	return r->devices[dev].ports[port - 1].link_layer == SV_LINK_ETH;
+}
+
+// Finds the live QP qpn behind an address.  An IB address must carry the
+// LID of the QP's port; RoCE addresses are GIDs, and on one host every
+// port's GIDs are the host's addresses, so the QP number decides.
+bool find_qp(loop_context *lctx, uint32_t qpn, uint16_t dlid, bool eth, peer &out)
+{
+	sv_registry *r = lctx->fab->reg();
+	uint32_t slot = qpn & SV_QPN_SLOT_MASK;
+	sv_qp_rec &q = r->qps[slot];
+	if (!std::atomic_ref<uint32_t>(q.in_use).load(std::memory_order_acquire))
+		return false;
+	memcpy(&out.rec, &q, sizeof(q));
+	std::atomic_thread_fence(std::memory_order_acquire);
+	if ((out.rec.generation & SV_QPN_SLOT_MASK) != (qpn >> SV_QPN_SLOT_BITS) || !out.rec.in_use)
+		return false;
+	out.lid = port_lid(r, out.rec.device, out.rec.port);
+	if (!eth && out.lid != dlid)
+		return false;
+	if (eth && !port_is_eth(r, out.rec.device, out.rec.port))
+		return false;
+	uint32_t lease = out.rec.owner_lease;
+	if (lease >= SV_MAX_PROCS || r->leases[lease].generation != out.rec.owner_gen)
+		return false;
+	out.pid = static_cast<pid_t>(r->leases[lease].pid);
+	// A lease names a process: no pid, or one no process can have, means
+	// the record was written over.  "Self" (plain memcpy, no checks by the
+	// kernel) needs both our lease and our pid; anything else is copied
+	// through the kernel, which checks the addresses.
+	if (out.pid <= 0 || out.pid >= (1 << 22))
+		return false;
+	out.self = lease == static_cast<uint32_t>(lctx->lease) && out.pid == getpid();
+	out.slot = slot;
+	out.qpn = qpn;
+	out.xrc_srq = -1;
+	return true;
+}
+
+int lt_resolve(loop_qp *qp, const tp_dest &d, peer &p)
+{
+	if (!find_qp(qp->ctx, d.qpn, d.dlid, d.eth, p))
+		return ENOENT;
+	if (d.xrc_srqn == kNoXrcSrq)
+		return 0;
+	// XRC: the WR names the SRQ, which must share the receive QP's domain.
+	sv_registry *reg = qp->ctx->fab->reg();
+	uint32_t srq_slot = SV_MAX_OBJS;
+	for (uint32_t i = 0; i < SV_MAX_OBJS; i++) {
+		const sv_obj_rec &o = reg->objs[i];
+		if (o.in_use && o.kind == SV_OBJ_SRQ && o.srq_num == d.xrc_srqn) {
+			srq_slot = i;
+			break;
+		}
+	}
+	if (srq_slot == SV_MAX_OBJS || reg->objs[srq_slot].xrcd != p.rec.xrcd)
+		return EINVAL;
+	p.rec.has_srq = 1;
+	p.rec.rq_obj = srq_slot;
+	p.rec.rq_gen = reg->objs[srq_slot].generation;
+	p.xrc_srq = static_cast<int>(srq_slot);
+	// An XRC target QP has no PD: keys are checked against the SRQ's.
+	p.rec.pdn = reg->objs[srq_slot].pdn;
+	return 0;
+}
+
+void lt_mcast_members(loop_qp *qp, const send_wr &w, bool eth, std::vector<peer> &out)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_registry *reg = fab.reg();
+	thread_local std::vector<uint32_t> qpns;
+	qpns.clear();
+	{
+		registry_guard g(fab);
+		for (const sv_mcast_rec &m : reg->mcast)
+			if (m.num_qps && (memcmp(m.gid, w.ah.grh.dgid.raw, 16) == 0 ||
+					  (!w.ah.is_global && m.lid == w.ah.dlid)))
+				qpns.insert(qpns.end(), m.qpns,
+					    m.qpns + std::min<uint32_t>(m.num_qps, SV_MAX_MCAST_QPS));
+	}
+	for (uint32_t qpn : qpns) {
+		if (qpn == qp->qpn)
+			continue; // No loopback to the sender
+		uint32_t slot = qpn & SV_QPN_SLOT_MASK;
+		if (slot >= SV_MAX_QPS)
+			continue;
+		uint16_t lid = port_lid(reg, reg->qps[slot].device, reg->qps[slot].port);
+		peer p;
+		if (find_qp(qp->ctx, qpn, lid, eth, p))
+			out.push_back(p);
+	}
+}
+
+int lt_resolve_key(loop_qp *qp, const peer &p, uint32_t key, uint32_t pdn, uint64_t addr,
+		   uint64_t len, uint32_t right, std::vector<rseg> &out, uint32_t *access)
+{
+	return mr_resolve(*qp->ctx->fab, key, p.rec.owner_lease, pdn, addr, len, right, p.qpn, out,
+			  access);
+}
+
+int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
+{
+	return mr_remote_invalidate(*qp->ctx->fab, p.rec.owner_lease, p.rec.pdn, p.qpn, rkey);
+}
+
+// Places every deferred SEND of the QP that its peer has not taken yet.
+// Called before the QP moves any other bytes, and on state changes.
+void flush_deferred(loop_qp *qp)
+{
+	if (qp->deferred.empty())
+		return;
+	fabric &fab = *qp->ctx->fab;
+	for (const loop_qp::deferred_send &d : qp->deferred) {
+		queue_hold h = queue_map(fab, d.cq, SV_OBJ_CQ);
+		auto *ring = h.as<sv_cq_ring>();
+		if (ring && cq_has_payload(ring))
+			cq_place_deferred(ring, d.index, d.dst, d.pid);
+	}
+	qp->deferred.clear();
+}
+
+// Forgets deferred SENDs the peer has taken; bounds the list.
+void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pid_t pid)
+{
+	auto &v = qp->deferred;
+	if (v.size() >= kMaxDeferred) {
+		fabric &fab = *qp->ctx->fab;
+		std::erase_if(v, [&](const loop_qp::deferred_send &d) {
+			queue_hold h = queue_map(fab, d.cq, SV_OBJ_CQ);
+			auto *ring = h.as<sv_cq_ring>();
+			return !ring || std::atomic_ref<uint64_t>(ring->cons).load() > d.index;
+		});
+		if (v.size() >= kMaxDeferred)
+			flush_deferred(qp);
+	}
+	// Never allocates (the room was reserved when the QP was made): the
+	// SEND is published already, and an exception here would lose it.
+	if (v.size() < v.capacity()) {
+		v.push_back({cq, index, dst, pid});
+		return;
+	}
+	// No room (cannot happen while the reservation holds): place it now.
+	queue_hold h = queue_map(*qp->ctx->fab, cq, SV_OBJ_CQ);
+	if (auto *ring = h.as<sv_cq_ring>(); ring && cq_has_payload(ring))
+		cq_place_deferred(ring, index, dst, pid);
+}
+
+int lt_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n)
+{
+	flush_deferred(qp); // Earlier SENDs land first
+	for (size_t i = 0; i < n; i++) {
+		const tp_move &m = ops[i];
+		int err = xfer_segs(p.pid, p.self && !m.local_checked, m.local, m.nlocal, m.remote,
+				    m.nremote, m.dir, m.relaxed);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+// Reads or writes an atomic's target word: in the peer (cross-memory attach,
+// or memcpy in-process), or in our mapping of a peer's fd-backed MR through
+// the kernel (a file shrunk under us is EFAULT, not SIGBUS); on-demand
+// memory takes a checked call even in-process.
+int atomic_word(const peer &p, const mr_hit &hit, uint64_t *v, xfer_dir dir)
+{
+	if (hit.mapped)
+		return xfer_mapped_word(hit.addr, v, dir);
+	return xfer_word(p.pid, p.self && !hit.odp, hit.addr, v, dir);
+}
+
+int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
+{
+	fabric &fab = *qp->ctx->fab;
+	mr_hit hit{};
+	// A key, right or range fault first, then alignment (as rxe's
+	// responder checks them).
+	int err = (p.rec.access & op.right) ? mr_lookup(fab, op.rkey, p.rec.owner_lease, p.rec.pdn,
+							op.addr, 8, op.right, p.qpn, hit)
+					    : EACCES;
+	if (err)
+		return err;
+	if (op.addr & 7)
+		return EINVAL;
+	op.old = 0;
+	if (hit.kind == SV_MR_KIND_NULL)
+		return 0;
+	flush_deferred(qp);
+	atomic_guard g(fab, p.rec.owner_lease, hit.addr);
+	if (op.op == tp_atomic::kind::write) {
+		uint64_t v = op.swap;
+		return atomic_word(p, hit, &v, xfer_dir::to_peer);
+	}
+	err = atomic_word(p, hit, &op.old, xfer_dir::from_peer);
+	if (err)
+		return err;
+	uint64_t nv = op.old;
+	if (op.op == tp_atomic::kind::fetch_add)
+		nv = op.old + op.compare_add;
+	else if (op.old == op.compare_add)
+		nv = op.swap;
+	else
+		return 0;
+	return atomic_word(p, hit, &nv, xfer_dir::to_peer);
+}
+
+tp_answer lt_deliver(loop_qp *qp, const peer &p, const tp_request &r)
+{
+	// The peer's responder runs here, on its shared rings.
+	return respond(loop_transport_ops, qp, p, r);
+}
+
+bool lt_take_recv(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf, sv_recv_wqe *&wqe,
+		  uint32_t &pdn)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
+	queue_hold h = queue_map(fab, {p.rec.rq_obj, p.rec.rq_gen}, kind);
+	auto *rq = h.as<sv_rq_ring>();
+	queue_geom g;
+	if (!rq || !queue_geometry(rq, g))
+		return false;
+	// Sized by the geometry checked at mapping, not by the header.
+	buf.resize(g.entry_size);
+	wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
+	bool damaged = false;
+	if (!rq_take(rq, wqe, (g.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge), &damaged)) {
+		if (damaged && qp_set_error(fab, p.slot)) {
+			// Its indices are beyond belief: the responder's QP fails
+			// (its owner hears of it), and the requester, finding it in
+			// ERR, completes with an error after its retries.
+			raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
+		}
+		return false;
+	}
+	if (p.rec.has_srq) {
+		// SRQ limit: the consumer that crosses it raises the event once.
+		std::atomic_ref<uint32_t> lim(rq->limit);
+		uint32_t l = lim.load(std::memory_order_acquire);
+		uint64_t left = std::atomic_ref<uint64_t>(rq->prod).load() -
+				std::atomic_ref<uint64_t>(rq->cons).load();
+		if (l && left < l && lim.compare_exchange_strong(l, 0)) {
+			sv_async_msg m{IBV_EVENT_SRQ_LIMIT_REACHED, SV_OBJ_SRQ, rq->hdr.obj_slot,
+				       rq->hdr.obj_gen};
+			send_async(rq->async_addr, rq->async_len, m);
+		}
+	}
+	// Receive lkeys belong to the PD of the queue they were posted to.
+	pdn = p.rec.pdn;
+	if (p.rec.has_srq && p.rec.rq_obj < SV_MAX_OBJS)
+		pdn = fab.reg()->objs[p.rec.rq_obj].pdn;
+	return true;
+}
+
+// Small SENDs to another process travel in the CQE's payload and the
+// receiver places them when it polls: no system call on either side.  Only
+// for a message that fits, from memory that is surely mapped, into one
+// receive SGE of ordinary memory.
+bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
+{
+	const local_buf &lb = *d.lb;
+	if (p.self || lb.checked || !lb.len || lb.len > SV_CQE_INLINE_MAX || d.nriov != 1 ||
+	    d.riov[0].kind != seg_kind::peer || d.wqe->num_sge == SV_RECV_WQE_INVALID)
+		return false;
+	const sv_sge *sge = nullptr;
+	for (uint32_t i = 0; i < d.wqe->num_sge; i++)
+		if (d.wqe->sge[i].length) {
+			sge = &d.wqe->sge[i];
+			break;
+		}
+	if (!sge)
+		return false;
+	pl.iova = sge->addr;
+	pl.lkey = sge->lkey;
+	pl.len = static_cast<uint32_t>(lb.len);
+	uint32_t off = 0;
+	for (const iovec &v : lb.iov) {
+		memcpy(pl.data + off, v.iov_base, v.iov_len);
+		off += static_cast<uint32_t>(v.iov_len);
+	}
+	return true;
+}
+
+// Returns 0, or ENOSPC when the responder's CQ overflowed (its QP is then
+// in ERR with IBV_EVENT_QP_FATAL, its owner told of the CQ by CQ_ERR).
+// The receive CQ is the QP's, or an XRC SRQ's; the reference is read
+// afresh on every try, since a resize moves the ring.
+int push_peer(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
+	      const sv_cqe_payload *payload, void *dst)
+{
+	fabric &fab = *qp->ctx->fab;
+	sv_registry *r = fab.reg();
+	auto cq_ref = [&] {
+		return p.xrc_srq >= 0 ? obj_ref{r->objs[p.xrc_srq].cq_obj, r->objs[p.xrc_srq].cq_gen}
+				      : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
+	};
+	// A resize closes the old ring (ESTALE) and then points the QPs at the
+	// new one: look again for as long as a resize may take.
+	uint64_t deadline = 0;
+	for (;;) {
+		obj_ref ref = cq_ref();
+		queue_hold h = queue_map(fab, ref, SV_OBJ_CQ);
+		auto *ring = h.as<sv_cq_ring>();
+		if (!ring) {
+			// A resize may have replaced the ring between our reading the
+			// reference and mapping it: only a reference that stays the
+			// same names a CQ that is gone.
+			obj_ref again = cq_ref();
+			if (again.slot == ref.slot && again.gen == ref.gen)
+				return 0;
+			continue;
+		}
+		if (payload && !cq_has_payload(ring)) {
+			// Every ring of this ABI has the array; a damaged one loses
+			// the message, visibly.
+			e.status = IBV_WC_LOC_QP_OP_ERR;
+			payload = nullptr;
+		}
+		uint64_t index = 0;
+		int err = cq_push(ring, e, solicited, payload, &index);
+		if (err == ENOSPC) {
+			if (qp_set_error(fab, p.slot))
+				raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
+			return err;
+		}
+		if (err != ESTALE) {
+			if (payload)
+				note_deferred(qp, ref, index, dst, p.pid);
+			return 0;
+		}
+		uint64_t now = now_ns();
+		if (!deadline)
+			deadline = now + kResizeWaitNs + 1000000000ULL;
+		else if (now > deadline)
+			return ENOSPC;
+		sched_yield();
+	}
+}
+
+int lt_post_cqe(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited, const tp_payload *d)
+{
+	if (!d)
+		return push_peer(qp, p, e, solicited, nullptr, nullptr);
+	thread_local sv_cqe_payload pl;
+	if (pack_inline(*d, p, pl))
+		return push_peer(qp, p, e, solicited, &pl, d->riov[0].base);
+	tp_move m{d->lb->iov.data(),
+		  static_cast<int>(d->lb->iov.size()),
+		  d->riov,
+		  d->nriov,
+		  xfer_dir::to_peer,
+		  d->lb->checked,
+		  false};
+	if (int err = lt_move(qp, p, &m, 1))
+		return err == ESRCH ? ESRCH : EFAULT;
+	return push_peer(qp, p, e, solicited, nullptr, nullptr);
+}
+
+void lt_responder_error(loop_qp *qp, const peer &p, ibv_event_type ev)
+{
+	fabric &fab = *qp->ctx->fab;
+	if (qp_set_error(fab, p.slot))
+		raise_qp_event(fab, p.slot, ev);
+}
+
+tp_liveness lt_alive(loop_qp *qp, uint32_t qpn, bool reap)
+{
+	fabric &fab = *qp->ctx->fab;
+	const sv_qp_rec &pr = fab.reg()->qps[qpn & SV_QPN_SLOT_MASK];
+	tp_liveness l{fab.lease_alive(pr.owner_lease, pr.owner_gen),
+		      static_cast<uint8_t>(pr.min_rnr_timer & 31)};
+	if (reap || !l.alive)
+		fab.reap_dead();
+	return l;
+}
+
+// Registered before main (and before any device is opened), as the first
+// and so the active transport.
+[[gnu::constructor]] void register_loop_transport()
+{
+	transport_register(&loop_transport_ops);
+}
+
+} // namespace
+
+const transport_ops loop_transport_ops = {
+	.name = "loop",
+	.resolve = lt_resolve,
+	.mcast_members = lt_mcast_members,
+	.resolve_key = lt_resolve_key,
+	.invalidate = lt_invalidate,
+	.move = lt_move,
+	.atomic = lt_atomic,
+	.deliver = lt_deliver,
+	.take_recv = lt_take_recv,
+	.post_cqe = lt_post_cqe,
+	.responder_error = lt_responder_error,
+	.alive = lt_alive,
+};
+
+uint16_t fabric_port_lid(loop_context *lctx, uint8_t port)
+{
+	return port_lid(lctx->fab->reg(), lctx->dev->index, port);
+}
+
+bool fabric_port_is_eth(loop_context *lctx, uint8_t port)
+{
+	return port_is_eth(lctx->fab->reg(), lctx->dev->index, port);
+}
+
+uint8_t fabric_port_mtu(loop_context *lctx, uint8_t port)
+{
+	sv_registry *r = lctx->fab->reg();
+	if (port < 1 || port > SV_MAX_PORTS)
+		return IBV_MTU_4096;
+	return r->devices[lctx->dev->index].ports[port - 1].active_mtu;
+}
+
+void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type)
+{
+	sv_qp_rec &q = fab.reg()->qps[qp_slot];
+	queue_hold h = queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ);
+	auto *ring = h.as<sv_cq_ring>();
+	if (!ring)
+		return;
+	sv_async_msg m{static_cast<uint32_t>(type), kObjQp, qp_slot, q.generation};
+	send_async(ring->async_addr, ring->async_len, m);
+}
+
+atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
+{
+	uint64_t h = (addr >> 3) * 0x9e3779b97f4a7c15ULL ^ lease;
+	word_ = &fab.reg()->atomic_locks[(h >> 20) % SV_ATOMIC_LOCKS];
+	auto me = static_cast<uint32_t>(getpid());
+	std::atomic_ref<uint32_t> w(*word_);
+	uint32_t seen = 0;
+	uint64_t since = 0;
+	for (uint64_t spins = 0;; spins++) {
+		uint32_t expect = 0;
+		if (w.compare_exchange_weak(expect, me, std::memory_order_acquire))
+			return;
+		// The word is in shared memory: a value no pid can have is a stray
+		// write, taken over at once.  A holder stays inside for two word
+		// copies; one that died, or a value that has named the same process
+		// for 2 s (a stray write naming a live process, or a holder stopped
+		// in a debugger) is taken over too: never a wait without end.
+		bool broken = expect >= (1u << 22);
+		if (!broken && (spins & 0xfff) == 0xfff) {
+			uint64_t now = now_ns();
+			if (expect != seen) {
+				seen = expect;
+				since = now;
+			}
+			broken = (kill(static_cast<pid_t>(expect), 0) && errno == ESRCH) ||
+				 now - since > 2000000000ULL;
+		}
+		if (broken && w.compare_exchange_strong(expect, me, std::memory_order_acquire))
+			return;
+		if (spins > 64)
+			sched_yield();
+	}
+}
+
+atomic_guard::~atomic_guard()
+{
+	std::atomic_ref<uint32_t>(*word_).store(0, std::memory_order_release);
+}
+
+} // namespace loop

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+// The loop transport's mappings of peers' fd-backed memory (memfd, shm
+// files, dma-bufs registered with reg_mr_fd or reg_dmabuf_mr): made on first
+// use, cached, and reference-counted, so that a copy through one never
+// loses it under its feet.  Keys resolve into them (mr_resolve,
+// verbs/loop_mr.cpp); nothing else maps a peer's memory.
+#include "peer_maps.h"
+
+#include <atomic>
+#include <cerrno>
+#include <fcntl.h>
+#include <map>
+#include <mutex>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace loop {
+
+namespace {
+
+// A cached mapping is reference-counted: the cache holds one reference and
+// every rseg or mr_hit that points into it holds another (their pin), so
+// evicting it only drops the cache's.  munmap runs when the last goes, never
+// under a copy that another thread is making through it.  Memory stays
+// bounded: at most kMaxMaps cached, plus those pinned by the few segments
+// each thread holds for the operation it is running.
+struct fd_map {
+	std::shared_ptr<char> base; // Our mapping; its deleter unmaps it
+	uint64_t off;		    // Object offset of base
+};
+
+std::mutex g_map_lock;
+// (slot << 32 | cookie) -> mapping.  Never destroyed (see g_objects).
+std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>; // At most kMaxMaps (tunables.h)
+
+// Our mapping of a peer's fd-backed MR, made on first use and cached.
+// Returns the address of the record's iova and sets pin, which keeps the
+// mapping alive for as long as the caller (or a copy of pin) holds it.
+} // namespace
+
+char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin)
+{
+	uint64_t id = (static_cast<uint64_t>(slot) << 32) | c.cookie;
+	std::lock_guard<std::mutex> g(g_map_lock);
+	auto it = g_maps.find(id);
+	if (it == g_maps.end()) {
+		if (c.owner_lease >= SV_MAX_PROCS)
+			return nullptr;
+		pid_t pid = static_cast<pid_t>(fab.reg()->leases[c.owner_lease].pid);
+		int fd = open_peer_fd(pid, c.fd);
+		if (fd < 0)
+			return nullptr;
+		uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+		uint64_t off = c.fd_offset & ~(page - 1);
+		size_t len = c.fd_offset - off + c.length;
+		void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+			       static_cast<off_t>(off));
+		if (p == MAP_FAILED)
+			p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(off));
+		close(fd);
+		if (p == MAP_FAILED)
+			return nullptr;
+		std::shared_ptr<char> base;
+		try {
+			base = std::shared_ptr<char>(static_cast<char *>(p),
+						     [len](char *a) { munmap(a, len); });
+			if (g_maps.size() >= kMaxMaps) {
+				// Mappings of MRs that are gone or re-registered go
+				// first; if that frees nothing, all of them.  Either
+				// way only the cache's reference is dropped.
+				sv_registry *r = fab.reg();
+				std::erase_if(g_maps, [r](const auto &e) {
+					sv_mr_rec &m = r->mrs[(e.first >> 32) % SV_MAX_MRS];
+					return std::atomic_ref<uint32_t>(m.state).load(
+						       std::memory_order_relaxed) ==
+						       SV_MR_FREE ||
+					       m.cookie != static_cast<uint32_t>(e.first);
+				});
+				if (g_maps.size() >= kMaxMaps)
+					g_maps.clear();
+			}
+			it = g_maps.emplace(id, fd_map{base, off}).first;
+		} catch (...) {
+			// No memory for the bookkeeping: fail this access (EFAULT),
+			// never throw through the C caller.
+			if (!base)
+				munmap(p, len);
+			return nullptr;
+		}
+	}
+	pin = it->second.base;
+	return it->second.base.get() + (c.fd_offset - it->second.off);
+}
+
+} // namespace loop

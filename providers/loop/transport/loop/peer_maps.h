@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: MIT
+// Mappings of peers' fd-backed MRs, owned by the loop transport
+// (peer_maps.cpp).
+#pragma once
+
+#include "loop.h"
+
+#include <memory>
+
+namespace loop {
+
+// Our mapping of a peer's fd-backed MR (registry slot, record snapshot c),
+// made on first use and cached (at most 256; evicting drops only the
+// cache's reference).  Returns the address of the record's iova, or
+// nullptr (the fd cannot be had or mapped); sets pin, which keeps the
+// mapping alive for as long as the caller (or a copy of pin) holds it.
+char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin);
+
+} // namespace loop

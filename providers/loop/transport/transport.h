@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: MIT
+// The transport interface: every call the engine (engine/) makes to reach
+// a peer.  A transport is an ops table, registered once and checked for
+// completeness when it is (as rdmavt checks its driver's callbacks): a
+// table with a missing call is refused, with its name in the message.
+//
+// Calls by group:
+//   addressing   resolve, mcast_members
+//   keys         resolve_key, invalidate
+//   data         move (a batch per call), atomic
+//   delivery     deliver (the request to the peer's responder), and the
+//                responder's own access to the peer: take_recv, post_cqe,
+//                responder_error
+//   liveness     alive
+// Every call takes the requesting QP (the transport's per-QP context) and
+// returns an errno or a plain answer: nothing throws through here but
+// std::bad_alloc from vectors the caller owns (the caller catches it,
+// c_boundary.h).  Two errnos have one meaning in every call:
+//   ESRCH      the peer is gone: retry after the QP's timeout
+//   ETIMEDOUT  no answer (a lost request or response): the same
+#pragma once
+
+#include "loop.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace loop {
+
+// Where a request goes: QP number plus LID (IB) or GID (RoCE: the QP number
+// decides, every port of a host answering for its addresses).
+struct tp_dest {
+	uint32_t qpn;
+	uint16_t dlid;
+	bool eth;
+	uint32_t xrc_srqn; // XRC: the SRQ the WR names; kNoXrcSrq otherwise
+};
+inline constexpr uint32_t kNoXrcSrq = UINT32_MAX;
+
+// A resolved destination.  rec is a snapshot of the destination QP's record
+// (type, state, access flags, Q_Key, PD): what the engine checks.  The
+// other fields are the transport's own.
+struct peer {
+	uint32_t slot;
+	uint32_t qpn;
+	sv_qp_rec rec;
+	pid_t pid;
+	bool self;
+	uint16_t lid;	  // Its port's LID
+	int xrc_srq = -1; // XRC: the SRQ slot the WR named
+};
+
+// Local memory of a WR, as iovecs in this process.
+struct local_buf {
+	std::vector<iovec> iov;
+	uint64_t len = 0;
+	bool checked = false; // Some local memory is on demand: copy with checked calls
+};
+
+// One copy between local iovecs and a peer's segments.
+struct tp_move {
+	const iovec *local;
+	int nlocal;
+	const rseg *remote;
+	int nremote;
+	xfer_dir dir;
+	bool local_checked; // Some local memory may be unmapped (ODP)
+	bool relaxed;	    // The target granted IBV_ACCESS_RELAXED_ORDERING
+};
+
+// An 8-byte atomic at the responder.  old receives the word's value
+// before the operation (CAS, FETCH_ADD).
+struct tp_atomic {
+	enum class kind : uint8_t { cmp_swap, fetch_add, write };
+	kind op;
+	uint32_t rkey;
+	uint32_t right; // IBV_ACCESS_REMOTE_ATOMIC or _WRITE
+	uint64_t addr;
+	uint64_t compare_add;
+	uint64_t swap; // write: the value stored
+	uint64_t old;
+};
+
+// A request for the peer's responder: SEND (any), RDMA WRITE WITH IMM, or
+// a UD datagram.  psn: the requester's sequence number of this request on
+// its QP (one per request that reaches a responder, kept across retries),
+// by which a responder that keeps state (responder.cpp: resp_seq) knows a
+// duplicate.
+struct tp_request {
+	const send_wr *w;
+	const local_buf *lb;
+	uint32_t psn;
+	uint32_t src_qpn;
+	uint32_t qkey; // UD: the Q_Key the datagram carries
+	uint16_t slid;
+	uint8_t sl;
+	const ibv_grh *grh; // UD: the GRH placed at the head of the receive buffer
+	bool grh_valid;	    // UD: wc_flags gets IBV_WC_GRH
+};
+
+// The responder's answer.
+struct tp_answer {
+	enum class kind : uint8_t {
+		ack,  // Executed; byte_len bytes
+		nak,  // Failed: status is the requester's completion status
+		rnr,  // No receive WQE: retry after the responder's RNR timer
+		lost, // No answer (the peer is gone, or the request or its answer lost)
+	};
+	kind k;
+	ibv_wc_status status;
+	uint32_t byte_len;
+};
+
+// The liveness of a destination QP's owner.
+struct tp_liveness {
+	bool alive;
+	uint8_t min_rnr_timer; // The responder's RNR timer (IB's encoded value)
+};
+
+// What a SEND's payload is, for post_cqe to place with the completion.
+struct tp_payload {
+	const local_buf *lb;
+	const sv_recv_wqe *wqe;
+	const rseg *riov;
+	int nriov;
+};
+
+struct transport_ops {
+	const char *name;
+	// 0; ENOENT (no live QP answers: unreachable); EINVAL (XRC: no such SRQ
+	// in the target's domain).
+	int (*resolve)(loop_qp *qp, const tp_dest &d, peer &out);
+	// Every live QP of the multicast group a UD WR addresses (not qp itself),
+	// resolved, appended to out.
+	void (*mcast_members)(loop_qp *qp, const send_wr &w, bool eth, std::vector<peer> &out);
+	// A peer's key for [addr, addr + len) with rights `right`, checked
+	// against pdn, resolved into segments appended to out (the NAK, else:
+	// ENOENT, EACCES, ERANGE, EFAULT).  access receives the key's rights.
+	int (*resolve_key)(loop_qp *qp, const peer &p, uint32_t key, uint32_t pdn, uint64_t addr,
+			   uint64_t len, uint32_t right, std::vector<rseg> &out, uint32_t *access);
+	// SEND_WITH_INV at the responder: 0 or an errno.
+	int (*invalidate)(loop_qp *qp, const peer &p, uint32_t rkey);
+	// Runs n copies in order; 0, ESRCH, ETIMEDOUT, or another errno (EFAULT:
+	// an address not mapped on one side).
+	int (*move)(loop_qp *qp, const peer &p, const tp_move *ops, size_t n);
+	// 0, a key's errno (as resolve_key), EINVAL (misaligned), ESRCH, ETIMEDOUT.
+	int (*atomic)(loop_qp *qp, const peer &p, tp_atomic &op);
+	// Hands a request to the peer's responder and returns its answer.
+	tp_answer (*deliver)(loop_qp *qp, const peer &p, const tp_request &r);
+	// The responder's side.  Takes a receive WQE of the peer's RQ or SRQ
+	// into buf (false: none); pdn receives the PD its lkeys belong to.
+	bool (*take_recv)(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf,
+			  sv_recv_wqe *&wqe, uint32_t &pdn);
+	// Publishes a completion in the peer's receive CQ, placing data first
+	// (or with it) when given.  0, ESRCH, EFAULT (data not placed: e was
+	// not published), or ENOSPC (the CQ overflowed; the peer's QP is in ERR).
+	int (*post_cqe)(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
+			const tp_payload *data);
+	// The responder failed: its QP goes to ERR and its owner hears ev.
+	void (*responder_error)(loop_qp *qp, const peer &p, ibv_event_type ev);
+	// Whether QP qpn's owner lives; reap: reclaim what dead owners left.
+	tp_liveness (*alive)(loop_qp *qp, uint32_t qpn, bool reap);
+};
+
+// Registers t: 0, or EINVAL when a call is missing (logged by name) or the
+// name is taken.  The first registered becomes the active transport.
+int transport_register(const transport_ops *t);
+// Makes the registered transport `name` the one the engine calls: 0 or ENOENT.
+int transport_select(const char *name);
+const transport_ops *transport_find(const char *name);
+
+// The transport the engine calls (set by registration and transport_select).
+extern const transport_ops *g_transport;
+inline const transport_ops &active_transport()
+{
+	return *__atomic_load_n(&g_transport, __ATOMIC_ACQUIRE);
+}
+
+} // namespace loop
