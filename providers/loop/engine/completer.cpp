@@ -112,6 +112,47 @@ void flush_backlog(loop_qp *qp)
 	sq_set_cons(qp, posted);
 }
 
+// The head WQE w did not finish (s: RNR or unreachable): books its next
+// try after the RNR timer or the QP's timeout, or, with no retries left,
+// completes it in error, takes the QP to ERR and flushes the rest.  Returns
+// the time of the next try, or 0 when w failed.  Caller holds sq_lock.
+uint64_t book_retry(loop_qp *qp, send_wr &w, step s, uint64_t now)
+{
+	fabric &fab = *qp->ctx->fab;
+	ibv_wc_status fail = IBV_WC_SUCCESS;
+	const transport_ops &t = active_transport();
+	tp_liveness live{};
+	if (s == step::rnr) {
+		// An RNR wait on a dead responder would last forever with
+		// rnr_retry 7: a dead peer counts as unreachable instead.
+		live = t.alive(qp, qp->attr.dest_qp_num, false);
+		if (!live.alive)
+			s = step::unreachable;
+	}
+	if (s == step::rnr) {
+		if (w.rnr_left == 0)
+			fail = IBV_WC_RNR_RETRY_EXC_ERR;
+		else if (w.rnr_left != 7)
+			w.rnr_left--;
+		w.next_try_ns = now + kRnrTimerUs[live.min_rnr_timer & 31] * 1000ULL;
+	} else {
+		t.alive(qp, qp->attr.dest_qp_num, true);
+		if (w.retry_left == 0)
+			fail = IBV_WC_RETRY_EXC_ERR;
+		else
+			w.retry_left--;
+		w.next_try_ns = now + timeout_ns(qp->attr.timeout);
+	}
+	if (fail != IBV_WC_SUCCESS) {
+		complete(qp, w, fail, 0);
+		sq_set_cons(qp, qp->sq_cons + 1);
+		qp_set_error(fab, qp->slot);
+		flush_backlog(qp);
+		return 0;
+	}
+	return w.next_try_ns;
+}
+
 // Runs WQEs from the head of the send queue.  Caller holds sq_lock.
 uint64_t drain(loop_qp *qp)
 {
@@ -142,38 +183,7 @@ uint64_t drain(loop_qp *qp)
 			sq_set_cons(qp, qp->sq_cons + 1);
 			continue;
 		}
-		ibv_wc_status fail = IBV_WC_SUCCESS;
-		const transport_ops &t = active_transport();
-		tp_liveness live{};
-		if (s == step::rnr) {
-			// An RNR wait on a dead responder would last forever with
-			// rnr_retry 7: a dead peer counts as unreachable instead.
-			live = t.alive(qp, qp->attr.dest_qp_num, false);
-			if (!live.alive)
-				s = step::unreachable;
-		}
-		if (s == step::rnr) {
-			if (w.rnr_left == 0)
-				fail = IBV_WC_RNR_RETRY_EXC_ERR;
-			else if (w.rnr_left != 7)
-				w.rnr_left--;
-			w.next_try_ns = now + kRnrTimerUs[live.min_rnr_timer & 31] * 1000ULL;
-		} else {
-			t.alive(qp, qp->attr.dest_qp_num, true);
-			if (w.retry_left == 0)
-				fail = IBV_WC_RETRY_EXC_ERR;
-			else
-				w.retry_left--;
-			w.next_try_ns = now + timeout_ns(qp->attr.timeout);
-		}
-		if (fail != IBV_WC_SUCCESS) {
-			complete(qp, w, fail, 0);
-			sq_set_cons(qp, qp->sq_cons + 1);
-			qp_set_error(fab, qp->slot);
-			flush_backlog(qp);
-			return 0;
-		}
-		return w.next_try_ns;
+		return book_retry(qp, w, s, now);
 	}
 	return 0;
 }

@@ -68,6 +68,9 @@ void flush_backlog(loop_qp *qp);
 // Runs WQEs from the head of the send queue: the time of the next retry,
 // or 0 when nothing waits.
 uint64_t drain(loop_qp *qp);
+// After a try of the head WQE that did not finish: the next try's time,
+// or 0 when its retries ran out (completed in error, QP in ERR).
+uint64_t book_retry(loop_qp *qp, send_wr &w, step s, uint64_t now);
 
 // sq_ring.cpp
 ibv_wc_status wqe_read(loop_qp *qp, uint64_t index, send_wr &w);

@@ -374,11 +374,12 @@ int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress)
 		if (st != IBV_WC_SUCCESS) {
 			complete(qp, h, st, 0);
 			sq_set_cons(qp, posted + 1);
-		} else if (run_wr(qp, h) == step::done) {
+		} else if (step s = run_wr(qp, h); s == step::done) {
 			sq_set_cons(qp, posted + 1);
 		} else {
-			h.next_try_ns = 0;
-			drain(qp); // Books the retry (and fails at once with no retries left)
+			// This was the first try: book the retry (or fail at once
+			// with no retries left), as drain() does after each later one.
+			book_retry(qp, h, s, now_ns());
 			need_progress = qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
 		}
 	} catch (abi::__forced_unwind &) {
