@@ -57,10 +57,24 @@ def listening(port):
     return False
 
 
+# --pin: the server on CPU 0 and the client on CPU 1 (taskset), for both
+# softverbs and UCX.  Unpinned, the scheduler sometimes puts both processes
+# (and the provider's threads) on one core of a 2-core machine, and a point
+# then lands in one of two modes up to 3x apart (a small SEND's latency
+# seen at 0.5 us and at 1.6 us in alternate runs of one build): medians
+# of 3 runs then compare modes, not builds.
+PIN = []
+
+
+def pinned(cmd, cpu):
+    return ["taskset", "-c", str(cpu)] + cmd if PIN else cmd
+
+
 def run_pair(server, client, env, port):
     """Starts server, waits for it to listen on port, runs client; returns
     the client's and the server's stdout.  Kills both on the way out."""
     procs = []
+    server, client = pinned(server, 0), pinned(client, 1)
     try:
         s = subprocess.Popen(server, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
@@ -188,7 +202,11 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one rep, fewer iterations")
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--no-docs", action="store_true", help="print only")
+    ap.add_argument("--pin", action="store_true",
+                    help="server on CPU 0, client on CPU 1 (steadier on a small machine)")
     a = ap.parse_args()
+    if a.pin:
+        PIN.append(True)
     build = pathlib.Path(a.build).resolve()
     reps = 1 if a.quick else a.reps
     scale = 0.2 if a.quick else 1.0

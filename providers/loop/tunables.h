@@ -31,8 +31,10 @@ inline constexpr uint64_t kSettleNs = 5ULL * 1000 * 1000 * 1000;
 // ibv_resize_cq waits this long for a producer that reserved an entry of
 // the old ring to write it; past that the entry is reported lost (CQ_ERR).
 // A producer that finds a ring closed looks again for this long, plus
-// kSettleNs, before it reports the CQ unusable.
+// kClosedRingGraceNs, before it reports the CQ unusable (engine/completer.cpp,
+// transport/loop/loop_transport.cpp, verbs/loop_qp.cpp).
 inline constexpr uint64_t kResizeWaitNs = 2ULL * 1000 * 1000 * 1000;
+inline constexpr uint64_t kClosedRingGraceNs = 1000ULL * 1000 * 1000;
 // How long the destroy of a CQ whose ring an application's allocator placed
 // waits for producers that reserved a slot to publish it, before the ring
 // goes back to the application (loop_cq.cpp, close_placed).
@@ -108,5 +110,22 @@ inline constexpr int kLockSpins = 100;
 inline constexpr uint64_t kLockSleepNs = 20000000ULL;
 inline constexpr uint64_t kLockCheckNs = 200000000ULL;
 inline constexpr uint64_t kLockZeroStartNs = 2000000000ULL;
+
+// ---- The engine (engine/, transport/loop/loop_transport.cpp) ----
+// The QP's local ACK timeout, 4.096 us << timeout, is capped at
+// kTimeoutCapNs, which also stands for timeout 0 ("infinite" in the spec):
+// a dead peer never holds a WR forever (engine/completer.cpp, timeout_ns).
+inline constexpr uint64_t kTimeoutCapNs = 1000ULL * 1000 * 1000;
+// The scratch area behind the null MR, reused for any length
+// (engine/requester.cpp).
+inline constexpr size_t kNullChunk = 1 << 16;
+// The fabric's striped atomic locks (loop_transport.cpp, atomic_guard): a
+// waiter yields after kAtomicSpins tries, checks the holder every
+// kAtomicCheckEvery tries (a power of two), and takes over a lock that
+// has named the same process for kAtomicTakeoverNs (a stray write, or a
+// holder stopped in a debugger).
+inline constexpr uint64_t kAtomicSpins = 64;
+inline constexpr uint64_t kAtomicCheckEvery = 0x1000;
+inline constexpr uint64_t kAtomicTakeoverNs = 2ULL * 1000 * 1000 * 1000;
 
 } // namespace loop

@@ -28,8 +28,8 @@ uint64_t timeout_ns(uint8_t timeout)
 {
 	// 4.096 us * 2^timeout; 0 means "infinite" in the spec, which would let a
 	// dead peer hang a WR forever, so it is capped like every other value.
-	uint64_t ns = timeout ? 4096ULL << std::min<uint8_t>(timeout, 31) : 1000000000ULL;
-	return std::min<uint64_t>(ns, 1000000000ULL);
+	uint64_t ns = timeout ? 4096ULL << std::min<uint8_t>(timeout, 31) : kTimeoutCapNs;
+	return std::min<uint64_t>(ns, kTimeoutCapNs);
 }
 
 } // namespace
@@ -53,7 +53,7 @@ int push_own(loop_cq *cq, sv_cqe &e)
 			return err;
 		uint64_t now = now_ns();
 		if (!deadline)
-			deadline = now + kResizeWaitNs + 1000000000ULL;
+			deadline = now + kResizeWaitNs + kClosedRingGraceNs;
 		else if (now > deadline)
 			return ENOSPC;
 		sched_yield();

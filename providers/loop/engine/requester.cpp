@@ -77,7 +77,6 @@ namespace {
 
 // A scratch area standing behind the null MR: writes land here and are
 // dropped, reads see whatever is here, which is zeros until written.
-constexpr size_t kNullChunk = 1 << 16;
 char g_null_area[kNullChunk];
 
 void add_null(std::vector<iovec> &v, uint64_t len)

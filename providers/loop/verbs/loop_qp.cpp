@@ -192,7 +192,7 @@ int push_qp_rcq(void *c, sv_cqe &e)
 			return err;
 		uint64_t now = now_ns();
 		if (!deadline)
-			deadline = now + kResizeWaitNs + 1000000000ULL;
+			deadline = now + kResizeWaitNs + kClosedRingGraceNs;
 		else if (now > deadline)
 			return ENOSPC;
 		sched_yield();

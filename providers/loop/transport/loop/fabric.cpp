@@ -67,7 +67,6 @@ std::atomic_ref<uint32_t> state_of(sv_registry *r)
 // one lock): a path that locks again while it holds the lock goes on
 // instead of waiting for itself forever.
 
-constexpr uint32_t kPidMaxLimit = 1u << 22; // PID_MAX_LIMIT on 64-bit Linux
 
 bool debug_on()
 {

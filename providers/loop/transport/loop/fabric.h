@@ -13,6 +13,10 @@
 
 namespace loop {
 
+// PID_MAX_LIMIT on 64-bit Linux: no process id reaches it, so a word that
+// names one is a stray write.
+inline constexpr uint32_t kPidMaxLimit = 1u << 22;
+
 class fabric {
 public:
 	// Opens (creating if needed) the registry of cfg.fabric and makes sure

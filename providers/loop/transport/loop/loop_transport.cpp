@@ -63,7 +63,7 @@ bool find_qp(loop_context *lctx, uint32_t qpn, uint16_t dlid, bool eth, peer &ou
 	// the record was written over.  "Self" (plain memcpy, no checks by the
 	// kernel) needs both our lease and our pid; anything else is copied
 	// through the kernel, which checks the addresses.
-	if (out.pid <= 0 || out.pid >= (1 << 22))
+	if (out.pid <= 0 || out.pid >= static_cast<pid_t>(kPidMaxLimit))
 		return false;
 	out.self = lease == static_cast<uint32_t>(lctx->lease) && out.pid == getpid();
 	out.slot = slot;
@@ -365,7 +365,7 @@ int push_peer(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
 		}
 		uint64_t now = now_ns();
 		if (!deadline)
-			deadline = now + kResizeWaitNs + 1000000000ULL;
+			deadline = now + kResizeWaitNs + kClosedRingGraceNs;
 		else if (now > deadline)
 			return ENOSPC;
 		sched_yield();
@@ -479,19 +479,19 @@ atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
 		// copies; one that died, or a value that has named the same process
 		// for 2 s (a stray write naming a live process, or a holder stopped
 		// in a debugger) is taken over too: never a wait without end.
-		bool broken = expect >= (1u << 22);
-		if (!broken && (spins & 0xfff) == 0xfff) {
+		bool broken = expect >= kPidMaxLimit;
+		if (!broken && (spins & (kAtomicCheckEvery - 1)) == kAtomicCheckEvery - 1) {
 			uint64_t now = now_ns();
 			if (expect != seen) {
 				seen = expect;
 				since = now;
 			}
 			broken = (kill(static_cast<pid_t>(expect), 0) && errno == ESRCH) ||
-				 now - since > 2000000000ULL;
+				 now - since > kAtomicTakeoverNs;
 		}
 		if (broken && w.compare_exchange_strong(expect, me, std::memory_order_acquire))
 			return;
-		if (spins > 64)
+		if (spins > kAtomicSpins)
 			sched_yield();
 	}
 }
