@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """softverbs side by side with UCX shared memory and memcpy, in one run.
 
-    /usr/bin/python3 bench/bench.py [--reps N] [--quick] [--build DIR]
+    /usr/bin/python3 bench/bench.py [--reps N] [--quick] [--pin] [--build DIR]
 
 Measures, each point the median of --reps runs:
   softverbs  Debian's perftest through our library between two processes on
