@@ -136,7 +136,16 @@ def run_pair(tool, args, env, timeout=PAIR_TIMEOUT):
 @pytest.mark.skipif(not shutil.which("ib_send_bw"), reason="perftest not installed")
 @pytest.mark.parametrize("tool,args", MATRIX)
 def test_perftest(tool, args, env):
-    (src, sout), (crc, cout) = run_pair(tool, args, env)
+    # perftest times its run with the cycle counter and calibrates it
+    # against gettimeofday by a linear fit (get_clock.c); on a loaded
+    # 2-core machine the fit can fall under r^2 0.9 and perftest then
+    # prints "Can't produce a report" and exits 1 after the traffic has
+    # run. That is the tool's clock, not the device: run the pair again,
+    # at most twice, and only for that message.
+    for attempt in range(3):
+        (src, sout), (crc, cout) = run_pair(tool, args, env)
+        if "Correlation coefficient r^2" not in sout + cout:
+            break
     assert src == 0 and crc == 0, (f"{tool} {' '.join(args)}: server exit {src}, client "
                                    f"exit {crc}\nserver:\n{sout}\nclient:\n{cout}")
     # The results table: the run got as far as measuring.
