@@ -576,8 +576,11 @@ SV_STATIC_ASSERT(sizeof(struct sv_recv_wqe) == 16, "WQE header size");
  *
  * Ordering contract (one producer at a time: the owner's posting path holds
  * the QP's send lock):
- *  - Producer: only when prod - retired < count, fill slot prod (the whole
- *    WQE and its data); store prod + 1 with release; then ring the doorbell:
+ *  - Producer: only when prod - retired < count, fill slot prod: the
+ *    control and remote address segments, the segments its opcode and the
+ *    QP's type use (atomic, UD, memory), and its data; a segment the WQE
+ *    does not use means nothing and may hold an older WQE's bytes.  Store
+ *    prod + 1 with release; then ring the doorbell:
  *    store the new prod into db_record with release.  If the engine's
  *    `sleeping` word is nonzero after the doorbell store (seq_cst, so the
  *    store and the load are not reordered), wake it (FUTEX_WAKE on

@@ -257,6 +257,12 @@ struct loop_qp {
 	bool sq_head_valid = false;
 	send_wr sq_head;
 	uint32_t req_psn = 0; // The requester's next sequence number (requester.cpp)
+	// The requester's scratch lists of resolved segments (local SGEs, the
+	// remote key's range), used under sq_lock: per QP, not thread_local,
+	// since every thread_local access in a shared library is a call
+	// (small_vec.h).
+	std::vector<rseg> req_segs;
+	std::vector<rseg> req_riov;
 	// Per slot: the fast-register key object a library-posted WQE names
 	// (process memory: never read from the ring).
 	// What only the library knows of the WQEs it wrote (the ring is

@@ -79,7 +79,7 @@ namespace {
 // dropped, reads see whatever is here, which is zeros until written.
 char g_null_area[kNullChunk];
 
-void add_null(std::vector<iovec> &v, uint64_t len)
+void add_null(small_vec<iovec, 16> &v, uint64_t len)
 {
 	while (len) {
 		size_t n = std::min<uint64_t>(len, kNullChunk);
@@ -100,7 +100,7 @@ ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &
 		return IBV_WC_SUCCESS;
 	}
 	fabric &fab = *qp->ctx->fab;
-	thread_local std::vector<rseg> segs;
+	std::vector<rseg> &segs = qp->req_segs;
 	for (uint32_t i = 0; i < w.num_sge; i++) {
 		const ibv_sge &s = w.sge[i];
 		if (!s.length)
@@ -206,7 +206,7 @@ step run_rdma(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, lo
 {
 	bool read = w.opcode == IBV_WR_RDMA_READ;
 	uint32_t right = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
-	thread_local std::vector<rseg> riov;
+	std::vector<rseg> &riov = qp->req_riov;
 	riov.clear();
 	uint32_t raccess = 0;
 	uint64_t len = read ? sge_bytes(w) : lb.len;
@@ -324,10 +324,7 @@ step run_connected(loop_qp *qp, send_wr &w)
 	// the request first and checks them only when the response arrives, so
 	// the responder's errors come first (docs/error-semantics.md).  Their
 	// gather is done in their own cases, after the responder's checks.
-	thread_local local_buf lb;
-	lb.iov.clear();
-	lb.len = 0;
-	lb.checked = false;
+	local_buf lb;
 	switch (w.opcode) {
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -370,7 +367,7 @@ step run_ud(loop_qp *qp, send_wr &w)
 {
 	const transport_ops &t = active_transport();
 	loop_context *lctx = qp->ctx;
-	thread_local local_buf lb;
+	local_buf lb;
 	ibv_wc_status st = gather_local(qp, w, false, lb);
 	if (st != IBV_WC_SUCCESS) {
 		complete(qp, w, st, 0);

@@ -66,49 +66,64 @@ bool is_inv_op(uint32_t op)
 }
 
 // Writes w as WQE number `index`, whose slot is free.  Caller holds sq_lock.
+// The control and remote address segments are written for every WQE; the
+// atomic, UD and memory segments only for the opcodes and QP types that
+// read them (the ring's contract, softverbs-abi.h), each whole.
 void wqe_write(loop_qp *qp, const send_wr &w, uint64_t index)
 {
-	sv_send_wqe q{};
-	q.ctrl.opcode = static_cast<uint8_t>(w.opcode);
-	q.ctrl.num_sge = static_cast<uint8_t>(w.is_inline ? 0 : w.num_sge);
-	q.ctrl.flags = w.is_inline ? SV_WQE_INLINE : 0;
-	q.ctrl.send_flags = w.flags;
-	q.ctrl.wr_id = w.wr_id;
-	q.ctrl.imm = is_inv_op(w.opcode) ? w.invalidate_rkey : w.imm_data;
-	q.ctrl.inline_len = w.is_inline ? w.inline_len : 0;
-	q.ctrl.xrc_srqn = w.xrc_srqn;
-	q.ctrl.index = static_cast<uint32_t>(index);
-	q.raddr.remote_addr = w.remote_addr;
-	q.raddr.rkey = w.rkey;
-	q.atomic.compare_add = w.compare_add;
-	q.atomic.swap = w.swap;
+	sv_send_wqe *slot = sq_slot(qp, index);
+	sv_wqe_ctrl c{};
+	c.opcode = static_cast<uint8_t>(w.opcode);
+	c.num_sge = static_cast<uint8_t>(w.is_inline ? 0 : w.num_sge);
+	c.flags = w.is_inline ? SV_WQE_INLINE : 0;
+	c.send_flags = w.flags;
+	c.wr_id = w.wr_id;
+	c.imm = is_inv_op(w.opcode) ? w.invalidate_rkey : w.imm_data;
+	c.inline_len = w.is_inline ? w.inline_len : 0;
+	c.xrc_srqn = w.xrc_srqn;
+	c.index = static_cast<uint32_t>(index);
+	memcpy(&slot->ctrl, &c, sizeof(c));
+	sv_wqe_raddr r{};
+	r.remote_addr = w.remote_addr;
+	r.rkey = w.rkey;
+	memcpy(&slot->raddr, &r, sizeof(r));
+	if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+	    w.opcode == IBV_WR_ATOMIC_WRITE) {
+		sv_wqe_atomic at{};
+		at.compare_add = w.compare_add;
+		at.swap = w.swap;
+		memcpy(&slot->atomic, &at, sizeof(at));
+	}
 	if (qp->type == IBV_QPT_UD) {
-		q.ud.remote_qpn = w.remote_qpn;
-		q.ud.qkey = w.remote_qkey;
-		q.ud.dlid = w.ah.dlid;
-		q.ud.sl = w.ah.sl;
-		q.ud.src_path_bits = w.ah.src_path_bits;
-		q.ud.static_rate = w.ah.static_rate;
-		q.ud.is_global = w.ah.is_global;
-		q.ud.port_num = w.ah.port_num;
-		q.ud.sgid_index = w.ah.grh.sgid_index;
-		q.ud.hop_limit = w.ah.grh.hop_limit;
-		q.ud.traffic_class = w.ah.grh.traffic_class;
-		q.ud.flow_label = w.ah.grh.flow_label;
-		memcpy(q.ud.dgid, w.ah.grh.dgid.raw, sizeof(q.ud.dgid));
+		sv_wqe_ud u{};
+		u.remote_qpn = w.remote_qpn;
+		u.qkey = w.remote_qkey;
+		u.dlid = w.ah.dlid;
+		u.sl = w.ah.sl;
+		u.src_path_bits = w.ah.src_path_bits;
+		u.static_rate = w.ah.static_rate;
+		u.is_global = w.ah.is_global;
+		u.port_num = w.ah.port_num;
+		u.sgid_index = w.ah.grh.sgid_index;
+		u.hop_limit = w.ah.grh.hop_limit;
+		u.traffic_class = w.ah.grh.traffic_class;
+		u.flow_label = w.ah.grh.flow_label;
+		memcpy(u.dgid, w.ah.grh.dgid.raw, sizeof(u.dgid));
+		memcpy(&slot->ud, &u, sizeof(u));
 	}
 	if (is_mem_op(w.opcode)) {
-		q.mem.slot = w.mw_slot;
-		q.mem.type = w.mw_type;
-		q.mem.lkey = w.bind_lkey;
-		q.mem.access = w.bind_access;
-		q.mem.addr = w.bind_addr;
-		q.mem.length = w.bind_len;
-		q.mem.npages = w.npages;
-		q.mem.page_shift = w.page_shift;
-		q.mem.new_key = w.rkey;
+		sv_wqe_mem m{};
+		m.slot = w.mw_slot;
+		m.type = w.mw_type;
+		m.lkey = w.bind_lkey;
+		m.access = w.bind_access;
+		m.addr = w.bind_addr;
+		m.length = w.bind_len;
+		m.npages = w.npages;
+		m.page_shift = w.page_shift;
+		m.new_key = w.rkey;
+		memcpy(&slot->mem, &m, sizeof(m));
 	}
-	sv_send_wqe *slot = sq_slot(qp, index);
 	char *data = reinterpret_cast<char *>(slot) + SV_WQE_HDR_SIZE;
 	if (w.is_inline) {
 		memcpy(data, w.inline_data, w.inline_len);
@@ -118,7 +133,6 @@ void wqe_write(loop_qp *qp, const send_wr &w, uint64_t index)
 			memcpy(data + i * sizeof(sv_sge), &s, sizeof(s));
 		}
 	}
-	memcpy(slot, &q, sizeof(q));
 	loop_qp::lib_wqe &lib = qp->sq_lib[index & qp->sq_mask];
 	lib.index1 = index + 1;
 	lib.frmr = w.opcode == kWrFastReg ? w.frmr : nullptr;
@@ -368,18 +382,44 @@ int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress)
 	// memory fails this WR with ENOMEM and gives its slot back; no
 	// exception leaves through the C caller (c_boundary.h).
 	try {
-		send_wr &h = qp->sq_head;
-		ibv_wc_status st = wqe_read(qp, posted, h);
-		qp->sq_head_valid = true;
-		if (st != IBV_WC_SUCCESS) {
-			complete(qp, h, st, 0);
-			sq_set_cons(qp, posted + 1);
-		} else if (step s = run_wr(qp, h); s == step::done) {
+		// The WQE was written from w a moment ago by this thread, under
+		// sq_lock, and copy_wr checked w as wqe_read would: the requester
+		// runs w itself instead of reading the slot back (the latency path;
+		// docs/PERFORMANCE.md, issue 12).  The ring still holds the WQE
+		// for the backlog, the flush and whoever inspects it.  Bind and
+		// fast-register take wqe_read's checks against the library's
+		// record of the slot, which stay in one place.
+		step s;
+		send_wr *h = &w;
+		if (is_mem_op(w.opcode)) [[unlikely]] {
+			h = &qp->sq_head;
+			ibv_wc_status st = wqe_read(qp, posted, *h);
+			qp->sq_head_valid = true;
+			if (st != IBV_WC_SUCCESS) {
+				complete(qp, *h, st, 0);
+				sq_set_cons(qp, posted + 1);
+				state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+				return 0;
+			}
+		} else {
+			w.psn = kNoPsn;
+			if (is_inv_op(w.opcode))
+				w.imm_data = 0; // Shares ibv_send_wr's union with the key
+		}
+		s = run_wr(qp, *h);
+		if (s == step::done) {
 			sq_set_cons(qp, posted + 1);
 		} else {
-			// This was the first try: book the retry (or fail at once
-			// with no retries left), as drain() does after each later one.
-			book_retry(qp, h, s, now_ns());
+			// This was the first try: the WR becomes the queue's head for
+			// the progress thread, and the retry is booked (or fails at
+			// once with no retries left), as drain() does after each later
+			// one.
+			if (h != &qp->sq_head) {
+				qp->sq_head = w;
+				qp->sq_head_valid = true;
+				h = &qp->sq_head;
+			}
+			book_retry(qp, *h, s, now_ns());
 			need_progress = qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
 		}
 	} catch (abi::__forced_unwind &) {
@@ -422,7 +462,7 @@ int post_send_mem(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr
 			*bad = wr;
 			return EINVAL;
 		}
-		thread_local send_wr w;
+		send_wr w; // Filled by copy_wr (not a thread_local: small_vec.h)
 		for (; wr; wr = wr->next) {
 			try { // c_boundary.h: ENOMEM at this WR, those before it posted
 				ret = copy_wr(qp, wr, w, x);

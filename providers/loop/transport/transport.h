@@ -21,6 +21,7 @@
 #pragma once
 
 #include "loop.h"
+#include "small_vec.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -53,7 +54,7 @@ struct peer {
 
 // Local memory of a WR, as iovecs in this process.
 struct local_buf {
-	std::vector<iovec> iov;
+	small_vec<iovec, 16> iov; // On the requester's stack (small_vec.h)
 	uint64_t len = 0;
 	bool checked = false; // Some local memory is on demand: copy with checked calls
 };

@@ -2,6 +2,7 @@
 #include "xfer.h"
 
 #include "service.h"
+#include "small_vec.h"
 #include "tunables.h"
 
 #include <algorithm>
@@ -114,9 +115,11 @@ struct piece {
 
 // Runs pieces in the order given: consecutive peer pieces share one
 // process_vm_writev/readv call (the kernel copies its iovecs in order).
-int run_pieces(pid_t pid, bool same_process, const std::vector<piece> &ps, xfer_dir dir)
+using pieces = small_vec<piece, 16>;
+
+int run_pieces(pid_t pid, bool same_process, const pieces &ps, xfer_dir dir)
 {
-	thread_local std::vector<iovec> lv, rv;
+	small_vec<iovec, 16> lv, rv;
 	size_t want = 0;
 	auto flush = [&]() -> int {
 		if (lv.empty())
@@ -172,8 +175,7 @@ int run_pieces(pid_t pid, bool same_process, const std::vector<piece> &ps, xfer_
 int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rseg *remote,
 	      int nr, xfer_dir dir, bool relaxed)
 {
-	thread_local std::vector<piece> ps;
-	ps.clear();
+	pieces ps;
 	int li = 0, ri = 0;
 	size_t lo = 0, ro = 0, total = 0;
 	while (li < nl && ri < nr) {
@@ -199,14 +201,14 @@ int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rs
 		// first.  It costs the same system calls as in-order placement and
 		// makes code that wrongly polls the last byte fail here, not on
 		// the first NIC that reorders.
-		thread_local std::vector<piece> rev;
-		rev.clear();
-		for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
-			size_t end = it->len;
+		pieces rev;
+		for (size_t i = ps.size(); i-- > 0;) {
+			const piece &q = ps[i];
+			size_t end = q.len;
 			while (end) {
 				size_t n = end % kRelaxedChunk ? end % kRelaxedChunk : std::min(end, kRelaxedChunk);
 				end -= n;
-				rev.push_back({it->local + end, it->remote + end, n, it->kind});
+				rev.push_back({q.local + end, q.remote + end, n, q.kind});
 			}
 		}
 		return run_pieces(pid, same_process, rev, dir);
