@@ -292,6 +292,17 @@ struct loop_qp {
 		pid_t pid;
 	};
 	std::vector<deferred_send> deferred; // Room for kMaxDeferred + 1, reserved at creation
+	// The loop transport's last two peer queues (the peer's receive queue
+	// and its CQ, for a connected QP), held: a SEND maps them without the
+	// process-wide map's lock (loop_transport.cpp: qp_queue).  Used under
+	// sq_lock.
+	struct queue_cache {
+		obj_ref ref{};
+		sv_obj_kind kind{};
+		queue_hold hold;
+	};
+	queue_cache tp_queues[2];
+	uint8_t tp_queue_next = 0;
 	struct wr_builder *builder; // ibv_wr_* state (loop_qp_ex.cpp); null without send_ops_flags
 	obj_life life{kLifeQp};
 	parent_refs parents; // Its PD, CQs, SRQ, XRC domain

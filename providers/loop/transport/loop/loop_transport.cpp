@@ -138,15 +138,46 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 	return mr_remote_invalidate(*qp->ctx->fab, p.rec.owner_lease, p.rec.pdn, p.qpn, rkey);
 }
 
+// queue_map through the QP's two-entry cache: a connected QP delivers to
+// the same receive queue and CQ every time, and the process-wide map takes
+// a lock and a hash lookup per call (three per SEND).  A hit is checked
+// against the registry as queue_map checks it (the object in use, its
+// generation, its kind), so a queue destroyed or replaced since misses.
+// The hold is returned by value: the caller's copy keeps the mapping even
+// if a nested call replaces the cache entry.  Caller holds qp->sq_lock.
+queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind)
+{
+	fabric &fab = *qp->ctx->fab;
+	if (ref.slot < SV_MAX_OBJS) {
+		for (const loop_qp::queue_cache &c : qp->tp_queues) {
+			if (!c.hold || c.ref.slot != ref.slot || c.ref.gen != ref.gen || c.kind != kind)
+				continue;
+			sv_obj_rec &o = fab.reg()->objs[ref.slot];
+			if (std::atomic_ref<uint32_t>(o.in_use).load(std::memory_order_acquire) &&
+			    o.generation == ref.gen && o.kind == static_cast<uint32_t>(kind))
+				return c.hold;
+			break;
+		}
+	}
+	queue_hold h = queue_map(fab, ref, kind);
+	if (h) {
+		loop_qp::queue_cache &c = qp->tp_queues[qp->tp_queue_next];
+		qp->tp_queue_next ^= 1;
+		c.ref = ref;
+		c.kind = kind;
+		c.hold = h;
+	}
+	return h;
+}
+
 // Places every deferred SEND of the QP that its peer has not taken yet.
 // Called before the QP moves any other bytes, and on state changes.
 void flush_deferred(loop_qp *qp)
 {
 	if (qp->deferred.empty())
 		return;
-	fabric &fab = *qp->ctx->fab;
 	for (const loop_qp::deferred_send &d : qp->deferred) {
-		queue_hold h = queue_map(fab, d.cq, SV_OBJ_CQ);
+		queue_hold h = qp_queue(qp, d.cq, SV_OBJ_CQ);
 		auto *ring = h.as<sv_cq_ring>();
 		if (ring && cq_has_payload(ring))
 			cq_place_deferred(ring, d.index, d.dst, d.pid);
@@ -159,9 +190,8 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 {
 	auto &v = qp->deferred;
 	if (v.size() >= kMaxDeferred) {
-		fabric &fab = *qp->ctx->fab;
 		std::erase_if(v, [&](const loop_qp::deferred_send &d) {
-			queue_hold h = queue_map(fab, d.cq, SV_OBJ_CQ);
+			queue_hold h = qp_queue(qp, d.cq, SV_OBJ_CQ);
 			auto *ring = h.as<sv_cq_ring>();
 			return !ring || std::atomic_ref<uint64_t>(ring->cons).load() > d.index;
 		});
@@ -175,7 +205,7 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 		return;
 	}
 	// No room (cannot happen while the reservation holds): place it now.
-	queue_hold h = queue_map(*qp->ctx->fab, cq, SV_OBJ_CQ);
+	queue_hold h = qp_queue(qp, cq, SV_OBJ_CQ);
 	if (auto *ring = h.as<sv_cq_ring>(); ring && cq_has_payload(ring))
 		cq_place_deferred(ring, index, dst, pid);
 }
@@ -250,7 +280,7 @@ bool lt_take_recv(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf, sv_recv
 {
 	fabric &fab = *qp->ctx->fab;
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
-	queue_hold h = queue_map(fab, {p.rec.rq_obj, p.rec.rq_gen}, kind);
+	queue_hold h = qp_queue(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind);
 	auto *rq = h.as<sv_rq_ring>();
 	queue_geom g;
 	if (!rq || !queue_geometry(rq, g))
@@ -334,7 +364,7 @@ int push_peer(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
 	uint64_t deadline = 0;
 	for (;;) {
 		obj_ref ref = cq_ref();
-		queue_hold h = queue_map(fab, ref, SV_OBJ_CQ);
+		queue_hold h = qp_queue(qp, ref, SV_OBJ_CQ);
 		auto *ring = h.as<sv_cq_ring>();
 		if (!ring) {
 			// A resize may have replaced the ring between our reading the
