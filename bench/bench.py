@@ -466,7 +466,7 @@ def target_table(res, qps):
         r = qps[0]
         allused = (r["created"] == r["nqp"] and r["peer_created"] == r["nqp"] and
                    r["used"] == r["nqp"] and r["ok"] == 2 * r["nqp"] and not r["bad"])
-        per = r["shm_per_qp"] + r["anon_per_qp"]
+        per = r["total_per_qp"]
         err = ""
         if r["errno"] or r["peer_errno"]:
             err = (f"; creation stopped with errno {int(r['errno'])} (parent), "
@@ -474,11 +474,12 @@ def target_table(res, qps):
         rows.append(
             f"| {int(r['nqp'])} connected RC QPs per process between two processes, depth "
             f"{int(r['depth'])} | created {int(r['created'])} + {int(r['peer_created'])}, "
-            f"{int(r['ok'])} messages checked{err}; per QP: /dev/shm {r['shm_per_qp'] / 1024:.1f} KiB, "
+            f"{int(r['ok'])} messages checked{err}; per QP: {per / 1024:.1f} KiB in all = "
+            f"/dev/shm {r['shm_per_qp'] / 1024:.1f} + shared anonymous (send rings) "
+            f"{r['sanon_per_qp'] / 1024:.1f} + anon RSS {r['anon_per_qp'] / 1024:.1f}; "
             f"RSS {r['rss_per_qp'] / 1024:.1f} KiB (anon {r['anon_per_qp'] / 1024:.1f}, "
             f"shmem {r['shmem_per_qp'] / 1024:.1f}) | "
-            f"{QPS_TARGET >> 10} KiB per QP | {per / QPS_TARGET:.2f} "
-            f"(/dev/shm + anon RSS {per / 1024:.1f} KiB) | all used; ≤ 64 KiB per QP | "
+            f"{QPS_TARGET >> 10} KiB per QP | {per / QPS_TARGET:.2f} | all used; ≤ 64 KiB per QP | "
             f"{'yes' if allused and per <= QPS_TARGET else 'no'} |")
     else:
         rows.append("| 1000 connected RC QPs between two processes | - | 64 KiB per QP | - | "
@@ -626,10 +627,15 @@ library.
   message each way on every QP, checked on arrival.  Memory is measured
   after the CQ and before the QPs, and again after the QPs carried their
   messages, and divided by the QPs of both processes: the bytes of the
-  fabric's files under /dev/shm (the rings that live there), and each
-  process's VmRSS, split into RssAnon and RssShmem.  RssShmem counts a
-  page in every process that maps it, so the row's memory per QP is
-  /dev/shm plus anonymous RSS.
+  fabric's files under /dev/shm (the receive rings; reserved whole when
+  created), the size of each process's shared anonymous mappings from
+  /proc/self/smaps (the send rings, `MAP_SHARED | MAP_ANONYMOUS`: their
+  whole size, since a ring's pages join RSS only as the ring is first
+  written round), and each process's VmRSS, split into RssAnon and
+  RssShmem.  RssShmem counts a page in every process that maps it, and an
+  unwritten ring page not at all, so the row's memory per QP "in all" is
+  /dev/shm + shared anonymous mappings + anonymous RSS, each byte once:
+  what the QPs take once every ring slot has been used.
 
 {targets}
 

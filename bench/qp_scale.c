@@ -12,7 +12,10 @@
 // /dev/shm by the fabric's files (softverbs-UID-FABRIC*, FABRIC from
 // SOFTVERBS_FABRIC), the /dev/shm file system's used bytes (statvfs; other
 // users of /dev/shm show up in it), and each process's VmRSS, RssAnon and
-// RssShmem.  Per QP means divided by the QPs of both processes (2 * NQP).
+// RssShmem, and the size of its shared anonymous mappings (the send rings:
+// their whole size, touched or not).  Per QP means divided by the QPs of
+// both processes (2 * NQP); "in all" is /dev/shm files + shared anonymous
+// mappings + anonymous RSS, each byte once.
 // If fewer than NQP QPs could be created on either side, it says how many
 // and the errno, connects and uses those, and exits with status 3.
 // Prints human-readable lines and one "RESULT key=value ..." line that
@@ -39,6 +42,11 @@
 
 struct mem {
 	long long rss, anon, shmem; // bytes, from /proc/self/status
+	// Shared anonymous mappings (MAP_SHARED | MAP_ANONYMOUS, memfds), from
+	// /proc/self/smaps: their whole size and the part touched.  The send
+	// rings live there, outside /dev/shm, and a ring's pages count in RSS
+	// only once written: the size is what a full ring takes.
+	long long sanon_size, sanon_rss;
 };
 
 struct side_report {
@@ -104,7 +112,8 @@ static void barrier(void)
 
 static struct mem mem_now(void)
 {
-	struct mem m = {0, 0, 0};
+	struct mem m;
+	memset(&m, 0, sizeof(m));
 	FILE *f = fopen("/proc/self/status", "r");
 	char line[256];
 	if (!f)
@@ -117,6 +126,28 @@ static struct mem mem_now(void)
 			m.anon = kb * 1024;
 		else if (sscanf(line, "RssShmem: %lld", &kb) == 1)
 			m.shmem = kb * 1024;
+	}
+	fclose(f);
+	f = fopen("/proc/self/smaps", "r");
+	if (!f)
+		return m;
+	int in_sanon = 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		char perms[8];
+		int off = 0;
+		long long kb;
+		if (sscanf(line, "%lx-%lx %7s %*s %*s %*s%n", &lo, &hi, perms, &off) == 3 && off) {
+			const char *path = line + off;
+			while (*path == ' ')
+				path++;
+			in_sanon = perms[3] == 's' && (!strncmp(path, "/dev/zero", 9) ||
+						       !strncmp(path, "/memfd:", 7));
+			if (in_sanon)
+				m.sanon_size += hi - lo;
+		} else if (in_sanon && sscanf(line, "Rss: %lld", &kb) == 1) {
+			m.sanon_rss += kb * 1024;
+		}
 	}
 	fclose(f);
 	return m;
@@ -443,16 +474,26 @@ int main(int argc, char **argv)
 		long long d_rss = (me.m2.rss - me.m1.rss) + (ch.m2.rss - ch.m1.rss);
 		long long d_anon = (me.m2.anon - me.m1.anon) + (ch.m2.anon - ch.m1.anon);
 		long long d_shmem = (me.m2.shmem - me.m1.shmem) + (ch.m2.shmem - ch.m1.shmem);
+		long long d_ssize = (me.m2.sanon_size - me.m1.sanon_size) +
+				    (ch.m2.sanon_size - ch.m1.sanon_size);
+		long long d_srss = (me.m2.sanon_rss - me.m1.sanon_rss) +
+				   (ch.m2.sanon_rss - ch.m1.sanon_rss);
 		printf("per QP (%d QPs): /dev/shm fabric files %.0f B (statvfs %.0f B), "
-		       "RSS %.0f B (anon %.0f B, shmem %.0f B); CQ of %d: %lld B /dev/shm\n",
+		       "RSS %.0f B (anon %.0f B, shmem %.0f B), shared anonymous mappings "
+		       "%.0f B (%.0f B touched); CQ of %d: %lld B /dev/shm\n",
 		       total, d_shm * per, d_vfs * per, d_rss * per, d_anon * per, d_shmem * per,
-		       2 * nqp + 16, shm[1] - shm[0]);
+		       d_ssize * per, d_srss * per, 2 * nqp + 16, shm[1] - shm[0]);
+		printf("per QP in all: %.0f B (/dev/shm files + shared anonymous mappings + "
+		       "anonymous RSS)\n",
+		       (d_shm + d_ssize + d_anon) * per);
 		printf("RESULT nqp=%d depth=%d created=%d peer_created=%d errno=%d peer_errno=%d "
 		       "used=%d ok=%d bad=%d shm_per_qp=%.0f vfs_per_qp=%.0f rss_per_qp=%.0f "
-		       "anon_per_qp=%.0f shmem_per_qp=%.0f cq_shm=%lld files=%d\n",
+		       "anon_per_qp=%.0f shmem_per_qp=%.0f sanon_per_qp=%.0f sanon_rss_per_qp=%.0f "
+		       "total_per_qp=%.0f cq_shm=%lld files=%d\n",
 		       nqp, depth, me.created, ch.created, me.err, ch.err, n,
 		       me.ok_recv + ch.ok_recv, me.bad + ch.bad, d_shm * per, d_vfs * per,
-		       d_rss * per, d_anon * per, d_shmem * per, shm[1] - shm[0], files[3]);
+		       d_rss * per, d_anon * per, d_shmem * per, d_ssize * per, d_srss * per,
+		       (d_shm + d_ssize + d_anon) * per, shm[1] - shm[0], files[3]);
 		char b = 'x';
 		xwrite(&b, 1);
 		int status = 0;
