@@ -620,7 +620,11 @@ library.
   keeping at least {DROP_ROOM} of the rate with 1 pair; the ratios are shown.
 - **fd-backed MR**: `ib_write_bw -s 1048576 --mmap=FILE`, each side with its
   own sparse file in /dev/shm as its buffer (so its MR is fd-backed memory),
-  removed after the run.
+  removed after the run.  perftest registers that buffer with a plain
+  `ibv_reg_mr`, not `softverbs_reg_mr_fd` or a dma-buf: the row measures
+  what the library makes of an ordinary registration of fd-backed memory
+  (at commit a3170e5, still one `process_vm_writev` per 1 MiB WRITE, as
+  without `--mmap`; `strace -f -c` on both sides).
 - **{QPS_N} QPs**: `bench/qp_scale.c` forks two processes that each create
   {QPS_N} RC QPs (`max_send_wr = max_recv_wr = {QPS_DEPTH}`, one CQ each),
   exchange their QPNs over a socketpair, connect every pair and send one
