@@ -3,6 +3,7 @@
 """softverbs side by side with UCX shared memory and memcpy, in one run.
 
     /usr/bin/python3 bench/bench.py [--reps N] [--quick] [--pin] [--build DIR]
+                                    [--only PART,...] [--no-docs]
 
 Measures, each point the median of --reps runs:
   softverbs  Debian's perftest through our library between two processes on
@@ -11,9 +12,19 @@ Measures, each point the median of --reps runs:
   UCX        ucx_perftest between two processes with UCX_TLS=posix,cma,self
              (shared memory): tag_lat, tag_bw, ucp_put_bw;
   memcpy     bench/memcpy_bw.c on one core, built here.
-Prints a table with the ratios softverbs/UCX and softverbs/memcpy, writes
-docs/PERFORMANCE.md and docs/perf.png.  Not a test: nothing here passes or
-fails on a number.
+and, for the targets of issue 13:
+  QP pairs   ib_send_bw and ib_write_bw at 64 B with -q 1, 2, 4 and 8
+             (message rate of all pairs together);
+  fd MR      ib_write_bw 1 MiB with --mmap: both sides' buffers are files
+             in /dev/shm (fd-backed memory), removed afterwards;
+  1000 QPs   bench/qp_scale.c, built here: 1000 connected RC QPs per
+             process between two processes (depth 128), each carrying a
+             checked message each way; /dev/shm and RSS per QP.
+Prints a table with the ratios softverbs/UCX and softverbs/memcpy and the
+issue's target table (each ratio, its target, met or not), writes
+docs/PERFORMANCE.md and docs/perf.png.  --only PART[,PART] runs some parts
+alone (lat, bw, qprate, fdmr, qps) and prints without writing the docs.
+Not a test: nothing here passes or fails on a number.
 """
 import argparse
 import datetime
@@ -112,14 +123,35 @@ def cleanup_fabric(env):
         p.unlink(missing_ok=True)
 
 
-def perftest(build, tool, size, iters):
+_mmap = iter(range(1000000))
+MMAP_BYTES = 16 << 20  # sparse; perftest maps 2 MiB of it for 1 MiB ib_write_bw
+
+
+def perftest(build, tool, size, iters, qps=1, mmap=False):
+    """One perftest pair; qps > 1 adds -q (all pairs' rate together);
+    mmap gives each side its own file in /dev/shm as its buffer (--mmap),
+    removed on the way out."""
     env = sv_env(build)
     port = next(_port)
     args = [tool, "-d", "loop0", "-p", str(port), "-s", str(size), "-n", str(iters)]
+    if qps > 1:
+        args += ["-q", str(qps)]
+    files = []
     try:
-        out, _ = run_pair(args, args + ["localhost"], env, port)
+        sargs, cargs = list(args), list(args)
+        if mmap:
+            k = next(_mmap)
+            for side, a in (("server", sargs), ("client", cargs)):
+                f = pathlib.Path(f"/dev/shm/svbench-mmap-{os.getpid()}-{k}.{side}")
+                files.append(f)
+                with open(f, "wb") as fh:
+                    fh.truncate(MMAP_BYTES)
+                a.append(f"--mmap={f}")
+        out, _ = run_pair(sargs, cargs + ["localhost"], env, port)
     finally:
         cleanup_fabric(env)
+        for f in files:
+            f.unlink(missing_ok=True)
     for line in out.splitlines():
         f = line.split()
         if len(f) >= 5 and f[0] == str(size) and f[1].isdigit():
@@ -151,6 +183,35 @@ def memcpy(binary, size):
                          check=True).stdout.split()
     return {"bw": float(out[1]), "lat_us": float(out[2]) / 1000, "mpps": float(out[1]) *
             (1 << 20) / size / 1e6}
+
+
+def qp_scale(binary, build, nqp, depth):
+    """bench/qp_scale.c between two processes on a fabric of its own: the
+    RESULT line's figures, and the readable lines before it.  A run that
+    created fewer QPs than asked still reports (exit status 3)."""
+    env = sv_env(build)
+    p = None
+    try:
+        p = subprocess.Popen([str(binary), str(nqp), str(depth), str(TIMEOUT * 2)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        out = p.communicate(timeout=TIMEOUT * 2 + 10)[0]
+    finally:
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        cleanup_fabric(env)
+    result = None
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            result = {k: float(v) for k, v in (x.split("=", 1) for x in line.split()[1:])}
+    if result is None:
+        raise RuntimeError(f"qp_scale exit {p.returncode}, no RESULT line: {out.strip()}")
+    if p.returncode not in (0, 3):
+        FAILURES.append(f"qp_scale {nqp} {depth}: exit {p.returncode}: "
+                        f"{out.strip().splitlines()[-1][:160]}")
+    text = [line for line in out.splitlines() if not line.startswith("RESULT ")]
+    return result, text
 
 
 FAILURES = []
@@ -196,6 +257,16 @@ def ratio(a, b):
     return f"{a / b:.2f}" if a == a and b == b and a and b else "-"
 
 
+PARTS = ("lat", "bw", "qprate", "fdmr", "qps")
+QP_PAIRS = [1, 2, 4, 8]
+QPS_N, QPS_DEPTH = 1000, 128
+QPS_TARGET = 64 << 10  # bytes per QP at depth 128
+# "No drop as pairs grow": the rate at every pair count against 1 pair, with
+# this much room for run-to-run noise (the issue's figures move by tens of
+# percent between runs; the ratio is printed, so a reader can judge).
+DROP_ROOM = 0.9
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -204,7 +275,14 @@ def main():
     ap.add_argument("--no-docs", action="store_true", help="print only")
     ap.add_argument("--pin", action="store_true",
                     help="server on CPU 0, client on CPU 1 (steadier on a small machine)")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help="comma-separated parts to run, of " + ", ".join(PARTS) +
+                    " (a partial run prints only: it never writes the docs)")
     a = ap.parse_args()
+    parts = [x for x in a.only.split(",") if x]
+    if not parts or any(x not in PARTS for x in parts):
+        ap.error(f"--only: parts are {', '.join(PARTS)}")
+    partial = set(parts) != set(PARTS)
     if a.pin:
         PIN.append(True)
     build = pathlib.Path(a.build).resolve()
@@ -223,37 +301,74 @@ def main():
         print(f"  {key[0]:>10} {key[1]:<10} {fmt_size(key[2]):>8}: " +
               ", ".join(f"{k} {v:.3f}" for k, v in val.items()), flush=True)
 
-    print("latency", flush=True)
-    for size in LAT_SIZES:
-        n = max(100, int(iters_lat(size) * scale))
-        for op in ("send", "write", "read"):
-            note(("softverbs", op + "_lat", size),
-                 median_of(reps, perftest, build, f"ib_{op}_lat", size, n))
-        note(("ucx", "tag_lat", size), median_of(reps, ucx, "tag_lat", size, n))
-        note(("memcpy", "copy", size), median_of(reps, memcpy, mc, size))
-    print("bandwidth", flush=True)
-    for size in BW_SIZES:
+    def need_memcpy(size):
+        if ("memcpy", "copy", size) not in res:
+            note(("memcpy", "copy", size), median_of(reps, memcpy, mc, size))
+
+    if "lat" in parts:
+        print("latency", flush=True)
+        for size in LAT_SIZES:
+            n = max(100, int(iters_lat(size) * scale))
+            for op in ("send", "write", "read"):
+                note(("softverbs", op + "_lat", size),
+                     median_of(reps, perftest, build, f"ib_{op}_lat", size, n))
+            note(("ucx", "tag_lat", size), median_of(reps, ucx, "tag_lat", size, n))
+            need_memcpy(size)
+    if "bw" in parts:
+        print("bandwidth", flush=True)
+        for size in BW_SIZES:
+            n = max(100, int(iters_bw(size) * scale))
+            for op in ("send", "write", "read"):
+                note(("softverbs", op + "_bw", size),
+                     median_of(reps, perftest, build, f"ib_{op}_bw", size, n))
+            for t in ("tag_bw", "ucp_put_bw"):
+                note(("ucx", t, size), median_of(reps, ucx, t, size, n))
+            need_memcpy(size)
+    if "qprate" in parts:
+        # The same number of messages in all, spread over the pairs
+        # (perftest's -n counts per QP).
+        print("message rate against QP pairs (64 B)", flush=True)
+        for q in QP_PAIRS:
+            n = max(100, int(iters_bw(64) * scale) // q)
+            for op in ("send", "write"):
+                note(("softverbs", f"{op}_bw_q{q}", 64),
+                     median_of(reps, perftest, build, f"ib_{op}_bw", 64, n, q))
+    if "fdmr" in parts:
+        print("RDMA WRITE into an fd-backed MR (--mmap, /dev/shm)", flush=True)
+        size = 1 << 20
         n = max(100, int(iters_bw(size) * scale))
-        for op in ("send", "write", "read"):
-            note(("softverbs", op + "_bw", size),
-                 median_of(reps, perftest, build, f"ib_{op}_bw", size, n))
-        for t in ("tag_bw", "ucp_put_bw"):
-            note(("ucx", t, size), median_of(reps, ucx, t, size, n))
+        note(("softverbs", "write_bw_fd", size),
+             median_of(reps, perftest, build, "ib_write_bw", size, n, 1, True))
+        need_memcpy(size)
+    qps = None
+    if "qps" in parts:
+        print(f"{QPS_N} connected RC QPs between two processes (depth {QPS_DEPTH})", flush=True)
+        qs = OUT / "qp_scale"
+        subprocess.run(["cc", "-O2", "-Wall", "-o", str(qs), str(ROOT / "bench" / "qp_scale.c"),
+                        "-L" + str(build / "libibverbs-compat"), "-libverbs"], check=True)
+        try:
+            qps = qp_scale(qs, build, QPS_N, QPS_DEPTH)
+            for line in qps[1]:
+                print("  " + line, flush=True)
+        except (RuntimeError, subprocess.SubprocessError) as x:
+            FAILURES.append(f"qp_scale{(QPS_N, QPS_DEPTH)}: {str(x).splitlines()[0][:160]}")
+            print(f"  qp_scale: {x}", flush=True)
 
     m = machine()
-    lines = []
-    lines.append("| size | op | softverbs | UCX (shm) | memcpy | sv/UCX | sv/memcpy |")
-    lines.append("|---|---|---|---|---|---|---|")
     nan = {"lat_us": float("nan"), "bw": float("nan"), "mpps": float("nan")}
     get = lambda *k: res.get(k, nan)
-    for size in LAT_SIZES:
+    lines = []
+    if "lat" in parts or "bw" in parts:
+        lines.append("| size | op | softverbs | UCX (shm) | memcpy | sv/UCX | sv/memcpy |")
+        lines.append("|---|---|---|---|---|---|---|")
+    for size in LAT_SIZES if "lat" in parts else []:
         u = get("ucx", "tag_lat", size)["lat_us"]
         c = get("memcpy", "copy", size)["lat_us"]
         for op in ("send", "write", "read"):
             v = get("softverbs", op + "_lat", size)["lat_us"]
             lines.append(f"| {fmt_size(size)} | {op} latency (us) | {v:.2f} | {u:.2f} (tag_lat) | "
                          f"{c:.3f} | {ratio(v, u)} | {ratio(v, c)} |")
-    for size in BW_SIZES:
+    for size in BW_SIZES if "bw" in parts else []:
         c = get("memcpy", "copy", size)
         ut, up = get("ucx", "tag_bw", size), get("ucx", "ucp_put_bw", size)
         for op, u, uname in (("send", ut, "tag_bw"), ("write", up, "ucp_put_bw"),
@@ -271,15 +386,138 @@ def main():
         lines.append("")
         lines += [f"- `{f}`" for f in FAILURES]
     table = "\n".join(lines)
+    targets = target_table(res, qps)
+    extra = extra_tables(res, qps, parts)
     print()
     print(f"{m['date']}  nproc {m['nproc']}  {m['cpu']}  kernel {m['kernel']}  load {m['load']}")
-    print(table)
-    if a.no_docs:
+    if table:
+        print(table)
+    if extra:
+        print()
+        print(extra)
+    print()
+    print("Targets of issue 13" + (" (a partial run: '-' where a part did not run)"
+                                   if partial else ""))
+    print()
+    print(targets)
+    if a.no_docs or partial:
         return 0
     plot(res, ROOT / "docs" / "perf.png")
-    write_doc(ROOT / "docs" / "PERFORMANCE.md", m, table, reps, a.quick)
+    write_doc(ROOT / "docs" / "PERFORMANCE.md", m, table, extra, targets, reps, a.quick)
     print("\nwrote docs/PERFORMANCE.md and docs/perf.png")
     return 0
+
+
+def verdict(r, target, higher):
+    """'yes' or 'no' against the target; '-' when r was not measured."""
+    if r != r:
+        return "-"
+    return "yes" if (r >= target if higher else r <= target) else "no"
+
+
+def target_table(res, qps):
+    """The target table of issue 13, row for row: figure, softverbs, the
+    reference it is divided by, the ratio, the target, whether it is met."""
+    nan = float("nan")
+    val = lambda sysname, metric, size, k: res.get((sysname, metric, size), {}).get(k, nan)
+    div = lambda x, y: x / y if x == x and y == y and y else nan
+    rows = []
+
+    num = lambda x, digits: "-" if x != x else f"{x:.{digits}f}"
+
+    def row(figure, v, unit, ref, refname, target, higher, digits=2):
+        r = div(v, ref)
+        rows.append(f"| {figure} | {num(v, digits)} {unit} | {num(ref, digits)} {unit} ({refname}) | "
+                    f"{'-' if r != r else f'{r:.2f}'} | {'≥' if higher else '≤'} {target} | "
+                    f"{verdict(r, target, higher)} |")
+
+    tag64 = val("ucx", "tag_bw", 64, "mpps")
+    for op in ("send", "write"):
+        row(f"`ib_{op}_bw` 64 B message rate / UCX `tag_bw` 64 B",
+            val("softverbs", op + "_bw", 64, "mpps"), "Mpps", tag64, "tag_bw", 1.0, True, 3)
+    tl8 = val("ucx", "tag_lat", 8, "lat_us")
+    for op in ("send", "write"):
+        row(f"`ib_{op}_lat` 8 B / UCX `tag_lat` 8 B",
+            val("softverbs", op + "_lat", 8, "lat_us"), "us", tl8, "tag_lat", 1.0, False)
+    row("`ib_read_lat` 8 B / (2 × UCX `tag_lat` 8 B)", val("softverbs", "read_lat", 8, "lat_us"),
+        "us", 2 * tl8, "2 × tag_lat", 1.0, False)
+    for size in (4096, 65536):
+        for op in ("send", "write", "read"):
+            row(f"`ib_{op}_bw` {fmt_size(size)} / UCX `tag_bw` {fmt_size(size)}",
+                val("softverbs", op + "_bw", size, "bw"), "MB/s",
+                val("ucx", "tag_bw", size, "bw"), "tag_bw", 1.0, True, 0)
+    mc1 = val("memcpy", "copy", 1 << 20, "bw")
+    for op in ("write", "read"):
+        row(f"`ib_{op}_bw` 1 MiB / one-core memcpy 1 MiB",
+            val("softverbs", op + "_bw", 1 << 20, "bw"), "MB/s", mc1, "memcpy", 0.7, True, 0)
+    row("RDMA WRITE 1 MiB into an fd-backed MR / memcpy (`ib_write_bw --mmap`, /dev/shm)",
+        val("softverbs", "write_bw_fd", 1 << 20, "bw"), "MB/s", mc1, "memcpy", 0.8, True, 0)
+    for op in ("send", "write"):
+        rates = [val("softverbs", f"{op}_bw_q{q}", 64, "mpps") for q in QP_PAIRS]
+        shown = ", ".join(f"{q}: {num(r, 3)}" for q, r in zip(QP_PAIRS, rates))
+        rel = [div(r, rates[0]) for r in rates]
+        worst = min(rel) if all(r == r for r in rel) else nan
+        rows.append(f"| `ib_{op}_bw` 64 B message rate with 1, 2, 4, 8 QP pairs (`-q`) | "
+                    f"{shown} Mpps | the rate with 1 pair | "
+                    f"{', '.join('-' if r != r else f'{r:.2f}' for r in rel)} | "
+                    f"reported; no drop (each ≥ {DROP_ROOM} × 1 pair) | "
+                    f"{verdict(worst, DROP_ROOM, True)} |")
+    if qps:
+        r = qps[0]
+        allused = (r["created"] == r["nqp"] and r["peer_created"] == r["nqp"] and
+                   r["used"] == r["nqp"] and r["ok"] == 2 * r["nqp"] and not r["bad"])
+        per = r["total_per_qp"]
+        err = ""
+        if r["errno"] or r["peer_errno"]:
+            err = (f"; creation stopped with errno {int(r['errno'])} (parent), "
+                   f"{int(r['peer_errno'])} (child)")
+        rows.append(
+            f"| {int(r['nqp'])} connected RC QPs per process between two processes, depth "
+            f"{int(r['depth'])} | created {int(r['created'])} + {int(r['peer_created'])}, "
+            f"{int(r['ok'])} messages checked{err}; per QP: {per / 1024:.1f} KiB in all = "
+            f"/dev/shm {r['shm_per_qp'] / 1024:.1f} + shared anonymous (send rings) "
+            f"{r['sanon_per_qp'] / 1024:.1f} + anon RSS {r['anon_per_qp'] / 1024:.1f}; "
+            f"RSS {r['rss_per_qp'] / 1024:.1f} KiB (anon {r['anon_per_qp'] / 1024:.1f}, "
+            f"shmem {r['shmem_per_qp'] / 1024:.1f}) | "
+            f"{QPS_TARGET >> 10} KiB per QP | {per / QPS_TARGET:.2f} | all used; ≤ 64 KiB per QP | "
+            f"{'yes' if allused and per <= QPS_TARGET else 'no'} |")
+    else:
+        rows.append("| 1000 connected RC QPs between two processes | - | 64 KiB per QP | - | "
+                    "all used; ≤ 64 KiB per QP | - |")
+    head = ["| figure | softverbs | divided by | ratio | target | met |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join(head + rows)
+
+
+def extra_tables(res, qps, parts):
+    """The figures behind the new target rows, in full."""
+    out = []
+    if "qprate" in parts:
+        out.append("| QP pairs (`-q`) | send 64 B (Mpps) | write 64 B (Mpps) |")
+        out.append("|---|---|---|")
+        for q in QP_PAIRS:
+            cell = lambda op: res.get(("softverbs", f"{op}_bw_q{q}", 64), {}).get("mpps")
+            out.append(f"| {q} | " + " | ".join("-" if cell(op) is None else f"{cell(op):.3f}"
+                                              for op in ("send", "write")) + " |")
+    if "fdmr" in parts:
+        v = res.get(("softverbs", "write_bw_fd", 1 << 20), {}).get("bw")
+        w = res.get(("softverbs", "write_bw", 1 << 20), {}).get("bw")
+        c = res.get(("memcpy", "copy", 1 << 20), {}).get("bw")
+        f = lambda x: "-" if x is None else f"{x:.0f}"
+        if out:
+            out.append("")
+        out.append("| 1 MiB RDMA WRITE | MB/s |")
+        out.append("|---|---|")
+        out.append(f"| into an fd-backed MR (/dev/shm file, `--mmap`) | {f(v)} |")
+        out.append(f"| into perftest's own buffer | {f(w)} |")
+        out.append(f"| one-core memcpy (MiB/s) | {f(c)} |")
+    if qps:
+        if out:
+            out.append("")
+        out.append(f"`bench/qp_scale {QPS_N} {QPS_DEPTH}`:")
+        out.append("")
+        out += ["    " + line for line in qps[1]]
+    return "\n".join(out)
 
 
 def plot(res, path):
@@ -322,7 +560,7 @@ def plot(res, path):
 KEEP = "<!-- bench.py rewrites what is above this line and keeps what follows -->"
 
 
-def write_doc(path, m, table, reps, quick):
+def write_doc(path, m, table, extra, targets, reps, quick):
     old = path.read_text() if path.exists() else ""
     tail = old[old.index(KEEP):] if KEEP in old else KEEP + "\n"
     path.write_text(f"""# Performance
@@ -368,6 +606,44 @@ call (checks, key lookups, a completion on each side) per message.
 {table}
 
 ![bandwidth and latency vs size](perf.png)
+
+## Targets of issue 13
+
+Each row of the issue's target table, measured in this run.  A ratio is
+softverbs divided by the figure named; "met" compares it with the target.
+These are figures of one run on one machine, never a pass or fail of the
+library.
+
+- **QP pairs**: `ib_send_bw` and `ib_write_bw` at 64 B with `-q 1, 2, 4, 8`,
+  the message rate of all pairs together, the same number of messages in
+  all (perftest's `-n` is per QP).  "No drop" is read as every pair count
+  keeping at least {DROP_ROOM} of the rate with 1 pair; the ratios are shown.
+- **fd-backed MR**: `ib_write_bw -s 1048576 --mmap=FILE`, each side with its
+  own sparse file in /dev/shm as its buffer (so its MR is fd-backed memory),
+  removed after the run.  perftest registers that buffer with a plain
+  `ibv_reg_mr`, not `softverbs_reg_mr_fd` or a dma-buf: the row measures
+  what the library makes of an ordinary registration of fd-backed memory
+  (at commit a3170e5, still one `process_vm_writev` per 1 MiB WRITE, as
+  without `--mmap`; `strace -f -c` on both sides).
+- **{QPS_N} QPs**: `bench/qp_scale.c` forks two processes that each create
+  {QPS_N} RC QPs (`max_send_wr = max_recv_wr = {QPS_DEPTH}`, one CQ each),
+  exchange their QPNs over a socketpair, connect every pair and send one
+  message each way on every QP, checked on arrival.  Memory is measured
+  after the CQ and before the QPs, and again after the QPs carried their
+  messages, and divided by the QPs of both processes: the bytes of the
+  fabric's files under /dev/shm (the receive rings; reserved whole when
+  created), the size of each process's shared anonymous mappings from
+  /proc/self/smaps (the send rings, `MAP_SHARED | MAP_ANONYMOUS`: their
+  whole size, since a ring's pages join RSS only as the ring is first
+  written round), and each process's VmRSS, split into RssAnon and
+  RssShmem.  RssShmem counts a page in every process that maps it, and an
+  unwritten ring page not at all, so the row's memory per QP "in all" is
+  /dev/shm + shared anonymous mappings + anonymous RSS, each byte once:
+  what the QPs take once every ring slot has been used.
+
+{targets}
+
+{extra}
 
 """ + tail)
 
