@@ -539,6 +539,11 @@ int sq_create(loop_qp *qp, ibv_pd *pd)
 	uint32_t data = std::max<uint32_t>({qp->cap.max_send_sge * uint32_t{sizeof(sv_sge)},
 					    qp->cap.max_inline_data, SV_SQ_MIN_INLINE});
 	uint32_t stride = (SV_WQE_HDR_SIZE + data + SV_CACHELINE - 1) & ~uint32_t{SV_CACHELINE - 1};
+	// The slot's room is the QP's inline limit, as an HCA reports what its
+	// WQE holds: at least what was asked (checked against kMaxInlineData
+	// at creation), at most kMaxInlineData.  A slot sized for 256 bytes
+	// whatever the request made a depth-128 ring 60 KiB (bench/qp_scale.c).
+	qp->cap.max_inline_data = std::min<uint32_t>(kMaxInlineData, stride - SV_WQE_HDR_SIZE);
 	size_t bytes = SV_SQ_HDR_SIZE + size_t{count} * stride;
 	try {
 		qp->sq_lib.assign(count, loop_qp::lib_wqe{});

@@ -493,7 +493,8 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 	} else {
 		qp->cap.max_send_wr = std::max<uint32_t>(attr->cap.max_send_wr, 1);
 		qp->cap.max_send_sge = std::max<uint32_t>(attr->cap.max_send_sge, 1);
-		qp->cap.max_inline_data = kMaxInlineData;
+		// sq_create sizes the slots for what was asked and reports what
+		// fits (at least that), as an HCA reports its WQE's room.
 		if (int e = sq_create(qp, pd)) {
 			delete qp;
 			res_put(fab, lctx->lease, SV_RES_QP);
