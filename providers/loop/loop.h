@@ -263,6 +263,10 @@ struct loop_qp {
 	// (small_vec.h).
 	std::vector<rseg> req_segs;
 	std::vector<rseg> req_riov;
+	// The same for the peer's responder, which runs on this QP's requester
+	// (responder.cpp): the receive WQE taken, its segments.
+	std::vector<uint8_t> resp_wqe_buf;
+	std::vector<rseg> resp_riov;
 	// Per slot: the fast-register key object a library-posted WQE names
 	// (process memory: never read from the ring).
 	// What only the library knows of the WQEs it wrote (the ring is

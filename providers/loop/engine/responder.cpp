@@ -72,7 +72,7 @@ tp_answer respond_send(const transport_ops &t, loop_qp *qp, const peer &p, const
 	const send_wr &w = *r.w;
 	const local_buf &lb = *r.lb;
 	bool uc = p.rec.qp_type == IBV_QPT_UC;
-	thread_local std::vector<rseg> riov;
+	std::vector<rseg> &riov = qp->resp_riov;
 	ibv_wc_status rs = scatter(t, qp, p, wqe, pdn, lb.len, riov);
 	sv_cqe rcv = recv_cqe(p, r, wqe->wr_id);
 	rcv.opcode = IBV_WC_RECV;
@@ -126,7 +126,7 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 	bool uc = p.rec.qp_type == IBV_QPT_UC;
 	sv_cqe rcv = recv_cqe(p, r, wqe->wr_id);
 	rcv.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
-	thread_local std::vector<rseg> riov;
+	std::vector<rseg> &riov = qp->resp_riov;
 	riov.clear();
 	uint32_t raccess = 0;
 	int kerr = 0;
@@ -177,18 +177,17 @@ tp_answer respond_ud(const transport_ops &t, loop_qp *qp, const peer &p, const t
 	const local_buf &lb = *r.lb;
 	if (!peer_receives(p.rec) || p.rec.qp_type != IBV_QPT_UD || p.rec.qkey != r.qkey)
 		return ack(0); // Dropped silently, as a UD packet with a bad Q_Key is
-	thread_local std::vector<uint8_t> wqe_buf;
-	thread_local std::vector<rseg> riov;
+	std::vector<uint8_t> &wqe_buf = qp->resp_wqe_buf;
+	std::vector<rseg> &riov = qp->resp_riov;
 	sv_recv_wqe *wqe = nullptr;
 	uint32_t pdn = 0;
 	if (!t.take_recv(qp, p, wqe_buf, wqe, pdn))
 		return ack(0);
 	ibv_wc_status rs = scatter(t, qp, p, wqe, pdn, sizeof(ibv_grh) + lb.len, riov);
 	if (rs == IBV_WC_SUCCESS) {
-		thread_local std::vector<iovec> liov;
-		liov.clear();
+		small_vec<iovec, 17> liov;
 		liov.push_back({const_cast<ibv_grh *>(r.grh), sizeof(ibv_grh)});
-		liov.insert(liov.end(), lb.iov.begin(), lb.iov.end());
+		liov.insert_end(lb.iov.begin(), lb.iov.end());
 		tp_move m{liov.data(),	       static_cast<int>(liov.size()),
 			  riov.data(),	       static_cast<int>(riov.size()),
 			  xfer_dir::to_peer, lb.checked,
@@ -217,7 +216,7 @@ tp_answer respond(const transport_ops &t, loop_qp *qp, const peer &p, const tp_r
 {
 	if (p.rec.qp_type == IBV_QPT_UD)
 		return respond_ud(t, qp, p, r);
-	thread_local std::vector<uint8_t> wqe_buf;
+	std::vector<uint8_t> &wqe_buf = qp->resp_wqe_buf;
 	sv_recv_wqe *wqe = nullptr;
 	uint32_t pdn = 0;
 	if (!t.take_recv(qp, p, wqe_buf, wqe, pdn))
