@@ -523,3 +523,42 @@ out({"send": poll(cq, 1)})
     assert brief(cr["send"], "byte_len") == [(5, 0, WC_SEND, 16)]
     assert brief(sr["recv"], "byte_len") == [(900, 0, WC_RECV, 16)]
     assert sr["recv"][0]["src_qp"] == cqn and sr["d"] == "across processes"
+
+
+def test_atomic_write_through_post_send(env):
+    """IBV_WR_ATOMIC_WRITE posted with ibv_post_send (not ibv_wr_*): wr.rdma
+    names the target and one 8-byte SGE the value.  It once ran with the
+    target and value of whatever the WR before it left behind: the RDMA
+    WRITE before it in the chain had its own target overwritten and the
+    atomic's target stayed zero, with a success completion."""
+    r = run("""
+from pyverbs.wr import SendWR
+from pyverbs.pyverbs_error import PyverbsRDMAError
+a, b, ca, cb = pair()
+ma, mb = MR(pd, 4096, ACC), MR(pd, 4096, ACC)
+ma.write(bytes(range(16)), 16)
+ma.write(bytes.fromhex("8877665544332211"), 8, 512)
+w1 = SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[SGE(ma.buf, 16, ma.lkey)],
+            send_flags=e.IBV_SEND_SIGNALED)
+w1.set_wr_rdma(mb.rkey, mb.buf)
+w2 = SendWR(wr_id=2, opcode=e.IBV_WR_ATOMIC_WRITE, num_sge=1,
+            sg=[SGE(ma.buf + 512, 8, ma.lkey)], send_flags=e.IBV_SEND_SIGNALED)
+w2.set_wr_rdma(mb.rkey, mb.buf + 1024)
+w1.next_wr = w2
+a.post_send(w1)
+cs = poll(ca, 2)
+bad = SendWR(wr_id=3, opcode=e.IBV_WR_ATOMIC_WRITE, num_sge=1,
+             sg=[SGE(ma.buf + 512, 4, ma.lkey)], send_flags=e.IBV_SEND_SIGNALED)
+bad.set_wr_rdma(mb.rkey, mb.buf + 2048)
+try:
+    a.post_send(bad)
+    short = 0
+except PyverbsRDMAError as x:
+    short = x.error_code
+out({"cs": [(c["wr_id"], c["status"]) for c in cs], "head": mb.read(16, 0).hex(),
+     "word": mb.read(8, 1024).hex(), "short": short, "untouched": mb.read(8, 2048).hex()})
+""", env)
+    assert r["cs"] == [[1, 0], [2, 0]], r
+    assert r["head"] == bytes(range(16)).hex()
+    assert r["word"] == "8877665544332211"
+    assert r["short"] == errno.EINVAL and r["untouched"] == "00" * 8

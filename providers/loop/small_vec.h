@@ -35,10 +35,15 @@ public:
 	// May throw std::bad_alloc past N (the caller's c_boundary.h catch).
 	void push_back(const T &v)
 	{
-		if (n_ == cap_) [[unlikely]]
+		if (n_ == cap_) [[unlikely]] {
+			T copy = v; // v may be one of ours, freed by grow()
 			grow();
+			p_[n_++] = copy;
+			return;
+		}
 		p_[n_++] = v;
 	}
+	// [first, last) must not be this vector's own elements.
 	template <class It> void insert_end(It first, It last)
 	{
 		for (; first != last; ++first)

@@ -319,12 +319,33 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *
 		if (err)
 			return err;
 	}
+	// Fields an opcode does not use are still defined: the WQE carries
+	// its remote address segment whatever the opcode (wqe_write).
+	w.remote_addr = 0;
+	w.rkey = 0;
+	w.compare_add = 0;
+	w.swap = 0;
+	w.xrc_srqn = 0;
 	switch (in->opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 	case IBV_WR_RDMA_READ:
 		w.remote_addr = in->wr.rdma.remote_addr;
 		w.rkey = in->wr.rdma.rkey;
+		break;
+	case IBV_WR_ATOMIC_WRITE:
+		// IBTA 1.5's atomic write through ibv_post_send (as rxe takes
+		// it): wr.rdma names the target, one SGE of exactly 8 bytes the
+		// value, which travels in the WR as ibv_wr_atomic_write's does
+		// (read now, as inline data is).
+		if (in->num_sge != 1 || in->sg_list[0].length != 8)
+			return EINVAL;
+		w.remote_addr = in->wr.rdma.remote_addr;
+		w.rkey = in->wr.rdma.rkey;
+		memcpy(w.inline_data, reinterpret_cast<const void *>(in->sg_list[0].addr), 8);
+		w.is_inline = true;
+		w.inline_len = 8;
+		w.num_sge = 0;
 		break;
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
@@ -593,6 +614,14 @@ void sq_destroy(loop_qp *qp)
 	qp->sq = nullptr;
 	qp->sq_alloc_pd = nullptr;
 	qp->sq_head_valid = false;
+	// A destroyed QP's memory stays a while (quarantine): it must not keep
+	// its peers' queue mappings or segment pins alive with it.
+	for (loop_qp::queue_cache &c : qp->tp_queues)
+		c = {};
+	std::vector<rseg>().swap(qp->req_segs);
+	std::vector<rseg>().swap(qp->req_riov);
+	std::vector<rseg>().swap(qp->resp_riov);
+	std::vector<uint8_t>().swap(qp->resp_wqe_buf);
 }
 
 void sq_reset(loop_qp *qp)

@@ -281,10 +281,15 @@ void wr_set_inline_data_list(ibv_qp_ex *qpx, size_t n, const ibv_data_buf *bufs)
 		fail(qp->builder, EINVAL);
 		return;
 	}
+	// Summed with a check at each step: lengths near SIZE_MAX would wrap.
 	size_t len = 0;
-	for (size_t i = 0; i < n; i++)
-		len += bufs[i].length;
-	if (len > qp->cap.max_inline_data || len > sizeof(w->inline_data)) {
+	bool over = false;
+	for (size_t i = 0; i < n && !over; i++) {
+		over = bufs[i].length > qp->cap.max_inline_data - len;
+		if (!over)
+			len += bufs[i].length;
+	}
+	if (over || len > qp->cap.max_inline_data || len > sizeof(w->inline_data)) {
 		fail(qp->builder, ENOMEM);
 		return;
 	}

@@ -122,6 +122,12 @@ tp_answer fake_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 		wi.last.p = p;
 		wi.last.w = *r.w;
 		wi.last.lb = *r.lb;
+		// Inline bytes live in the requester's WR, which may be its
+		// stack: the replay reads them from the copy kept here.
+		if (r.w->is_inline) {
+			wi.last.lb.iov.clear();
+			wi.last.lb.iov.push_back({wi.last.w.inline_data, wi.last.w.inline_len});
+		}
 		wi.last.r = r;
 	}
 	if (take(wi.faults.duplicate))

@@ -148,24 +148,28 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind)
 {
 	fabric &fab = *qp->ctx->fab;
+	loop_qp::queue_cache *slot = &qp->tp_queues[qp->tp_queue_next];
 	if (ref.slot < SV_MAX_OBJS) {
-		for (const loop_qp::queue_cache &c : qp->tp_queues) {
+		for (loop_qp::queue_cache &c : qp->tp_queues) {
 			if (!c.hold || c.ref.slot != ref.slot || c.ref.gen != ref.gen || c.kind != kind)
 				continue;
 			sv_obj_rec &o = fab.reg()->objs[ref.slot];
 			if (std::atomic_ref<uint32_t>(o.in_use).load(std::memory_order_acquire) &&
 			    o.generation == ref.gen && o.kind == static_cast<uint32_t>(kind))
 				return c.hold;
+			// Gone: this entry lets its mapping go, and takes the new one.
+			c = {};
+			slot = &c;
 			break;
 		}
 	}
 	queue_hold h = queue_map(fab, ref, kind);
 	if (h) {
-		loop_qp::queue_cache &c = qp->tp_queues[qp->tp_queue_next];
-		qp->tp_queue_next ^= 1;
-		c.ref = ref;
-		c.kind = kind;
-		c.hold = h;
+		if (slot == &qp->tp_queues[qp->tp_queue_next])
+			qp->tp_queue_next ^= 1;
+		slot->ref = ref;
+		slot->kind = kind;
+		slot->hold = h;
 	}
 	return h;
 }
