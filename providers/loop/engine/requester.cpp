@@ -235,7 +235,7 @@ step run_rdma(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, lo
 			  read ? xfer_dir::from_peer : xfer_dir::to_peer,
 			  lb.checked,
 			  (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0};
-		int err = t.move(qp, p, &m, 1);
+		int err = t.move(qp, p, &m, 1, nullptr);
 		if (no_answer(err))
 			return step::unreachable;
 		if (err) {
