@@ -249,7 +249,8 @@ def batch_pair(progs, env, procs, what, trace=None):
     assert rc == 0, err
 
 
-@pytest.mark.parametrize("what", ["write", "read", "write-fault", "read-fault"])
+@pytest.mark.parametrize("what", ["write", "read", "write-fault", "read-fault",
+                                  "write-badkey", "read-badlkey"])
 def test_batched_rdma(progs, env, procs, tmp_path, what):
     """64 RDMA WRITEs (READs) to another process in one ibv_post_send: every
     byte lands, the completions come in WR order, and the data of all of
@@ -257,7 +258,10 @@ def test_batched_rdma(progs, env, procs, tmp_path, what):
     it is installed.  The -fault forms unmap a page of WR 37's target
     first: WRs 0..36 succeed with their data in place, 37 gets
     REM_ACCESS_ERR, 38..63 WR_FLUSH_ERR, and none of their bytes lands
-    (docs/design.md, the engine's doorbell batch)."""
+    (docs/design.md, the engine's doorbell batch).  -badkey and -badlkey
+    fail WR 37's checks instead (REM_ACCESS_ERR, LOC_PROT_ERR): the batch
+    before it moves and completes first, in its one call, and the WRs
+    after it are flushed."""
     trace = tmp_path / "strace.out" if shutil.which("strace") else None
     batch_pair(progs, env, procs, what, trace)
     if trace:
@@ -266,6 +270,7 @@ def test_batched_rdma(progs, env, procs, tmp_path, what):
                  for n in ("process_vm_writev", "process_vm_readv")}
         want = "process_vm_readv" if "read" in what else "process_vm_writev"
         assert calls[want] == 1, (calls, lines[:20])
+        assert sum(calls.values()) == 1, calls
 
 
 def test_library_outlives_dlclose(build_dir, env):

@@ -22,14 +22,18 @@
  *                         PATTERN (fill slot i with slot_fill(i)), UNMAP
  *                         off len, CHECK n k (slots before k hold their
  *                         pattern, those after k still 0xA5; k = n: all).
- *   sv_peer batch DEV write|read|write-fault|read-fault
+ *   sv_peer batch DEV write|read|write-fault|read-fault|write-badkey|read-badlkey
  *                         posts BATCH_N RDMA WRITEs (READs) in one
  *                         ibv_post_send, slot i to slot i, and checks each
  *                         completion in WR order and the bytes at the
  *                         target (here); the -fault forms unmap a page of
  *                         slot BATCH_K first: the WRs before it succeed,
  *                         it fails REM_ACCESS_ERR, the rest WR_FLUSH_ERR,
- *                         and no byte of theirs lands.  Commands go to the
+ *                         and no byte of theirs lands.  -badkey gives WR
+ *                         BATCH_K a key the target never registered,
+ *                         -badlkey a local key of none of ours: it fails
+ *                         REM_ACCESS_ERR (LOC_PROT_ERR) after the WRs
+ *                         before it completed.  Commands go to the
  *                         target as lines (the harness relays the reply);
  *                         "DONE" at the end.
  */
@@ -408,6 +412,7 @@ static void target_do(const char *fmt, ...)
 static void run_batch(const char *dev, const char *what)
 {
 	int read = strstr(what, "read") != NULL, fault = strstr(what, "fault") != NULL;
+	int badkey = strstr(what, "badkey") != NULL, badlkey = strstr(what, "badlkey") != NULL;
 	struct info peer;
 	get_info(&peer);
 	struct svt_dev d;
@@ -447,17 +452,22 @@ static void run_batch(const char *dev, const char *what)
 		wr[i].wr.rdma.rkey = peer.rkey;
 		wr[i].next = i + 1 < BATCH_N ? &wr[i + 1] : NULL;
 	}
+	if (badkey)
+		wr[BATCH_K].wr.rdma.rkey ^= 0x5500;
+	if (badlkey)
+		sge[BATCH_K].lkey ^= 0x5500;
 	struct ibv_send_wr *bad = NULL;
 	CHECK(ibv_post_send(qp, wr, &bad) == 0);
 	/* Every completion is there when ibv_post_send returns */
 	struct ibv_wc wc[BATCH_N];
 	int got = ibv_poll_cq(cq, BATCH_N, wc);
 	CHECK_EQ(got, BATCH_N);
-	int k = fault ? BATCH_K : BATCH_N;
+	int k = fault || badkey || badlkey ? BATCH_K : BATCH_N;
 	for (int i = 0; i < BATCH_N; i++) {
 		enum ibv_wc_status want = i < k	   ? IBV_WC_SUCCESS
-					  : i == k ? IBV_WC_REM_ACCESS_ERR
-						   : IBV_WC_WR_FLUSH_ERR;
+					  : i > k  ? IBV_WC_WR_FLUSH_ERR
+					  : badlkey ? IBV_WC_LOC_PROT_ERR
+						   : IBV_WC_REM_ACCESS_ERR;
 		CHECK_EQ(wc[i].wr_id, 1000 + i);
 		CHECK_WC(wc[i], want);
 		if (want == IBV_WC_SUCCESS) {
@@ -466,7 +476,7 @@ static void run_batch(const char *dev, const char *what)
 		}
 	}
 	svt_expect_empty(cq, 100, "after the batch");
-	CHECK_EQ(svt_state(qp), fault ? IBV_QPS_ERR : IBV_QPS_RTS);
+	CHECK_EQ(svt_state(qp), k < BATCH_N ? IBV_QPS_ERR : IBV_QPS_RTS);
 	if (read) {
 		for (int i = 0; i < BATCH_N; i++)
 			if (i != k && !slot_is(A, i, i < k))
