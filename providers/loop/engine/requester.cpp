@@ -509,7 +509,10 @@ void rdma_flush(loop_qp *qp, rdma_batch &b)
 	uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
 	size_t done = 0;
 	int err = 0;
-	if (state == IBV_QPS_RTS) { // Else it left RTS since: drain() runs the WRs
+	// The QP left RTS since, or the copy ran out of memory: every WR runs
+	// as the backlog (drain), as if it had never been staged.
+	bool rerun = state != IBV_QPS_RTS;
+	if (!rerun) {
 		size_t lo = 0, ro = 0;
 		for (size_t i = 0; i < n; i++) {
 			const loop_qp::batch_wr &r = wrs[i];
@@ -528,13 +531,10 @@ void rdma_flush(loop_qp *qp, rdma_batch &b)
 		} catch (abi::__forced_unwind &) {
 			throw;
 		} catch (...) {
-			// Out of memory for the copy's lists: whatever moved moves
-			// again, the same bytes, as each WR runs alone.
+			// Whatever moved moves again: the same bytes.
 			done = 0;
-			err = EAGAIN;
+			rerun = true;
 		}
-	} else {
-		err = EAGAIN;
 	}
 	// The head's send_wr serves as each WR's for its completion: the WRs
 	// are [sq_cons, sq_posted) and no head is decoded.
@@ -551,7 +551,9 @@ void rdma_flush(loop_qp *qp, rdma_batch &b)
 	for (size_t i = 0; i < done; i++)
 		complete(qp, as_wr(i), IBV_WC_SUCCESS, wrs[i].len);
 	uint64_t next = b.first + done; // The first WR not completed
-	if (err && err != EAGAIN) {
+	if (rerun) {
+		qp->req_psn -= static_cast<uint32_t>(n);
+	} else if (err) {
 		// The WRs from `done` on run again as the backlog, with the
 		// sequence numbers they had.
 		qp->req_psn -= static_cast<uint32_t>(n - done - 1);
@@ -571,8 +573,6 @@ void rdma_flush(loop_qp *qp, rdma_batch &b)
 				    IBV_EVENT_QP_ACCESS_ERR);
 			next++;
 		}
-	} else if (err) {
-		qp->req_psn -= static_cast<uint32_t>(n);
 	}
 	wrs.clear();
 	qp->batch_local.clear();
@@ -581,7 +581,7 @@ void rdma_flush(loop_qp *qp, rdma_batch &b)
 	// Completed WRs leave the queue only now (sq_set_cons drops the head).
 	bool head = qp->sq_head_valid;
 	sq_set_cons(qp, next);
-	if (!err)
+	if (!err && !rerun)
 		return;
 	if (head) {
 		qp->sq_head_valid = true;
