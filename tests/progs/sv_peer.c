@@ -15,14 +15,16 @@
  *                         ok_after=0 posted=N first_err_wr=N" (flushed must
  *                         be exactly the WRs posted behind the failed one);
  *                         then checks that its other QPs still work: "OK".
- *   sv_peer batch-target DEV  a target whose memory an mmap'd 1 MiB MR
+ *   sv_peer batch-target DEV rc|uc  a target whose memory an mmap'd 1 MiB MR
  *                         (not fd-backed: cross-memory attach) fills with
  *                         0xA5; after the INFO exchange, "READY", then it
  *                         answers the client's commands, one line each:
  *                         PATTERN (fill slot i with slot_fill(i)), UNMAP
- *                         off len, CHECK n k (slots before k hold their
- *                         pattern, those after k still 0xA5; k = n: all).
- *   sv_peer batch DEV write|read|write-fault|read-fault|write-badkey|read-badlkey
+ *                         off len, CHECK n k after (slots before k hold
+ *                         their pattern, those after k still 0xA5, or
+ *                         their pattern too when after is 1; k = n: all).
+ *   sv_peer batch DEV write|read|write-fault|read-fault|write-badkey|read-badlkey|
+ *                     uc-write-fault
  *                         posts BATCH_N RDMA WRITEs (READs) in one
  *                         ibv_post_send, slot i to slot i, and checks each
  *                         completion in WR order and the bytes at the
@@ -33,7 +35,9 @@
  *                         BATCH_K a key the target never registered,
  *                         -badlkey a local key of none of ours: it fails
  *                         REM_ACCESS_ERR (LOC_PROT_ERR) after the WRs
- *                         before it completed.  Commands go to the
+ *                         before it completed.  uc-: on UC QPs, where the
+ *                         faulting WR completes as sent and the WRs after
+ *                         it run and land.  Commands go to the
  *                         target as lines (the harness relays the reply);
  *                         "DONE" at the end.
  */
@@ -355,13 +359,14 @@ static int slot_is(const char *buf, int i, int want)
 	return !memcmp(buf + (size_t)i * BATCH_STRIDE, expect, slot_len(i));
 }
 
-static void run_batch_target(const char *dev)
+static void run_batch_target(const char *dev, const char *type)
 {
 	struct svt_dev d;
 	svt_open(&d, dev);
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 64, NULL, NULL, 0);
 	CHECK(cq);
-	struct svt_qpopt o = {IBV_QPT_RC, cq, cq, NULL, 0, 16, 16, 1, 0};
+	enum ibv_qp_type t = type && !strcmp(type, "uc") ? IBV_QPT_UC : IBV_QPT_RC;
+	struct svt_qpopt o = {t, cq, cq, NULL, 0, 16, 16, 1, 0};
 	struct ibv_qp *qp = svt_qp(&d, &o);
 	char *B = mmap(NULL, BATCH_BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(B != MAP_FAILED);
@@ -377,7 +382,7 @@ static void run_batch_target(const char *dev)
 	printf("READY\n");
 	char line[256];
 	size_t off, len;
-	int n, k;
+	int n, k, after;
 	while (fgets(line, sizeof(line), stdin)) {
 		if (!strcmp(line, "PATTERN\n")) {
 			for (int i = 0; i < BATCH_N; i++)
@@ -386,9 +391,9 @@ static void run_batch_target(const char *dev)
 		} else if (sscanf(line, "UNMAP %zu %zu", &off, &len) == 2) {
 			CHECK(munmap(B + off, len) == 0);
 			printf("OK\n");
-		} else if (sscanf(line, "CHECK %d %d", &n, &k) == 2) {
+		} else if (sscanf(line, "CHECK %d %d %d", &n, &k, &after) == 3) {
 			for (int i = 0; i < n; i++)
-				if (i != k && !slot_is(B, i, i < k))
+				if (i != k && !slot_is(B, i, i < k || after))
 					FAIL("target slot %d: %s", i,
 					     i < k ? "WRITE data missing" : "written after the fault");
 			printf("OK\n");
@@ -413,13 +418,15 @@ static void run_batch(const char *dev, const char *what)
 {
 	int read = strstr(what, "read") != NULL, fault = strstr(what, "fault") != NULL;
 	int badkey = strstr(what, "badkey") != NULL, badlkey = strstr(what, "badlkey") != NULL;
+	int uc = !strncmp(what, "uc-", 3);
 	struct info peer;
 	get_info(&peer);
 	struct svt_dev d;
 	svt_open(&d, dev);
 	struct ibv_cq *cq = ibv_create_cq(d.ctx, 256, NULL, NULL, 0);
 	CHECK(cq);
-	struct svt_qpopt o = {IBV_QPT_RC, cq, cq, NULL, 0, 128, 16, 1, BATCH_INLINE};
+	struct svt_qpopt o = {uc ? IBV_QPT_UC : IBV_QPT_RC, cq, cq, NULL, 0, 128, 16, 1,
+			      BATCH_INLINE};
 	struct ibv_qp *qp = svt_qp(&d, &o);
 	struct ibv_mr *mr = svt_mr(&d, BATCH_BUF, SVT_ALL_ACCESS);
 	char *A = mr->addr;
@@ -464,26 +471,27 @@ static void run_batch(const char *dev, const char *what)
 	CHECK_EQ(got, BATCH_N);
 	int k = fault || badkey || badlkey ? BATCH_K : BATCH_N;
 	for (int i = 0; i < BATCH_N; i++) {
-		enum ibv_wc_status want = i < k	   ? IBV_WC_SUCCESS
-					  : i > k  ? IBV_WC_WR_FLUSH_ERR
-					  : badlkey ? IBV_WC_LOC_PROT_ERR
-						   : IBV_WC_REM_ACCESS_ERR;
+		/* UC: no NAK, so the fault completes as sent, and nothing stops */
+		enum ibv_wc_status want = i < k || uc ? IBV_WC_SUCCESS
+					  : i > k     ? IBV_WC_WR_FLUSH_ERR
+					  : badlkey   ? IBV_WC_LOC_PROT_ERR
+						      : IBV_WC_REM_ACCESS_ERR;
 		CHECK_EQ(wc[i].wr_id, 1000 + i);
 		CHECK_WC(wc[i], want);
-		if (want == IBV_WC_SUCCESS) {
+		if (want == IBV_WC_SUCCESS && i != k) {
 			CHECK_EQ(wc[i].opcode, read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE);
 			CHECK_EQ(wc[i].byte_len, slot_len(i));
 		}
 	}
 	svt_expect_empty(cq, 100, "after the batch");
-	CHECK_EQ(svt_state(qp), k < BATCH_N ? IBV_QPS_ERR : IBV_QPS_RTS);
+	CHECK_EQ(svt_state(qp), k < BATCH_N && !uc ? IBV_QPS_ERR : IBV_QPS_RTS);
 	if (read) {
 		for (int i = 0; i < BATCH_N; i++)
 			if (i != k && !slot_is(A, i, i < k))
 				FAIL("local slot %d: %s", i,
 				     i < k ? "READ data missing" : "read after the fault");
 	} else {
-		target_do("CHECK %d %d", BATCH_N, k);
+		target_do("CHECK %d %d %d", BATCH_N, k, uc);
 	}
 	printf("DONE\n");
 }
@@ -505,7 +513,7 @@ int main(int argc, char **argv)
 	else if (!strcmp(argv[1], "survivor"))
 		run_survivor(argv[2]);
 	else if (!strcmp(argv[1], "batch-target"))
-		run_batch_target(argv[2]);
+		run_batch_target(argv[2], argc > 3 ? argv[3] : NULL);
 	else if (!strcmp(argv[1], "batch") && argc > 3)
 		run_batch(argv[2], argv[3]);
 	else
