@@ -225,6 +225,58 @@ def test_killed_peer(progs, env, procs, fabric):
     assert srv.finish()[0] == 0
 
 
+def batch_pair(progs, env, procs, what, trace=None):
+    """sv_peer batch WHAT against sv_peer batch-target, the client's
+    commands relayed to the target and its answers back."""
+    qpt = "uc" if what.startswith("uc-") else "rc"
+    tgt = Proc([progs / "sv_peer", "batch-target", "loop0", qpt], env)
+    procs.append(tgt)
+    info = tgt.line()
+    argv = [progs / "sv_peer", "batch", "loop0", what]
+    if trace:
+        argv = ["strace", "-f", "-qq", "-o", trace,
+                "-e", "trace=process_vm_writev,process_vm_readv"] + argv
+    cli = Proc(argv, env)
+    procs.append(cli)
+    cli.send(info)
+    tgt.send(cli.line())
+    cli.send(tgt.line())  # READY
+    while (cmd := cli.line(30)) != "DONE":
+        tgt.send(cmd)
+        cli.send(tgt.line(30))
+    rc, err = cli.finish()
+    assert rc == 0, err
+    rc, err = tgt.finish()
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("what", ["write", "read", "write-fault", "read-fault",
+                                  "write-badkey", "read-badlkey", "uc-write-fault"])
+def test_batched_rdma(progs, env, procs, tmp_path, what):
+    """64 RDMA WRITEs (READs) to another process in one ibv_post_send: every
+    byte lands, the completions come in WR order, and the data of all of
+    them moves in one process_vm_writev (readv), counted with strace where
+    it is installed.  The -fault forms unmap a page of WR 37's target
+    first: WRs 0..36 succeed with their data in place, 37 gets
+    REM_ACCESS_ERR, 38..63 WR_FLUSH_ERR, and none of their bytes lands
+    (docs/design.md, the engine's doorbell batch).  -badkey and -badlkey
+    fail WR 37's checks instead (REM_ACCESS_ERR, LOC_PROT_ERR): the batch
+    before it moves and completes first, in its one call, and the WRs
+    after it are flushed.  On UC the faulting WR completes as sent and the
+    WRs after it run one by one, as the backlog, and land."""
+    trace = tmp_path / "strace.out" if shutil.which("strace") else None
+    batch_pair(progs, env, procs, what, trace)
+    if trace:
+        lines = trace.read_text().splitlines()
+        calls = {n: sum(f" {n}(" in l or l.startswith(f"{n}(") for l in lines)
+                 for n in ("process_vm_writev", "process_vm_readv")}
+        want = "process_vm_readv" if "read" in what else "process_vm_writev"
+        # uc-: the batch up to the fault, then WRs 38..63 alone
+        ncalls = 1 + 26 if what.startswith("uc-") else 1
+        assert calls[want] == ncalls, (calls, lines[:20])
+        assert sum(calls.values()) == ncalls, calls
+
+
 def test_library_outlives_dlclose(build_dir, env):
     """libibverbs.so.1 dlopen()ed as a plugin brings it in, a SEND left in
     RNR retries (the progress thread asleep on a 491 ms timer), everything

@@ -267,6 +267,22 @@ struct loop_qp {
 	// (responder.cpp): the receive WQE taken, its segments.
 	std::vector<uint8_t> resp_wqe_buf;
 	std::vector<rseg> resp_riov;
+	// The requester's doorbell batch (engine.h: rdma_batch), staged WRs in
+	// WR order: what each completes with, and their local iovecs and
+	// target segments, nlocal and nremote of them each, one after another.
+	// Per QP for the capacity of the lists; empty outside a posting call.
+	struct batch_wr {
+		uint64_t wr_id;
+		unsigned int flags;
+		uint32_t psn;
+		uint32_t len;
+		uint32_t nlocal;
+		uint32_t nremote;
+		bool relaxed;
+	};
+	std::vector<batch_wr> batch_wrs;
+	std::vector<iovec> batch_local;
+	std::vector<rseg> batch_remote;
 	// Per slot: the fast-register key object a library-posted WQE names
 	// (process memory: never read from the ring).
 	// What only the library knows of the WQEs it wrote (the ring is

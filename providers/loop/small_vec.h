@@ -32,6 +32,8 @@ public:
 	}
 
 	void clear() { n_ = 0; }
+	// Drops the elements from n on (n <= size()).
+	void shrink(size_t n) { n_ = n; }
 	// May throw std::bad_alloc past N (the caller's c_boundary.h catch).
 	void push_back(const T &v)
 	{

@@ -15,8 +15,36 @@
  *                         ok_after=0 posted=N first_err_wr=N" (flushed must
  *                         be exactly the WRs posted behind the failed one);
  *                         then checks that its other QPs still work: "OK".
+ *   sv_peer batch-target DEV rc|uc  a target whose memory an mmap'd 1 MiB MR
+ *                         (not fd-backed: cross-memory attach) fills with
+ *                         0xA5; after the INFO exchange, "READY", then it
+ *                         answers the client's commands, one line each:
+ *                         PATTERN (fill slot i with slot_fill(i)), UNMAP
+ *                         off len, CHECK n k after (slots before k hold
+ *                         their pattern, those after k still 0xA5, or
+ *                         their pattern too when after is 1; k = n: all).
+ *   sv_peer batch DEV write|read|write-fault|read-fault|write-badkey|read-badlkey|
+ *                     uc-write-fault
+ *                         posts BATCH_N RDMA WRITEs (READs) in one
+ *                         ibv_post_send, slot i to slot i, and checks each
+ *                         completion in WR order and the bytes at the
+ *                         target (here); the -fault forms unmap a page of
+ *                         slot BATCH_K first: the WRs before it succeed,
+ *                         it fails REM_ACCESS_ERR, the rest WR_FLUSH_ERR,
+ *                         and no byte of theirs lands.  -badkey gives WR
+ *                         BATCH_K a key the target never registered,
+ *                         -badlkey a local key of none of ours: it fails
+ *                         REM_ACCESS_ERR (LOC_PROT_ERR) after the WRs
+ *                         before it completed.  uc-: on UC QPs, where the
+ *                         faulting WR completes as sent and the WRs after
+ *                         it run and land.  Commands go to the
+ *                         target as lines (the harness relays the reply);
+ *                         "DONE" at the end.
  */
 #include "svt.h"
+
+#include <stdarg.h>
+#include <sys/mman.h>
 
 #define MSGS 22 /* SEND sizes: 1, 2, 4 ... 1 MiB, and 3 odd ones */
 #define BUF (4u << 20)
@@ -299,6 +327,175 @@ static void run_survivor(const char *dev)
 	printf("OK\n");
 }
 
+/* The batch scenarios: slot i of both buffers is BATCH_STRIDE bytes at
+ * i * BATCH_STRIDE; WR i moves its first slot_len(i) bytes, a sequence
+ * number and a pattern of its own.  Every 8th WRITE is inline. */
+#define BATCH_N 64
+#define BATCH_K 37
+#define BATCH_STRIDE 8192u
+#define BATCH_BUF (1u << 20)
+#define BATCH_INLINE 64
+#define BATCH_POISON 0xA5
+
+static uint32_t slot_len(int i)
+{
+	return i % 8 == 7 ? BATCH_INLINE : 6000 + 16 * (uint32_t)i;
+}
+
+static void slot_fill(char *buf, int i)
+{
+	svt_fill(buf, slot_len(i), 4000u + (unsigned)i);
+	memcpy(buf, &i, sizeof(i));
+}
+
+/* Whether slot i of buf holds its pattern (want 1) or 0xA5 only (want 0). */
+static int slot_is(const char *buf, int i, int want)
+{
+	static char expect[BATCH_STRIDE];
+	if (want)
+		slot_fill(expect, i);
+	else
+		memset(expect, BATCH_POISON, slot_len(i));
+	return !memcmp(buf + (size_t)i * BATCH_STRIDE, expect, slot_len(i));
+}
+
+static void run_batch_target(const char *dev, const char *type)
+{
+	struct svt_dev d;
+	svt_open(&d, dev);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 64, NULL, NULL, 0);
+	CHECK(cq);
+	enum ibv_qp_type t = type && !strcmp(type, "uc") ? IBV_QPT_UC : IBV_QPT_RC;
+	struct svt_qpopt o = {t, cq, cq, NULL, 0, 16, 16, 1, 0};
+	struct ibv_qp *qp = svt_qp(&d, &o);
+	char *B = mmap(NULL, BATCH_BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(B != MAP_FAILED);
+	memset(B, BATCH_POISON, BATCH_BUF);
+	struct ibv_mr *mr = ibv_reg_mr(d.pd, B, BATCH_BUF, SVT_ALL_ACCESS);
+	CHECK(mr);
+	printf("INFO %u %u %llu %u\n", d.lid, qp->qp_num, (unsigned long long)(uintptr_t)B,
+	       mr->rkey);
+	struct info peer;
+	get_info(&peer);
+	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 3, 7};
+	svt_connect(qp, peer.qpn, (uint16_t)peer.lid, &c);
+	printf("READY\n");
+	char line[256];
+	size_t off, len;
+	int n, k, after;
+	while (fgets(line, sizeof(line), stdin)) {
+		if (!strcmp(line, "PATTERN\n")) {
+			for (int i = 0; i < BATCH_N; i++)
+				slot_fill(B + (size_t)i * BATCH_STRIDE, i);
+			printf("OK\n");
+		} else if (sscanf(line, "UNMAP %zu %zu", &off, &len) == 2) {
+			CHECK(munmap(B + off, len) == 0);
+			printf("OK\n");
+		} else if (sscanf(line, "CHECK %d %d %d", &n, &k, &after) == 3) {
+			for (int i = 0; i < n; i++)
+				if (i != k && !slot_is(B, i, i < k || after))
+					FAIL("target slot %d: %s", i,
+					     i < k ? "WRITE data missing" : "written after the fault");
+			printf("OK\n");
+		} else {
+			FAIL("bad command '%s'", line);
+		}
+	}
+}
+
+/* One command to the batch target, through the harness. */
+static void target_do(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	expect_line("OK");
+}
+
+static void run_batch(const char *dev, const char *what)
+{
+	int read = strstr(what, "read") != NULL, fault = strstr(what, "fault") != NULL;
+	int badkey = strstr(what, "badkey") != NULL, badlkey = strstr(what, "badlkey") != NULL;
+	int uc = !strncmp(what, "uc-", 3);
+	struct info peer;
+	get_info(&peer);
+	struct svt_dev d;
+	svt_open(&d, dev);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 256, NULL, NULL, 0);
+	CHECK(cq);
+	struct svt_qpopt o = {uc ? IBV_QPT_UC : IBV_QPT_RC, cq, cq, NULL, 0, 128, 16, 1,
+			      BATCH_INLINE};
+	struct ibv_qp *qp = svt_qp(&d, &o);
+	struct ibv_mr *mr = svt_mr(&d, BATCH_BUF, SVT_ALL_ACCESS);
+	char *A = mr->addr;
+	printf("INFO %u %u %llu %u\n", d.lid, qp->qp_num, (unsigned long long)(uintptr_t)A,
+	       mr->rkey);
+	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 3, 7};
+	svt_connect(qp, peer.qpn, (uint16_t)peer.lid, &c);
+	expect_line("READY");
+	memset(A, BATCH_POISON, BATCH_BUF);
+	if (read)
+		target_do("PATTERN");
+	else
+		for (int i = 0; i < BATCH_N; i++)
+			slot_fill(A + (size_t)i * BATCH_STRIDE, i);
+	/* The second page of slot K: the WR faults part way through */
+	if (fault)
+		target_do("UNMAP %u 4096", BATCH_K * BATCH_STRIDE + 4096);
+	static struct ibv_send_wr wr[BATCH_N];
+	static struct ibv_sge sge[BATCH_N];
+	for (int i = 0; i < BATCH_N; i++) {
+		size_t off = (size_t)i * BATCH_STRIDE;
+		sge[i] = svt_sge(mr, off, slot_len(i));
+		memset(&wr[i], 0, sizeof(wr[i]));
+		wr[i].wr_id = 1000 + i;
+		wr[i].sg_list = &sge[i];
+		wr[i].num_sge = 1;
+		wr[i].opcode = read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+		wr[i].send_flags = IBV_SEND_SIGNALED | (!read && i % 8 == 7 ? IBV_SEND_INLINE : 0);
+		wr[i].wr.rdma.remote_addr = peer.addr + off;
+		wr[i].wr.rdma.rkey = peer.rkey;
+		wr[i].next = i + 1 < BATCH_N ? &wr[i + 1] : NULL;
+	}
+	if (badkey)
+		wr[BATCH_K].wr.rdma.rkey ^= 0x5500;
+	if (badlkey)
+		sge[BATCH_K].lkey ^= 0x5500;
+	struct ibv_send_wr *bad = NULL;
+	CHECK(ibv_post_send(qp, wr, &bad) == 0);
+	/* Every completion is there when ibv_post_send returns */
+	struct ibv_wc wc[BATCH_N];
+	int got = ibv_poll_cq(cq, BATCH_N, wc);
+	CHECK_EQ(got, BATCH_N);
+	int k = fault || badkey || badlkey ? BATCH_K : BATCH_N;
+	for (int i = 0; i < BATCH_N; i++) {
+		/* UC: no NAK, so the fault completes as sent, and nothing stops */
+		enum ibv_wc_status want = i < k || uc ? IBV_WC_SUCCESS
+					  : i > k     ? IBV_WC_WR_FLUSH_ERR
+					  : badlkey   ? IBV_WC_LOC_PROT_ERR
+						      : IBV_WC_REM_ACCESS_ERR;
+		CHECK_EQ(wc[i].wr_id, 1000 + i);
+		CHECK_WC(wc[i], want);
+		if (want == IBV_WC_SUCCESS && i != k) {
+			CHECK_EQ(wc[i].opcode, read ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE);
+			CHECK_EQ(wc[i].byte_len, slot_len(i));
+		}
+	}
+	svt_expect_empty(cq, 100, "after the batch");
+	CHECK_EQ(svt_state(qp), k < BATCH_N && !uc ? IBV_QPS_ERR : IBV_QPS_RTS);
+	if (read) {
+		for (int i = 0; i < BATCH_N; i++)
+			if (i != k && !slot_is(A, i, i < k))
+				FAIL("local slot %d: %s", i,
+				     i < k ? "READ data missing" : "read after the fault");
+	} else {
+		target_do("CHECK %d %d %d", BATCH_N, k, uc);
+	}
+	printf("DONE\n");
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -315,6 +512,10 @@ int main(int argc, char **argv)
 		run_client(argv[2]);
 	else if (!strcmp(argv[1], "survivor"))
 		run_survivor(argv[2]);
+	else if (!strcmp(argv[1], "batch-target"))
+		run_batch_target(argv[2], argc > 3 ? argv[3] : NULL);
+	else if (!strcmp(argv[1], "batch") && argc > 3)
+		run_batch(argv[2], argv[3]);
 	else
 		return 2;
 	fflush(stdout);

@@ -38,6 +38,26 @@ inline bool peer_receives(const sv_qp_rec &q)
 bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op);
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op);
 step run_wr(loop_qp *qp, send_wr &w);
+// A doorbell batch: consecutive RDMA WRITEs, or READs, of one posting call
+// to one peer in another process, staged in WR order (loop_qp::batch_*)
+// once each passed the checks run_rdma makes; their bytes then move in one
+// transport call (one process_vm_writev/readv per IOV_MAX iovecs) and they
+// complete in WR order, before the posting call returns.
+struct rdma_batch {
+	peer p;
+	bool read = false;
+	uint64_t first = 0;	       // The first WR's sq_index
+	small_vec<tp_move, 64> ops; // One per WR, filled in by rdma_flush
+};
+// Stages w, whose WQE is written next (its inline data at inline_copy),
+// into b: false, having changed nothing, when w is not a WRITE or READ of
+// b's direction and peer that would move bytes of unmapped peer memory
+// once its checks pass (flush b, then run w as usual).  Caller holds sq_lock.
+bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b);
+// Moves and completes every WR staged in b (none: nothing).  A WR whose
+// bytes did not all land completes as it would have alone, and the WRs
+// behind it run as the send queue's backlog.  Caller holds sq_lock.
+void rdma_flush(loop_qp *qp, rdma_batch &b);
 
 // responder.cpp
 // Runs request r at the responder of p, through t's responder calls.

@@ -235,7 +235,7 @@ step run_rdma(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, lo
 			  read ? xfer_dir::from_peer : xfer_dir::to_peer,
 			  lb.checked,
 			  (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0};
-		int err = t.move(qp, p, &m, 1);
+		int err = t.move(qp, p, &m, 1, nullptr);
 		if (no_answer(err))
 			return step::unreachable;
 		if (err) {
@@ -432,6 +432,168 @@ step run_wr(loop_qp *qp, send_wr &w)
 	if (qp->type == IBV_QPT_UD)
 		return run_ud(qp, w);
 	return run_connected(qp, w);
+}
+
+bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b)
+{
+	bool read = w.opcode == IBV_WR_RDMA_READ;
+	std::vector<loop_qp::batch_wr> &wrs = qp->batch_wrs;
+	if (!wrs.empty() && read != b.read)
+		return false;
+	// run_connected's and run_rdma's checks, in their order; any that
+	// fails leaves w to them.
+	const transport_ops &t = active_transport();
+	const ibv_qp_attr &a = qp->attr;
+	peer p;
+	if (t.resolve(qp, {a.dest_qp_num, a.ah_attr.dlid, fabric_port_is_eth(qp->ctx, a.port_num),
+			   kNoXrcSrq},
+		      p) ||
+	    !peer_receives(p.rec) || p.rec.qp_type != qp->type || p.self)
+		return false;
+	if (!wrs.empty() && (p.pid != b.p.pid || p.slot != b.p.slot))
+		return false;
+	local_buf lb;
+	if (!read && (gather_local(qp, w, false, lb) != IBV_WC_SUCCESS || lb.checked))
+		return false;
+	uint32_t right = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+	uint64_t len = read ? sge_bytes(w) : lb.len;
+	std::vector<rseg> &riov = qp->req_riov;
+	riov.clear();
+	uint32_t raccess = 0;
+	if (len && (!(p.rec.access & right) ||
+		    t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr, len, right, riov, &raccess)))
+		return false;
+	// Memory mapped here (fd-backed), the null MR and on-demand memory
+	// keep their own copies: the batch is for cross-memory attach.
+	for (const rseg &g : riov)
+		if (g.kind != seg_kind::peer)
+			return false;
+	if (read && (gather_local(qp, w, true, lb) != IBV_WC_SUCCESS || lb.checked))
+		return false;
+	if (w.is_inline) // w is the caller's scratch: the WQE's copy stays
+		lb.iov[0].iov_base = const_cast<void *>(inline_copy);
+	// Staged whole or not at all.
+	size_t nl = qp->batch_local.size();
+	size_t nr = qp->batch_remote.size();
+	try {
+		qp->batch_local.insert(qp->batch_local.end(), lb.iov.begin(), lb.iov.end());
+		qp->batch_remote.insert(qp->batch_remote.end(), riov.begin(), riov.end());
+		b.ops.push_back({});
+		wrs.push_back({w.wr_id, w.flags, (a.sq_psn + qp->req_psn) & kPsnMask,
+			       static_cast<uint32_t>(lb.len), static_cast<uint32_t>(lb.iov.size()),
+			       static_cast<uint32_t>(riov.size()),
+			       (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0});
+	} catch (...) {
+		qp->batch_local.resize(nl);
+		qp->batch_remote.resize(nr);
+		b.ops.shrink(wrs.size());
+		throw;
+	}
+	qp->req_psn++; // Its sequence number, as run_connected gives it
+	if (wrs.size() == 1) {
+		b.p = p;
+		b.read = read;
+		b.first = w.sq_index;
+	}
+	return true;
+}
+
+void rdma_flush(loop_qp *qp, rdma_batch &b)
+{
+	std::vector<loop_qp::batch_wr> &wrs = qp->batch_wrs;
+	size_t n = wrs.size();
+	if (!n)
+		return;
+	const transport_ops &t = active_transport();
+	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
+	uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+	size_t done = 0;
+	int err = 0;
+	// The QP left RTS since, or the copy ran out of memory: every WR runs
+	// as the backlog (drain), as if it had never been staged.
+	bool rerun = state != IBV_QPS_RTS;
+	if (!rerun) {
+		size_t lo = 0, ro = 0;
+		for (size_t i = 0; i < n; i++) {
+			const loop_qp::batch_wr &r = wrs[i];
+			b.ops[i] = {qp->batch_local.data() + lo,
+				    static_cast<int>(r.nlocal),
+				    qp->batch_remote.data() + ro,
+				    static_cast<int>(r.nremote),
+				    b.read ? xfer_dir::from_peer : xfer_dir::to_peer,
+				    false,
+				    r.relaxed};
+			lo += r.nlocal;
+			ro += r.nremote;
+		}
+		try {
+			err = t.move(qp, b.p, b.ops.data(), n, &done);
+		} catch (abi::__forced_unwind &) {
+			throw;
+		} catch (...) {
+			// Whatever moved moves again: the same bytes.
+			done = 0;
+			rerun = true;
+		}
+	}
+	// The head's send_wr serves as each WR's for its completion: the WRs
+	// are [sq_cons, sq_posted) and no head is decoded.
+	send_wr &w = qp->sq_head;
+	qp->sq_head_valid = false;
+	w.opcode = b.read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+	auto as_wr = [&](size_t i) -> send_wr & {
+		w.wr_id = wrs[i].wr_id;
+		w.flags = wrs[i].flags;
+		w.sq_index = b.first + i;
+		w.psn = wrs[i].psn;
+		return w;
+	};
+	for (size_t i = 0; i < done; i++)
+		complete(qp, as_wr(i), IBV_WC_SUCCESS, wrs[i].len);
+	uint64_t next = b.first + done; // The first WR not completed
+	if (rerun) {
+		qp->req_psn -= static_cast<uint32_t>(n);
+	} else if (err) {
+		// The WRs from `done` on run again as the backlog, with the
+		// sequence numbers they had.
+		qp->req_psn -= static_cast<uint32_t>(n - done - 1);
+		if (no_answer(err)) {
+			// WR `done` never reached its target: it becomes the head
+			// with its retry booked, as a first try in submit() does.
+			if (wqe_read(qp, next, w) == IBV_WC_SUCCESS) {
+				w.psn = wrs[done].psn;
+				qp->sq_head_valid = true;
+			} else {
+				qp->req_psn--;
+			}
+		} else {
+			// Its target range is not mapped any more: its own error,
+			// after which an RC QP is in ERR and flushes the rest.
+			remote_fail(t, qp, as_wr(done), b.p, IBV_WC_REM_ACCESS_ERR,
+				    IBV_EVENT_QP_ACCESS_ERR);
+			next++;
+		}
+	}
+	wrs.clear();
+	qp->batch_local.clear();
+	qp->batch_remote.clear();
+	b.ops.clear();
+	// Completed WRs leave the queue only now (sq_set_cons drops the head).
+	bool head = qp->sq_head_valid;
+	sq_set_cons(qp, next);
+	if (!err && !rerun)
+		return;
+	if (head) {
+		qp->sq_head_valid = true;
+		book_retry(qp, w, step::unreachable, now_ns());
+		return; // The rest wait behind it
+	}
+	try { // c_boundary.h: what does not run now stays in the backlog
+		drain(qp);
+	} catch (abi::__forced_unwind &) {
+		throw;
+	} catch (...) {
+	}
 }
 
 } // namespace loop

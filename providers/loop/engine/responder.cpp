@@ -151,7 +151,7 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 			  xfer_dir::to_peer,
 			  lb.checked,
 			  (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0};
-		int err = t.move(qp, p, &m, 1);
+		int err = t.move(qp, p, &m, 1, nullptr);
 		if (err == ESRCH || err == ETIMEDOUT)
 			return kLost;
 		if (err) {
@@ -192,7 +192,7 @@ tp_answer respond_ud(const transport_ops &t, loop_qp *qp, const peer &p, const t
 			  riov.data(),	       static_cast<int>(riov.size()),
 			  xfer_dir::to_peer, lb.checked,
 			  false};
-		if (t.move(qp, p, &m, 1))
+		if (t.move(qp, p, &m, 1, nullptr))
 			rs = IBV_WC_LOC_PROT_ERR;
 	}
 	sv_cqe rcv = recv_cqe(p, r, wqe->wr_id);

@@ -374,12 +374,43 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *
 	return 0;
 }
 
+// Whether w may join the doorbell batch: an RDMA WRITE or READ of a
+// connected QP in RTS whose send queue holds nothing but the batch, and
+// that is not a lone WR (more: WRs follow it in this posting call).
+bool batchable(loop_qp *qp, const send_wr &w, uint32_t state, uint64_t posted, bool more)
+{
+	return (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_READ) &&
+	       (qp->type == IBV_QPT_RC || qp->type == IBV_QPT_UC) && state == IBV_QPS_RTS &&
+	       qp->sq_cons + qp->batch_wrs.size() == posted && (more || !qp->batch_wrs.empty());
+}
+
+// Moves and completes the doorbell batch, if any; state is refreshed.
+void flush_batch(loop_qp *qp, rdma_batch &b, uint32_t &state)
+{
+	if (qp->batch_wrs.empty())
+		return;
+	rdma_flush(qp, b);
+	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
+	state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
+}
+
+void publish(loop_qp *qp, send_wr &w, uint64_t posted)
+{
+	wqe_write(qp, w, posted);
+	qp->sq_posted.store(posted + 1, std::memory_order_release);
+	sq_doorbell(qp, posted + 1);
+}
+
 // Writes one WR that passed the posting checks into the send queue and
 // rings the doorbell; then, as the NIC, runs it unless it waits behind the
-// backlog.  A WR posted to a QP in ERR completes flushed (with any the
-// requester had not finished).  Caller holds sq_lock; state is refreshed
-// for the next WR.  Returns 0 or ENOMEM.
-int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress)
+// backlog.  An RDMA WRITE or READ may instead join the doorbell batch b
+// (engine.h: rdma_batch), whose bytes move when a WR that cannot join it
+// comes, or when the posting call ends (flush_batch).  A WR posted to a QP
+// in ERR completes flushed (with any the requester had not finished).
+// Caller holds sq_lock; state is refreshed for the next WR.  Returns 0 or
+// ENOMEM.
+int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress, rdma_batch &b,
+	   bool more)
 {
 	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
 	if (!qp->sq)
@@ -390,9 +421,31 @@ int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress)
 	if (posted - qp->sq_retired.load(std::memory_order_acquire) >= qp->cap.max_send_wr)
 		return ENOMEM;
 	w.sq_index = posted;
-	wqe_write(qp, w, posted);
-	qp->sq_posted.store(posted + 1, std::memory_order_release);
-	sq_doorbell(qp, posted + 1);
+	if (batchable(qp, w, state, posted, more)) {
+		const void *inl = reinterpret_cast<char *>(sq_slot(qp, posted)) + SV_WQE_HDR_SIZE;
+		try { // c_boundary.h: out of memory leaves the WR unposted
+			bool staged = rdma_stage(qp, w, inl, b);
+			if (!staged && !qp->batch_wrs.empty()) {
+				// It cannot join this batch: the batch goes first, and
+				// the WR may begin the next.
+				flush_batch(qp, b, state);
+				posted = qp->sq_posted.load(std::memory_order_relaxed);
+				staged = batchable(qp, w, state, posted, more) &&
+					 rdma_stage(qp, w, inl, b);
+			}
+			if (staged) {
+				publish(qp, w, posted);
+				return 0;
+			}
+		} catch (abi::__forced_unwind &) {
+			throw;
+		} catch (...) {
+			return current_exception_errno();
+		}
+	}
+	// Any other WR runs after what the batch holds.
+	flush_batch(qp, b, state);
+	publish(qp, w, posted);
 	if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
 		flush_backlog(qp);
 		return 0;
@@ -484,6 +537,7 @@ int post_send_mem(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr
 			return EINVAL;
 		}
 		send_wr w; // Filled by copy_wr (not a thread_local: small_vec.h)
+		rdma_batch b;
 		for (; wr; wr = wr->next) {
 			try { // c_boundary.h: ENOMEM at this WR, those before it posted
 				ret = copy_wr(qp, wr, w, x);
@@ -493,12 +547,14 @@ int post_send_mem(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr
 				ret = current_exception_errno();
 			}
 			if (!ret)
-				ret = submit(qp, w, state, need_progress);
+				ret = submit(qp, w, state, need_progress, b, wr->next);
 			if (ret) {
 				*bad = wr;
 				break;
 			}
 		}
+		flush_batch(qp, b, state);
+		need_progress |= qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
 	}
 	if (need_progress)
 		progress_add(qp);
@@ -541,13 +597,16 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 		// The room check above makes submit() succeed for every WR: the
 		// batch posts whole, unless memory runs out (ENOMEM, with the WRs
 		// before that one posted).
+		rdma_batch b;
 		for (size_t i = 0; i < n && !ret; i++) {
 			send_wr &w = wrs[i];
 			w.rnr_left = qp->attr.rnr_retry;
 			w.retry_left = qp->attr.retry_cnt;
 			w.next_try_ns = 0;
-			ret = submit(qp, w, state, need_progress);
+			ret = submit(qp, w, state, need_progress, b, i + 1 < n);
 		}
+		flush_batch(qp, b, state);
+		need_progress |= qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
 	}
 	if (need_progress)
 		progress_add(qp);
@@ -622,6 +681,9 @@ void sq_destroy(loop_qp *qp)
 	std::vector<rseg>().swap(qp->req_riov);
 	std::vector<rseg>().swap(qp->resp_riov);
 	std::vector<uint8_t>().swap(qp->resp_wqe_buf);
+	std::vector<loop_qp::batch_wr>().swap(qp->batch_wrs);
+	std::vector<iovec>().swap(qp->batch_local);
+	std::vector<rseg>().swap(qp->batch_remote);
 }
 
 void sq_reset(loop_qp *qp)

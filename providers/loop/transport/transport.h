@@ -142,9 +142,12 @@ struct transport_ops {
 			   uint64_t len, uint32_t right, std::vector<rseg> &out, uint32_t *access);
 	// SEND_WITH_INV at the responder: 0 or an errno.
 	int (*invalidate)(loop_qp *qp, const peer &p, uint32_t rkey);
-	// Runs n copies in order; 0, ESRCH, ETIMEDOUT, or another errno (EFAULT:
-	// an address not mapped on one side).
-	int (*move)(loop_qp *qp, const peer &p, const tp_move *ops, size_t n);
+	// Runs n copies in order, stopping at the first that fails; 0, ESRCH,
+	// ETIMEDOUT, or another errno (EFAULT: an address not mapped on one
+	// side), as that copy would have had alone.  *done (when not null)
+	// receives how many copies before it finished: their bytes landed.
+	// A copy's bytes land in order with the others', never before them.
+	int (*move)(loop_qp *qp, const peer &p, const tp_move *ops, size_t n, size_t *done);
 	// 0, a key's errno (as resolve_key), EINVAL (misaligned), ESRCH, ETIMEDOUT.
 	int (*atomic)(loop_qp *qp, const peer &p, tp_atomic &op);
 	// Hands a request to the peer's responder and returns its answer.

@@ -141,18 +141,23 @@ tp_answer fake_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 
 // One-sided copies: a lost request never moved a byte; a lost answer
 // (READ response, WRITE ACK) did, and the retry moves the same bytes again.
-int fake_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n)
+// A batch is one request with one answer: lost, none of it counts as done.
+int fake_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n, size_t *done)
 {
 	wire &wi = the_wire();
 	std::lock_guard<std::mutex> g(wi.lock);
 	wi.stats.requests++;
+	if (done)
+		*done = 0;
 	if (take(wi.faults.drop_requests)) {
 		wi.stats.dropped++;
 		return ETIMEDOUT;
 	}
-	int err = loop_transport_ops.move(qp, p, ops, n);
+	int err = loop_transport_ops.move(qp, p, ops, n, done);
 	if (!err && take(wi.faults.drop_answers)) {
 		wi.stats.dropped++;
+		if (done)
+			*done = 0;
 		return ETIMEDOUT;
 	}
 	return err;

@@ -214,17 +214,15 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 		cq_place_deferred(ring, index, dst, pid);
 }
 
-int lt_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n)
+// A batch of copies shares its system calls (xfer_moves).
+int lt_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n, size_t *done)
 {
 	flush_deferred(qp); // Earlier SENDs land first
-	for (size_t i = 0; i < n; i++) {
-		const tp_move &m = ops[i];
-		int err = xfer_segs(p.pid, p.self && !m.local_checked, m.local, m.nlocal, m.remote,
-				    m.nremote, m.dir, m.relaxed);
-		if (err)
-			return err;
-	}
-	return 0;
+	size_t k;
+	int err = xfer_moves(p.pid, p.self, ops, n, &k);
+	if (done)
+		*done = k;
+	return err;
 }
 
 // Reads or writes an atomic's target word: in the peer (cross-memory attach,
@@ -420,7 +418,7 @@ int lt_post_cqe(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited, const tp_
 		  xfer_dir::to_peer,
 		  d->lb->checked,
 		  false};
-	if (int err = lt_move(qp, p, &m, 1))
+	if (int err = lt_move(qp, p, &m, 1, nullptr))
 		return err == ESRCH ? ESRCH : EFAULT;
 	return push_peer(qp, p, e, solicited, nullptr, nullptr);
 }

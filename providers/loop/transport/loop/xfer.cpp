@@ -3,6 +3,7 @@
 
 #include "service.h"
 #include "small_vec.h"
+#include "transport.h"
 #include "tunables.h"
 
 #include <algorithm>
@@ -54,24 +55,36 @@ size_t total(const iovec *v, int n)
 
 // One cross-memory-attach call; where the kernel refuses it (or
 // SOFTVERBS_CMA=0 says so), the same copy through the peer's service
-// thread.  Returns 0 or an errno.
+// thread, unless may_serve is false (then EPERM).  Returns 0 or an errno.
+// *moved receives the bytes moved: on a short count (EFAULT) those before
+// the first fault, where the kernel stopped.  *whole is set when the errno
+// is the call's as a whole (the call failed, or the service thread's copy
+// did), so that where the fault lies in it is not known.
 int move(pid_t pid, const iovec *local, size_t nl, const iovec *remote, size_t nr,
-	 xfer_dir dir, size_t want)
+	 xfer_dir dir, size_t want, size_t *moved, bool *whole, bool may_serve = true)
 {
 	bool self = pid == getpid();
+	*moved = 0;
+	*whole = true;
 	if (!service_forced() || self) {
 		ssize_t n = dir == xfer_dir::to_peer ? process_vm_writev(pid, local, nl, remote, nr, 0)
 						     : process_vm_readv(pid, local, nl, remote, nr, 0);
 		if (n >= 0) {
 			if (!self)
 				service_note(SV_LEASE_CMA_USED);
+			*moved = static_cast<size_t>(n);
+			*whole = false;
 			return static_cast<size_t>(n) == want ? 0 : EFAULT;
 		}
-		if (errno != EPERM || self)
+		if (errno != EPERM || self || !may_serve)
 			return errno;
 		service_note(SV_LEASE_CMA_REFUSED);
+	} else if (!may_serve) {
+		return EPERM;
 	}
-	return service_xfer(pid, local, static_cast<int>(nl), remote, static_cast<int>(nr), dir);
+	int err = service_xfer(pid, local, static_cast<int>(nl), remote, static_cast<int>(nr), dir);
+	*moved = err ? 0 : want;
+	return err;
 }
 
 } // namespace
@@ -86,8 +99,10 @@ int xfer(pid_t pid, bool same_process, const iovec *local, int nl, const iovec *
 		return 0;
 	// One call moves everything when both lists fit in IOV_MAX.
 	if (nl <= IOV_MAX && nr <= IOV_MAX) {
+		size_t moved;
+		bool whole;
 		return move(pid, local, static_cast<size_t>(nl), remote, static_cast<size_t>(nr), dir,
-			    want);
+			    want, &moved, &whole);
 	}
 	return EINVAL;
 }
@@ -106,25 +121,38 @@ int checked_self_copy(void *local, void *remote, size_t len, xfer_dir dir)
 }
 
 // One contiguous piece of a transfer: local bytes and where they go.
+// cma: by cross-memory attach (a peer in another process, or on-demand
+// memory anywhere); else by the kind's own copy.
 struct piece {
 	char *local;
 	char *remote;
 	size_t len;
 	seg_kind kind;
+	xfer_dir dir;
+	bool cma;
 };
 
-// Runs pieces in the order given: consecutive peer pieces share one
-// process_vm_writev/readv call (the kernel copies its iovecs in order).
+// Runs pieces in the order given: consecutive cross-memory-attach pieces of
+// one direction share one process_vm_writev/readv call, up to IOV_MAX
+// iovecs (the kernel copies its iovecs in order).  *moved receives the
+// bytes of the pieces that landed whole or, within a call the kernel cut
+// short, before the fault; *whole and may_serve: as move().
 using pieces = small_vec<piece, 16>;
 
-int run_pieces(pid_t pid, bool same_process, const pieces &ps, xfer_dir dir)
+int run_pieces(pid_t pid, const pieces &ps, size_t *moved, bool *whole, bool may_serve = true)
 {
 	small_vec<iovec, 16> lv, rv;
 	size_t want = 0;
+	xfer_dir dir = xfer_dir::to_peer;
+	*moved = 0;
+	*whole = false;
 	auto flush = [&]() -> int {
 		if (lv.empty())
 			return 0;
-		int err = move(pid, lv.data(), lv.size(), rv.data(), rv.size(), dir, want);
+		size_t got;
+		int err = move(pid, lv.data(), lv.size(), rv.data(), rv.size(), dir, want, &got,
+			       whole, may_serve);
+		*moved += got;
 		lv.clear();
 		rv.clear();
 		want = 0;
@@ -133,11 +161,12 @@ int run_pieces(pid_t pid, bool same_process, const pieces &ps, xfer_dir dir)
 	lv.clear();
 	rv.clear();
 	for (const piece &p : ps) {
-		if ((p.kind == seg_kind::peer && !same_process) || p.kind == seg_kind::peer_checked) {
-			if (lv.size() == IOV_MAX) {
+		if (p.cma) {
+			if (lv.size() == IOV_MAX || (!lv.empty() && p.dir != dir)) {
 				if (int err = flush())
 					return err;
 			}
+			dir = p.dir;
 			lv.push_back({p.local, p.len});
 			rv.push_back({p.remote, p.len});
 			want += p.len;
@@ -147,7 +176,7 @@ int run_pieces(pid_t pid, bool same_process, const pieces &ps, xfer_dir dir)
 			return err;
 		switch (p.kind) {
 		case seg_kind::null:
-			if (dir == xfer_dir::from_peer)
+			if (p.dir == xfer_dir::from_peer)
 				memset(p.local, 0, p.len);
 			break;
 		case seg_kind::mapped: {
@@ -155,34 +184,37 @@ int run_pieces(pid_t pid, bool same_process, const pieces &ps, xfer_dir dir)
 			// shrink the file under us, and a plain copy would then
 			// die of SIGBUS in this process.  The kernel's copy
 			// between two of our own addresses answers EFAULT.
-			if (int err = checked_self_copy(p.local, p.remote, p.len, dir))
+			if (int err = checked_self_copy(p.local, p.remote, p.len, p.dir))
 				return err;
 			break;
 		}
 		default: // peer within this process
-			if (dir == xfer_dir::to_peer)
+			if (p.dir == xfer_dir::to_peer)
 				memmove(p.remote, p.local, p.len);
 			else
 				memmove(p.local, p.remote, p.len);
 			break;
 		}
+		*moved += p.len;
 	}
 	return flush();
 }
 
-} // namespace
-
-int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rseg *remote,
-	      int nr, xfer_dir dir, bool relaxed)
+// Appends the pieces of one transfer to ps; returns its bytes.
+size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, const rseg *remote,
+		  int nr, xfer_dir dir, bool relaxed)
 {
-	pieces ps;
+	size_t first = ps.size();
 	int li = 0, ri = 0;
 	size_t lo = 0, ro = 0, total = 0;
 	while (li < nl && ri < nr) {
 		size_t n = std::min(local[li].iov_len - lo, remote[ri].len - ro);
 		if (n) {
+			seg_kind k = remote[ri].kind;
 			ps.push_back({static_cast<char *>(local[li].iov_base) + lo,
-				      static_cast<char *>(remote[ri].base) + ro, n, remote[ri].kind});
+				      static_cast<char *>(remote[ri].base) + ro, n, k, dir,
+				      (k == seg_kind::peer && !same_process) ||
+					      k == seg_kind::peer_checked});
 			total += n;
 		}
 		lo += n;
@@ -201,19 +233,82 @@ int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rs
 		// first.  It costs the same system calls as in-order placement and
 		// makes code that wrongly polls the last byte fail here, not on
 		// the first NIC that reorders.
-		pieces rev;
-		for (size_t i = ps.size(); i-- > 0;) {
-			const piece &q = ps[i];
+		pieces fwd;
+		for (size_t i = first; i < ps.size(); i++)
+			fwd.push_back(ps[i]);
+		ps.shrink(first);
+		for (size_t i = fwd.size(); i-- > 0;) {
+			const piece &q = fwd[i];
 			size_t end = q.len;
 			while (end) {
 				size_t n = end % kRelaxedChunk ? end % kRelaxedChunk : std::min(end, kRelaxedChunk);
 				end -= n;
-				rev.push_back({q.local + end, q.remote + end, n, q.kind});
+				ps.push_back({q.local + end, q.remote + end, n, q.kind, q.dir, q.cma});
 			}
 		}
-		return run_pieces(pid, same_process, rev, dir);
 	}
-	return run_pieces(pid, same_process, ps, dir);
+	return total;
+}
+
+} // namespace
+
+int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rseg *remote,
+	      int nr, xfer_dir dir, bool relaxed)
+{
+	pieces ps;
+	add_pieces(ps, same_process, local, nl, remote, nr, dir, relaxed);
+	size_t moved;
+	bool whole;
+	return run_pieces(pid, ps, &moved, &whole);
+}
+
+int xfer_moves(pid_t pid, bool self, const tp_move *ops, size_t n, size_t *done)
+{
+	size_t i = 0;
+	if (n > 1 && !service_forced()) {
+		// The pieces of every transfer in one list: the cross-memory-attach
+		// pieces of all of them share a system call (per IOV_MAX iovecs).
+		pieces ps;
+		small_vec<size_t, 16> ends; // ends[k]: the bytes of transfers 0 to k
+		size_t total = 0;
+		for (size_t k = 0; k < n; k++) {
+			const tp_move &m = ops[k];
+			total += add_pieces(ps, self && !m.local_checked, m.local, m.nlocal, m.remote,
+					    m.nremote, m.dir, m.relaxed);
+			ends.push_back(total);
+		}
+		size_t moved;
+		bool whole;
+		int err = run_pieces(pid, ps, &moved, &whole, false);
+		if (!err) {
+			*done = n;
+			return 0;
+		}
+		// The transfers before the first byte that did not land are done.
+		while (i < n && ends[i] <= moved)
+			i++;
+		// A fault at a known byte (a short count: the kernel copies in
+		// order and stops at the first fault) is the transfer's holding
+		// it, as it would have been alone.
+		if (!whole) {
+			*done = i;
+			return err;
+		}
+		// A call that failed as a whole (EPERM: the kernel refuses and the
+		// service thread takes over; ESRCH; EFAULT from checking the
+		// iovecs) moved nothing, and its errno may be any transfer's in
+		// it: those from i run one by one, as they would have unbatched.
+	}
+	for (; i < n; i++) {
+		const tp_move &m = ops[i];
+		if (int err = xfer_segs(pid, self && !m.local_checked, m.local, m.nlocal, m.remote,
+					m.nremote, m.dir, m.relaxed)) {
+			*done = i;
+			return err;
+		}
+	}
+	*done = n;
+	return 0;
 }
 
 int xfer_mapped_word(uint64_t addr, uint64_t *value, xfer_dir dir)

@@ -2,7 +2,8 @@
 // The copy engine: moves bytes between this process and a peer's registered
 // memory.  Within one process it is memcpy; across processes it is one
 // cross-memory-attach system call per message (process_vm_writev/readv),
-// which copies straight into the target's buffer with no staging.
+// or per batch of messages (xfer_moves), which copies straight into the
+// target's buffer with no staging.
 #pragma once
 
 #include <sys/types.h>
@@ -47,6 +48,18 @@ struct rseg {
 // address order (see docs/memory.md); without it bytes land in order.
 int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nlocal, const rseg *remote,
 	      int nremote, xfer_dir dir, bool relaxed = false);
+
+struct tp_move;
+
+// Runs the transfers ops[0..n) (transport.h) with a peer in process pid
+// (self: this process), in order, stopping at the first that fails:
+// returns its errno (as xfer_segs) and *done receives how many finished
+// before it.  The cross-memory-attach pieces of all of them share one
+// system call per IOV_MAX iovecs; a call the kernel cuts short is mapped
+// to the transfer holding the first byte that did not land, and one that
+// fails as a whole is run again one transfer at a time, so each transfer
+// gets the answer it would have got alone.
+int xfer_moves(pid_t pid, bool self, const tp_move *ops, size_t n, size_t *done);
 
 // Writes above kRelaxedMinBytes into a relaxed-ordering MR are placed in
 // chunks, last chunk first (tunables.h).
