@@ -435,6 +435,8 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 	uint64_t c = cq->head;
 	sv_cqe &slot = cq->slots[c & cq->mask];
 	uint32_t seq = std::atomic_ref<uint32_t>(slot.seq).load(std::memory_order_acquire);
+	bool slept = false;
+again:
 	if (seq != static_cast<uint32_t>(c + 1)) {
 		// Not written yet, the slot shows its previous lap (or 0 on the
 		// first).  Anything else was written over: the entry is lost, and
@@ -446,6 +448,8 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 			std::atomic_ref<uint64_t>(r->cons).store(c + 1, std::memory_order_release);
 			return false;
 		}
+		if (slept)
+			return false;
 		// Timed per thread, over all its CQs: a thread that polls several
 		// CQs and finds work on any of them never sleeps.  The clock is read
 		// every 64 empty polls only.
@@ -453,10 +457,24 @@ bool cq_take(loop_cq *cq, sv_cqe &out)
 		if ((++t_empty_polls & 63) == 0) {
 			cq_repair(cq);
 			uint64_t now = now_ns();
-			if (!t_empty_since)
+			if (!t_empty_since) {
 				t_empty_since = now;
-			else if (now - t_empty_since > kCqSpinNs)
+			} else if (now - t_empty_since > kCqSpinNs) {
 				cq_sleep(cq, slot, c);
+				// Look again before answering "empty": the completion
+				// that woke the sleep (or came during it) is returned by
+				// this poll.  An empty answer must describe the ring as it
+				// is when the poll returns, not as it was before a sleep
+				// of up to kCqSleepNs: a caller that finds its CQ empty
+				// and then reads its connection events (libfabric's rxm:
+				// an empty MSG CQ, then the EQ) would see the peer's
+				// DISCONNECTED before the last message the peer sent
+				// ahead of it, close the connection and drop that
+				// message (fi_pingpong's "fin", a hang under ASan).
+				slept = true;
+				seq = std::atomic_ref<uint32_t>(slot.seq).load(std::memory_order_acquire);
+				goto again;
+			}
 		}
 		return false;
 	}
