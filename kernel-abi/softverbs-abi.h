@@ -109,6 +109,8 @@ enum sv_lease_flags {
 	SV_LEASE_CMA_USED = 1 << 0,	 /* This process moved bytes by cross-memory attach */
 	SV_LEASE_CMA_REFUSED = 1 << 1,	 /* The kernel refused it cross-memory attach */
 	SV_LEASE_SERVICE_USED = 1 << 2, /* It moved bytes through a peer's service segment */
+	SV_LEASE_MAPPED_USED = 1 << 3,	/* ... through its mapping of a peer's fd-backed MR */
+	SV_LEASE_DIRECT_USED = 1 << 4,	/* ... by memcpy into a peer's sealed memfd MR */
 };
 
 struct sv_lease {

@@ -388,3 +388,29 @@ def test_peer_shrinks_its_fd_mr_file(build_dir, env):
     p = run([str(prog), "-m", "1", "-t", "3", "-x"], env, timeout=120)
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
     assert p.stdout.strip() == "OK sv_fdmaps mrs=1 threads=3 ops=6", p.stdout
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["unsealed", "sealed"])
+def test_fd_mr_copy_path(build_dir, env, softverbs, fabric, sealed):
+    """Into a peer's memfd MR that this process maps, a copy is made by the
+    kernel between our own addresses (the owner may shrink the file: EFAULT,
+    not SIGBUS), except where the memfd is sealed against shrinking: then
+    plain memcpy, no system call.  Every byte is compared by sv_fdmaps, and
+    `softverbs show` says which path the requester took."""
+    prog = build_dir / "tests" / "progs" / "sv_fdmaps"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs libibverbs-dev)")
+    p = run([str(prog), "-m", "8", "-t", "2", "-s", "1"] + (["-S"] if sealed else []), env,
+            timeout=120)
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+    m = re.search(r"OK sv_fdmaps mrs=8 threads=2 ops=(\d+)", p.stdout)
+    assert m and int(m.group(1)) > 0, p.stdout
+    show = subprocess.run([softverbs, "show", fabric], env=env, capture_output=True, text=True,
+                          timeout=30).stdout
+    slots = [l for l in show.splitlines() if l.strip().startswith("slot ")]
+    paths = " ".join(slots)
+    if sealed:
+        assert "mapped-direct" in paths, show
+    else:
+        assert "mapped-file" in paths and "mapped-direct" not in paths, show
+    assert "cross-memory-attach " not in paths + " ", show

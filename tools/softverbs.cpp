@@ -177,6 +177,10 @@ int cmd_show(int argc, char **argv)
 			path += " cross-memory-attach-refused";
 		if (l.flags & SV_LEASE_SERVICE_USED)
 			path += " service-copy";
+		if (l.flags & SV_LEASE_MAPPED_USED)
+			path += " mapped-file";
+		if (l.flags & SV_LEASE_DIRECT_USED)
+			path += " mapped-direct";
 		printf("    slot %-3u pid %-8u %s%s%s\n", l.slot, l.pid,
 		       l.live ? "live" : l.closed ? "closed" : "exited",
 		       path.empty() ? "" : "  data path:", path.c_str());

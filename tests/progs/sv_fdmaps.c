@@ -19,7 +19,11 @@
  *
  * With -x (and -m 1 -t 3): the owner truncates the file behind its MR
  * while the user holds a mapping of it; the user's WRITE, READ and atomic
- * then complete REM_ACCESS_ERR instead of killing it with SIGBUS. */
+ * then complete REM_ACCESS_ERR instead of killing it with SIGBUS.
+ *
+ * With -S: the memfds are sealed against shrinking (F_SEAL_SHRINK), so the
+ * user copies into its mappings with plain memcpy, no system call
+ * (`softverbs show` says mapped-direct instead of mapped-file). */
 #include "svt.h"
 
 #include <dlfcn.h>
@@ -52,7 +56,8 @@ static struct {
 	int mrs, threads, seconds;
 	const char *dev;
 	int shrink;
-} opt = {600, 4, 5, "loop0", 0};
+	int sealed;
+} opt = {600, 4, 5, "loop0", 0, 0};
 
 static struct board *B;
 
@@ -86,9 +91,11 @@ static void owner(void)
 	if (!reg)
 		FAIL("softverbs_reg_mr_fd not found: not softverbs' libibverbs");
 	for (int i = 0; i < opt.mrs; i++) {
-		int fd = memfd_create("sv_fdmaps", MFD_CLOEXEC);
+		int fd = memfd_create("sv_fdmaps", MFD_CLOEXEC | (opt.sealed ? MFD_ALLOW_SEALING : 0));
 		CHECK(fd >= 0);
 		CHECK(ftruncate(fd, 4096) == 0);
+		if (opt.sealed)
+			CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
 		uint64_t iova = 0x10000000ULL + (uint64_t)i * 0x10000;
 		struct ibv_mr *mr = reg(d.pd, fd, 2 /* SOFTVERBS_FD_MEMFD */, 0, 4096, iova,
 					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
@@ -272,7 +279,7 @@ static void user(void)
 int main(int argc, char **argv)
 {
 	int c;
-	while ((c = getopt(argc, argv, "m:t:s:d:x")) != -1) {
+	while ((c = getopt(argc, argv, "m:t:s:d:xS")) != -1) {
 		switch (c) {
 		case 'm':
 			opt.mrs = atoi(optarg);
@@ -289,15 +296,19 @@ int main(int argc, char **argv)
 		case 'x':
 			opt.shrink = 1;
 			break;
+		case 'S':
+			opt.sealed = 1;
+			break;
 		default:
 			fprintf(stderr,
-				"usage: sv_fdmaps [-m MRS] [-t THREADS] [-s SECONDS] [-d DEV] [-x]\n");
+				"usage: sv_fdmaps [-m MRS] [-t THREADS] [-s SECONDS] [-d DEV] [-x] [-S]\n");
 			return 2;
 		}
 	}
 	if (opt.mrs < 1 || opt.mrs > MAXMR || opt.threads < 1 || opt.threads > MAXT ||
-	    opt.seconds < 1 || (opt.shrink && (opt.mrs != 1 || opt.threads != 3)))
-		FAIL("bad arguments (-x needs -m 1 -t 3)");
+	    opt.seconds < 1 || (opt.shrink && (opt.mrs != 1 || opt.threads != 3)) ||
+	    (opt.shrink && opt.sealed))
+		FAIL("bad arguments (-x needs -m 1 -t 3, and no -S)");
 	svt_watchdog(opt.seconds + 120);
 	B = mmap(NULL, sizeof(*B), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	CHECK(B != MAP_FAILED);

@@ -170,10 +170,12 @@ int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, u
 	}
 	if (c.kind == SV_MR_KIND_FD && !self) {
 		std::shared_ptr<void> pin;
-		char *base = peer_map(fab, slot, c, pin);
+		bool direct = false;
+		char *base = peer_map(fab, slot, c, pin, direct);
 		if (!base)
 			return EFAULT;
-		out.push_back({base + off, len, seg_kind::mapped, std::move(pin)});
+		out.push_back({base + off, len, direct ? seg_kind::mapped_direct : seg_kind::mapped,
+			       std::move(pin)});
 		return 0;
 	}
 	seg_kind k = (c.flags & SV_MR_ODP) ? seg_kind::peer_checked : seg_kind::peer;
@@ -297,7 +299,7 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 	const rseg &s = segs[0];
 	hit.addr = reinterpret_cast<uintptr_t>(s.base);
 	hit.kind = s.kind == seg_kind::null ? SV_MR_KIND_NULL : SV_MR_KIND_MR;
-	hit.mapped = s.kind == seg_kind::mapped;
+	hit.mapped = s.kind == seg_kind::mapped || s.kind == seg_kind::mapped_direct;
 	hit.odp = s.kind == seg_kind::peer_checked;
 	hit.pin = s.pin; // The mapping outlives the next lookup's segs.clear()
 	return 0;

@@ -11,7 +11,10 @@
 #include <fcntl.h>
 #include <map>
 #include <mutex>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -28,7 +31,27 @@ namespace {
 struct fd_map {
 	std::shared_ptr<char> base; // Our mapping; its deleter unmaps it
 	uint64_t off;		    // Object offset of base
+	bool direct;		    // Plain memcpy is safe (sealed_tmpfs)
 };
+
+// Whether a plain memcpy through a writable shared mapping of fd's
+// [0, end) can never fault: a memfd on tmpfs (not hugetlbfs, whose holes
+// can fail to fill with SIGBUS) sealed against shrinking (seals are never
+// removed, so no one can truncate it under us later) and already at least
+// end bytes long.  Everything else is copied by the kernel between our
+// own addresses, which answers EFAULT where a plain copy would die of
+// SIGBUS.
+bool sealed_tmpfs(int fd, uint64_t end)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return false;
+	struct statfs fs;
+	struct stat st;
+	if (fstatfs(fd, &fs) || fs.f_type != TMPFS_MAGIC || fstat(fd, &st))
+		return false;
+	return st.st_size >= 0 && static_cast<uint64_t>(st.st_size) >= end;
+}
 
 std::mutex g_map_lock;
 // (slot << 32 | cookie) -> mapping.  Never destroyed (see g_objects).
@@ -39,7 +62,8 @@ std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>; // At most
 // mapping alive for as long as the caller (or a copy of pin) holds it.
 } // namespace
 
-char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin)
+char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin,
+	       bool &direct)
 {
 	uint64_t id = (static_cast<uint64_t>(slot) << 32) | c.cookie;
 	std::lock_guard<std::mutex> g(g_map_lock);
@@ -56,8 +80,10 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 		size_t len = c.fd_offset - off + c.length;
 		void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
 			       static_cast<off_t>(off));
+		bool writable = p != MAP_FAILED;
 		if (p == MAP_FAILED)
 			p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(off));
+		bool sealed = writable && p != MAP_FAILED && sealed_tmpfs(fd, off + len);
 		close(fd);
 		if (p == MAP_FAILED)
 			return nullptr;
@@ -80,7 +106,7 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 				if (g_maps.size() >= kMaxMaps)
 					g_maps.clear();
 			}
-			it = g_maps.emplace(id, fd_map{base, off}).first;
+			it = g_maps.emplace(id, fd_map{base, off, sealed}).first;
 		} catch (...) {
 			// No memory for the bookkeeping: fail this access (EFAULT),
 			// never throw through the C caller.
@@ -90,6 +116,7 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 		}
 	}
 	pin = it->second.base;
+	direct = it->second.direct;
 	return it->second.base.get() + (c.fd_offset - it->second.off);
 }
 

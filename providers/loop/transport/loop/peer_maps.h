@@ -14,6 +14,9 @@ namespace loop {
 // cache's reference).  Returns the address of the record's iova, or
 // nullptr (the fd cannot be had or mapped); sets pin, which keeps the
 // mapping alive for as long as the caller (or a copy of pin) holds it.
-char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin);
+// direct: whether a plain memcpy through it can never fault (a writable
+// mapping of a memfd sealed against shrinking, peer_maps.cpp).
+char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin,
+	       bool &direct);
 
 } // namespace loop

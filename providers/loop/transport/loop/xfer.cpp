@@ -186,8 +186,20 @@ int run_pieces(pid_t pid, const pieces &ps, size_t *moved, bool *whole, bool may
 			// between two of our own addresses answers EFAULT.
 			if (int err = checked_self_copy(p.local, p.remote, p.len, p.dir))
 				return err;
+			service_note(SV_LEASE_MAPPED_USED);
 			break;
 		}
+		case seg_kind::mapped_direct:
+			// A sealed memfd at least this long, mapped writable: no
+			// fault is possible on the peer's side (peer_maps.cpp).
+			// (add_pieces makes it plain mapped where local memory is
+			// on demand and may fault.)
+			if (p.dir == xfer_dir::to_peer)
+				memcpy(p.remote, p.local, p.len);
+			else
+				memcpy(p.local, p.remote, p.len);
+			service_note(SV_LEASE_DIRECT_USED);
+			break;
 		default: // peer within this process
 			if (p.dir == xfer_dir::to_peer)
 				memmove(p.remote, p.local, p.len);
@@ -202,7 +214,7 @@ int run_pieces(pid_t pid, const pieces &ps, size_t *moved, bool *whole, bool may
 
 // Appends the pieces of one transfer to ps; returns its bytes.
 size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, const rseg *remote,
-		  int nr, xfer_dir dir, bool relaxed)
+		  int nr, xfer_dir dir, bool relaxed, bool local_checked)
 {
 	size_t first = ps.size();
 	int li = 0, ri = 0;
@@ -211,6 +223,10 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 		size_t n = std::min(local[li].iov_len - lo, remote[ri].len - ro);
 		if (n) {
 			seg_kind k = remote[ri].kind;
+			// A plain memcpy would touch local memory on demand, which
+			// may be unmapped: the kernel's copy answers EFAULT instead.
+			if (k == seg_kind::mapped_direct && local_checked)
+				k = seg_kind::mapped;
 			ps.push_back({static_cast<char *>(local[li].iov_base) + lo,
 				      static_cast<char *>(remote[ri].base) + ro, n, k, dir,
 				      (k == seg_kind::peer && !same_process) ||
@@ -253,10 +269,10 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 } // namespace
 
 int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rseg *remote,
-	      int nr, xfer_dir dir, bool relaxed)
+	      int nr, xfer_dir dir, bool relaxed, bool local_checked)
 {
 	pieces ps;
-	add_pieces(ps, same_process, local, nl, remote, nr, dir, relaxed);
+	add_pieces(ps, same_process, local, nl, remote, nr, dir, relaxed, local_checked);
 	size_t moved;
 	bool whole;
 	return run_pieces(pid, ps, &moved, &whole);
@@ -274,7 +290,7 @@ int xfer_moves(pid_t pid, bool self, const tp_move *ops, size_t n, size_t *done)
 		for (size_t k = 0; k < n; k++) {
 			const tp_move &m = ops[k];
 			total += add_pieces(ps, self && !m.local_checked, m.local, m.nlocal, m.remote,
-					    m.nremote, m.dir, m.relaxed);
+					    m.nremote, m.dir, m.relaxed, m.local_checked);
 			ends.push_back(total);
 		}
 		size_t moved;
@@ -302,7 +318,7 @@ int xfer_moves(pid_t pid, bool self, const tp_move *ops, size_t n, size_t *done)
 	for (; i < n; i++) {
 		const tp_move &m = ops[i];
 		if (int err = xfer_segs(pid, self && !m.local_checked, m.local, m.nlocal, m.remote,
-					m.nremote, m.dir, m.relaxed)) {
+					m.nremote, m.dir, m.relaxed, m.local_checked)) {
 			*done = i;
 			return err;
 		}

@@ -27,7 +27,10 @@ int xfer(pid_t pid, bool same_process, const iovec *local, int nlocal, const iov
 enum class seg_kind : uint8_t {
 	peer,	// In the target's address space: cross-memory attach (or memcpy in-process)
 	peer_checked, // Like peer, but may be unmapped (ODP): a checked system call even in-process
-	mapped, // Mapped into this process (an fd-backed MR): memcpy, no system call
+	mapped, // Mapped into this process (an fd-backed MR): copied by the kernel between
+		// two of our own addresses (a file shrunk under us is EFAULT, not SIGBUS)
+	mapped_direct, // Mapped, of a memfd sealed against shrinking, writable: plain
+		       // memcpy, no system call (peer_maps.cpp)
 	null,	// The null MR: writes are dropped, reads give zeros
 };
 
@@ -46,8 +49,10 @@ struct rseg {
 // go in one system call each.  relaxed: the target granted
 // IBV_ACCESS_RELAXED_ORDERING, so a large write may be placed out of
 // address order (see docs/memory.md); without it bytes land in order.
+// local_checked: some local memory may be unmapped (ODP), so no copy
+// touches it but the kernel's, even into a sealed mapping.
 int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nlocal, const rseg *remote,
-	      int nremote, xfer_dir dir, bool relaxed = false);
+	      int nremote, xfer_dir dir, bool relaxed = false, bool local_checked = false);
 
 struct tp_move;
 
