@@ -314,18 +314,20 @@ int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *
 	w.invalidate_rkey = 0;
 	if (in->opcode == IBV_WR_LOCAL_INV || in->opcode == IBV_WR_SEND_WITH_INV)
 		w.invalidate_rkey = in->invalidate_rkey;
-	if (in->opcode == IBV_WR_BIND_MW || in->opcode == kWrFastReg) {
-		int err = mr_copy_wr(qp, in, w, x);
-		if (err)
-			return err;
-	}
 	// Fields an opcode does not use are still defined: the WQE carries
-	// its remote address segment whatever the opcode (wqe_write).
+	// its remote address segment whatever the opcode (wqe_write).  Before
+	// mr_copy_wr, which sets the new key (rkey) and a fast-register's
+	// iova (remote_addr).
 	w.remote_addr = 0;
 	w.rkey = 0;
 	w.compare_add = 0;
 	w.swap = 0;
 	w.xrc_srqn = 0;
+	if (in->opcode == IBV_WR_BIND_MW || in->opcode == kWrFastReg) {
+		int err = mr_copy_wr(qp, in, w, x);
+		if (err)
+			return err;
+	}
 	switch (in->opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
