@@ -63,7 +63,7 @@ int push_own(loop_cq *cq, sv_cqe &e)
 // A completion of the send queue: it names the WR's slot, which the poller
 // frees.  A send CQ that overflowed takes the QP to ERR with
 // IBV_EVENT_QP_FATAL: the completion is lost, but never silently.
-void push_sq(loop_qp *qp, const send_wr &w, ibv_wc_status st, ibv_wc_opcode op,
+[[gnu::hot]] void push_sq(loop_qp *qp, const send_wr &w, ibv_wc_status st, ibv_wc_opcode op,
 	     uint32_t byte_len)
 {
 	sv_cqe e{};
@@ -78,7 +78,7 @@ void push_sq(loop_qp *qp, const send_wr &w, ibv_wc_status st, ibv_wc_opcode op,
 		raise_qp_event(*qp->ctx->fab, qp->slot, IBV_EVENT_QP_FATAL);
 }
 
-void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len)
+[[gnu::hot]] void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len)
 {
 	// UC has no acknowledgements: a requester never learns what the
 	// responder did with its message, so remote errors complete as sent.

@@ -111,7 +111,7 @@ void queue_geom_forget(const void *map)
 	}
 }
 
-bool queue_geometry(const void *map, queue_geom &out)
+[[gnu::hot]] bool queue_geometry(const void *map, queue_geom &out)
 {
 	if (!map)
 		return false;

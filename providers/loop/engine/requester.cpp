@@ -88,7 +88,7 @@ void add_null(small_vec<iovec, 16> &v, uint64_t len)
 	}
 }
 
-ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &b)
+[[gnu::hot]] ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &b)
 {
 	b.iov.clear();
 	b.len = 0;
@@ -202,7 +202,7 @@ void remote_fail(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p,
 	complete(qp, w, st, 0);
 }
 
-step run_rdma(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, local_buf &lb)
+[[gnu::hot]] step run_rdma(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, local_buf &lb)
 {
 	bool read = w.opcode == IBV_WR_RDMA_READ;
 	uint32_t right = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
@@ -297,7 +297,7 @@ step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, 
 	return step::done;
 }
 
-step run_connected(loop_qp *qp, send_wr &w)
+[[gnu::hot]] step run_connected(loop_qp *qp, send_wr &w)
 {
 	const transport_ops &t = active_transport();
 	loop_context *lctx = qp->ctx;
@@ -420,7 +420,7 @@ step run_ud(loop_qp *qp, send_wr &w)
 
 } // namespace
 
-step run_wr(loop_qp *qp, send_wr &w)
+[[gnu::hot]] step run_wr(loop_qp *qp, send_wr &w)
 {
 	// Local memory operations: run here, in WR order.  Every WR before
 	// them has completed (the requester runs one WR at a time), so a fence

@@ -33,7 +33,7 @@ constexpr tp_answer kLost{tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
 
 // The segments of a receive WQE for len bytes.  Returns a status for the
 // responder.
-ibv_wc_status scatter(const transport_ops &t, loop_qp *qp, const peer &p,
+[[gnu::hot]] ibv_wc_status scatter(const transport_ops &t, loop_qp *qp, const peer &p,
 		      const sv_recv_wqe *wqe, uint32_t pdn, uint64_t len, std::vector<rseg> &out)
 {
 	out.clear();
@@ -66,7 +66,7 @@ sv_cqe recv_cqe(const peer &p, const tp_request &r, uint64_t wr_id)
 	return e;
 }
 
-tp_answer respond_send(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r,
+[[gnu::hot]] tp_answer respond_send(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r,
 		       const sv_recv_wqe *wqe, uint32_t pdn)
 {
 	const send_wr &w = *r.w;
@@ -212,7 +212,7 @@ tp_answer respond_ud(const transport_ops &t, loop_qp *qp, const peer &p, const t
 
 } // namespace
 
-tp_answer respond(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r)
+[[gnu::hot]] tp_answer respond(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r)
 {
 	if (p.rec.qp_type == IBV_QPT_UD)
 		return respond_ud(t, qp, p, r);

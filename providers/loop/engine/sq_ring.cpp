@@ -69,7 +69,7 @@ bool is_inv_op(uint32_t op)
 // The control and remote address segments are written for every WQE; the
 // atomic, UD and memory segments only for the opcodes and QP types that
 // read them (the ring's contract, softverbs-abi.h), each whole.
-void wqe_write(loop_qp *qp, const send_wr &w, uint64_t index)
+[[gnu::hot]] void wqe_write(loop_qp *qp, const send_wr &w, uint64_t index)
 {
 	sv_send_wqe *slot = sq_slot(qp, index);
 	sv_wqe_ctrl c{};
@@ -242,7 +242,7 @@ ibv_wc_status wqe_read(loop_qp *qp, uint64_t index, send_wr &w)
 }
 
 // Publishes the requester's progress: WQEs before c are done.
-void sq_set_cons(loop_qp *qp, uint64_t c)
+[[gnu::hot]] void sq_set_cons(loop_qp *qp, uint64_t c)
 {
 	qp->sq_cons = c;
 	qp->sq_head_valid = false;
@@ -257,7 +257,7 @@ namespace {
 // Publishes the producer index and rings the doorbell (the ring's contract,
 // softverbs-abi.h).  The posting thread runs the requester itself next, so
 // no engine needs waking.
-void sq_doorbell(loop_qp *qp, uint64_t prod)
+[[gnu::hot]] void sq_doorbell(loop_qp *qp, uint64_t prod)
 {
 	std::atomic_ref<uint64_t>(qp->sq->retired)
 		.store(qp->sq_retired.load(std::memory_order_acquire), std::memory_order_release);
@@ -267,7 +267,7 @@ void sq_doorbell(loop_qp *qp, uint64_t prod)
 
 // Copies an ibv_send_wr into our own form, checking what a real provider
 // checks at post time.  Returns 0 or the errno for post_send.
-int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *x)
+[[gnu::hot]] int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *x)
 {
 	// Any bits may come in (tests pass 77): check them as an integer first,
 	// since loading a value beyond the enum's range is undefined (UBSan).
@@ -411,7 +411,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 // in ERR completes flushed (with any the requester had not finished).
 // Caller holds sq_lock; state is refreshed for the next WR.  Returns 0 or
 // ENOMEM.
-int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress, rdma_batch &b,
+[[gnu::hot]] int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress, rdma_batch &b,
 	   bool more)
 {
 	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
@@ -514,12 +514,12 @@ int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress, rdma_b
 
 } // namespace
 
-int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
+[[gnu::hot]] int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
 {
 	return post_send_mem(ibqp, wr, bad, nullptr);
 }
 
-int post_send_mem(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr_extra *x)
+[[gnu::hot]] int post_send_mem(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad, const mem_wr_extra *x)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp)) [[unlikely]] { // A destroyed QP (objects.h)

@@ -425,7 +425,7 @@ void cq_repair(loop_cq *cq)
 }
 
 // Takes the next completion, if any.  Caller holds cq->lock.
-bool cq_take(loop_cq *cq, sv_cqe &out)
+[[gnu::hot]] bool cq_take(loop_cq *cq, sv_cqe &out)
 {
 	if (cq->agent) [[unlikely]]
 		return false; // An agent polls this ring (softverbs_dv_cq_agent)
@@ -687,7 +687,7 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 	return err;
 }
 
-int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *payload,
+[[gnu::hot]] int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited, const sv_cqe_payload *payload,
 	    uint64_t *index)
 {
 	// Indexed by the geometry checked at creation or mapping: a header a
@@ -870,7 +870,7 @@ int loop_destroy_cq(ibv_cq *ibcq)
 	return 0;
 }
 
-int loop_poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc)
+[[gnu::hot]] int loop_poll_cq(ibv_cq *ibcq, int n, ibv_wc *wc)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
 	if (!cq->life.is(kLifeCq)) [[unlikely]]

@@ -142,7 +142,7 @@ int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 }
 
 // Copies a record that is in use, confirming it did not change meanwhile.
-bool snapshot(sv_mr_rec &m, sv_mr_rec &c)
+[[gnu::hot]] bool snapshot(sv_mr_rec &m, sv_mr_rec &c)
 {
 	uint32_t st = mr_state(m).load(std::memory_order_acquire);
 	if (st == SV_MR_FREE)
@@ -160,7 +160,7 @@ bool snapshot(sv_mr_rec &m, sv_mr_rec &c)
 
 // Appends the segments of [off, off + len) of a non-window record (off
 // relative to its iova).
-int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, uint64_t len,
+[[gnu::hot]] int resolve_body(fabric &fab, uint32_t slot, const sv_mr_rec &c, uint64_t off, uint64_t len,
 		 std::vector<rseg> &out)
 {
 	bool self = c.owner_lease == static_cast<uint32_t>(fab.lease());
@@ -225,7 +225,7 @@ bool in_bounds(const sv_mr_rec &c, uint64_t iova, uint64_t len)
 }
 
 // The checks of a key named by an access; c receives its record.
-int check_key(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+[[gnu::hot]] int check_key(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
 	      uint64_t len, uint32_t need, uint32_t qpn, sv_mr_rec &c)
 {
 	uint32_t slot = key >> SV_MR_KEY_BITS;
@@ -249,7 +249,7 @@ int check_key(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 
 } // namespace
 
-int mr_resolve(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+[[gnu::hot]] int mr_resolve(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
 	       uint64_t len, uint32_t need, uint32_t qpn, std::vector<rseg> &out,
 	       uint32_t *access)
 {

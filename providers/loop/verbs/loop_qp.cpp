@@ -206,7 +206,7 @@ int push_own_sink(void *c, sv_cqe &e)
 
 } // namespace
 
-bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged)
+[[gnu::hot]] bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged)
 {
 	if (damaged)
 		*damaged = false;
@@ -309,7 +309,7 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 	qp->rq_placed.reset();
 }
 
-int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad)
+[[gnu::hot]] int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad)
 {
 	queue_geom g;
 	if (!queue_geometry(rq, g) ||
@@ -820,7 +820,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 	return 0;
 }
 
-int loop_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad)
+[[gnu::hot]] int loop_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp)) [[unlikely]] {

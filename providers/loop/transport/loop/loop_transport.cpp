@@ -39,7 +39,7 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 // Finds the live QP qpn behind an address.  An IB address must carry the
 // LID of the QP's port; RoCE addresses are GIDs, and on one host every
 // port's GIDs are the host's addresses, so the QP number decides.
-bool find_qp(loop_context *lctx, uint32_t qpn, uint16_t dlid, bool eth, peer &out)
+[[gnu::hot]] bool find_qp(loop_context *lctx, uint32_t qpn, uint16_t dlid, bool eth, peer &out)
 {
 	sv_registry *r = lctx->fab->reg();
 	uint32_t slot = qpn & SV_QPN_SLOT_MASK;
@@ -72,7 +72,7 @@ bool find_qp(loop_context *lctx, uint32_t qpn, uint16_t dlid, bool eth, peer &ou
 	return true;
 }
 
-int lt_resolve(loop_qp *qp, const tp_dest &d, peer &p)
+[[gnu::hot]] int lt_resolve(loop_qp *qp, const tp_dest &d, peer &p)
 {
 	if (!find_qp(qp->ctx, d.qpn, d.dlid, d.eth, p))
 		return ENOENT;
@@ -126,7 +126,7 @@ void lt_mcast_members(loop_qp *qp, const send_wr &w, bool eth, std::vector<peer>
 	}
 }
 
-int lt_resolve_key(loop_qp *qp, const peer &p, uint32_t key, uint32_t pdn, uint64_t addr,
+[[gnu::hot]] int lt_resolve_key(loop_qp *qp, const peer &p, uint32_t key, uint32_t pdn, uint64_t addr,
 		   uint64_t len, uint32_t right, std::vector<rseg> &out, uint32_t *access)
 {
 	return mr_resolve(*qp->ctx->fab, key, p.rec.owner_lease, pdn, addr, len, right, p.qpn, out,
@@ -145,7 +145,7 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 // generation, its kind), so a queue destroyed or replaced since misses.
 // The hold is returned by value: the caller's copy keeps the mapping even
 // if a nested call replaces the cache entry.  Caller holds qp->sq_lock.
-queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind)
+[[gnu::hot]] queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind)
 {
 	fabric &fab = *qp->ctx->fab;
 	loop_qp::queue_cache *slot = &qp->tp_queues[qp->tp_queue_next];
@@ -215,7 +215,7 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 }
 
 // A batch of copies shares its system calls (xfer_moves).
-int lt_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n, size_t *done)
+[[gnu::hot]] int lt_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n, size_t *done)
 {
 	flush_deferred(qp); // Earlier SENDs land first
 	size_t k;
@@ -271,13 +271,13 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	return atomic_word(p, hit, &nv, xfer_dir::to_peer);
 }
 
-tp_answer lt_deliver(loop_qp *qp, const peer &p, const tp_request &r)
+[[gnu::hot]] tp_answer lt_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 {
 	// The peer's responder runs here, on its shared rings.
 	return respond(loop_transport_ops, qp, p, r);
 }
 
-bool lt_take_recv(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf, sv_recv_wqe *&wqe,
+[[gnu::hot]] bool lt_take_recv(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf, sv_recv_wqe *&wqe,
 		  uint32_t &pdn)
 {
 	fabric &fab = *qp->ctx->fab;
@@ -352,7 +352,7 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 // in ERR with IBV_EVENT_QP_FATAL, its owner told of the CQ by CQ_ERR).
 // The receive CQ is the QP's, or an XRC SRQ's; the reference is read
 // afresh on every try, since a resize moves the ring.
-int push_peer(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
+[[gnu::hot]] int push_peer(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
 	      const sv_cqe_payload *payload, void *dst)
 {
 	fabric &fab = *qp->ctx->fab;
@@ -404,7 +404,7 @@ int push_peer(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
 	}
 }
 
-int lt_post_cqe(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited, const tp_payload *d)
+[[gnu::hot]] int lt_post_cqe(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited, const tp_payload *d)
 {
 	if (!d)
 		return push_peer(qp, p, e, solicited, nullptr, nullptr);

@@ -268,7 +268,7 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 
 } // namespace
 
-int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rseg *remote,
+[[gnu::hot]] int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rseg *remote,
 	      int nr, xfer_dir dir, bool relaxed, bool local_checked)
 {
 	pieces ps;
@@ -278,7 +278,7 @@ int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rs
 	return run_pieces(pid, ps, &moved, &whole);
 }
 
-int xfer_moves(pid_t pid, bool self, const tp_move *ops, size_t n, size_t *done)
+[[gnu::hot]] int xfer_moves(pid_t pid, bool self, const tp_move *ops, size_t n, size_t *done)
 {
 	size_t i = 0;
 	if (n > 1 && !service_forced()) {
