@@ -103,6 +103,16 @@ def sanitizer_failures(log_dir):
     return bad
 
 
+def built_prog(build_dir, name):
+    """The path of tests/progs/NAME in build_dir, as a string; the test
+    fails (not skips) where it was not built."""
+    import pytest
+    p = pathlib.Path(build_dir) / "tests" / "progs" / name
+    if not p.exists():
+        pytest.fail(f"{p} was not built (libibverbs-dev missing?)")
+    return str(p)
+
+
 def run(argv, env, timeout=TIMEOUT, check=False, **kw):
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, **kw)
     if check and p.returncode != 0:

@@ -16,10 +16,7 @@ import svtest
 
 @pytest.fixture
 def prog(build_dir):
-    p = build_dir / "tests" / "progs" / "sv_cq_events"
-    if not p.exists():
-        pytest.fail(f"{p} was not built (libibverbs-dev missing?)")
-    return str(p)
+    return svtest.built_prog(build_dir, "sv_cq_events")
 
 
 @pytest.mark.parametrize("n", [20, 200])

@@ -19,10 +19,7 @@ import svtest
 
 @pytest.fixture
 def multicq(build_dir):
-    p = build_dir / "tests" / "progs" / "sv_multicq"
-    if not p.exists():
-        pytest.fail(f"{p} not built (libibverbs-dev missing?)")
-    return str(p)
+    return svtest.built_prog(build_dir, "sv_multicq")
 
 
 def test_two_cqs_wake_like_one(multicq, env):
@@ -40,10 +37,7 @@ def test_bad_argument(multicq, env):
 
 @pytest.fixture
 def pollwake(build_dir):
-    p = build_dir / "tests" / "progs" / "sv_pollwake"
-    if not p.exists():
-        pytest.fail(f"{p} not built (libibverbs-dev missing?)")
-    return str(p)
+    return svtest.built_prog(build_dir, "sv_pollwake")
 
 
 def test_poll_that_slept_returns_the_completion(pollwake, env):

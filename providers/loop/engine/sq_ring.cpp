@@ -310,10 +310,9 @@ namespace {
 		for (int i = 0; i < in->num_sge; i++)
 			w.sge[i] = in->sg_list[i];
 	}
-	w.imm_data = in->imm_data;
-	w.invalidate_rkey = 0;
-	if (in->opcode == IBV_WR_LOCAL_INV || in->opcode == IBV_WR_SEND_WITH_INV)
-		w.invalidate_rkey = in->invalidate_rkey;
+	// imm_data and invalidate_rkey share a union in ibv_send_wr.
+	w.imm_data = is_inv_op(in->opcode) ? 0 : in->imm_data;
+	w.invalidate_rkey = is_inv_op(in->opcode) ? in->invalidate_rkey : 0;
 	// Fields an opcode does not use are still defined: the WQE carries
 	// its remote address segment whatever the opcode (wqe_write).  Before
 	// mr_copy_wr, which sets the new key (rkey) and a fast-register's
@@ -479,8 +478,6 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 			}
 		} else {
 			w.psn = kNoPsn;
-			if (is_inv_op(w.opcode))
-				w.imm_data = 0; // Shares ibv_send_wr's union with the key
 		}
 		s = run_wr(qp, *h);
 		if (s == step::done) {
