@@ -1,0 +1,588 @@
+// SPDX-License-Identifier: MIT
+// The RoCE v2 wire codec (wire.h).  Byte-by-byte big-endian access
+// throughout: no casts of the buffer to wider types, so that any alignment
+// and any host byte order give the same bytes.
+#include "wire.h"
+
+#include <array>
+#include <cstring>
+
+namespace loop::rocev2 {
+
+namespace {
+
+void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = static_cast<uint8_t>(v >> 8);
+	p[1] = static_cast<uint8_t>(v);
+}
+void put24(uint8_t *p, uint32_t v)
+{
+	p[0] = static_cast<uint8_t>(v >> 16);
+	p[1] = static_cast<uint8_t>(v >> 8);
+	p[2] = static_cast<uint8_t>(v);
+}
+void put32(uint8_t *p, uint32_t v)
+{
+	put16(p, static_cast<uint16_t>(v >> 16));
+	put16(p + 2, static_cast<uint16_t>(v));
+}
+void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, static_cast<uint32_t>(v >> 32));
+	put32(p + 4, static_cast<uint32_t>(v));
+}
+uint16_t get16(const uint8_t *p)
+{
+	return static_cast<uint16_t>(p[0] << 8 | p[1]);
+}
+uint32_t get24(const uint8_t *p)
+{
+	return uint32_t{p[0]} << 16 | uint32_t{p[1]} << 8 | p[2];
+}
+uint32_t get32(const uint8_t *p)
+{
+	return uint32_t{get16(p)} << 16 | get16(p + 2);
+}
+uint64_t get64(const uint8_t *p)
+{
+	return uint64_t{get32(p)} << 32 | get32(p + 4);
+}
+
+// The operations (low 5 bits of the opcode) and their headers, common to
+// RC and XRC (XRC requests add the XRCETH: xrc_headers()).
+constexpr uint32_t kP = HDR_PAYLOAD;
+constexpr uint32_t rc_op_headers(uint8_t low)
+{
+	switch (low) {
+	case 0x00: // SEND FIRST
+	case 0x01: // SEND MIDDLE
+	case 0x02: // SEND LAST
+	case 0x04: // SEND ONLY
+	case 0x07: // RDMA WRITE MIDDLE
+	case 0x08: // RDMA WRITE LAST
+		return kP;
+	case 0x03: // SEND LAST WITH IMMEDIATE
+	case 0x05: // SEND ONLY WITH IMMEDIATE
+	case 0x09: // RDMA WRITE LAST WITH IMMEDIATE
+		return HDR_IMMDT | kP;
+	case 0x06: // RDMA WRITE FIRST
+	case 0x0a: // RDMA WRITE ONLY
+		return HDR_RETH | kP;
+	case 0x0b: // RDMA WRITE ONLY WITH IMMEDIATE
+		return HDR_RETH | HDR_IMMDT | kP;
+	case 0x0c: // RDMA READ REQUEST
+		return HDR_RETH;
+	case 0x0d: // RDMA READ RESPONSE FIRST
+	case 0x0f: // RDMA READ RESPONSE LAST
+	case 0x10: // RDMA READ RESPONSE ONLY
+		return HDR_AETH | kP;
+	case 0x0e: // RDMA READ RESPONSE MIDDLE
+		return kP;
+	case 0x11: // ACKNOWLEDGE
+		return HDR_AETH;
+	case 0x12: // ATOMIC ACKNOWLEDGE
+		return HDR_AETH | HDR_ATMACK;
+	case 0x13: // COMPARE SWAP
+	case 0x14: // FETCH ADD
+		return HDR_ATMETH;
+	case 0x16: // SEND LAST WITH INVALIDATE
+	case 0x17: // SEND ONLY WITH INVALIDATE
+		return HDR_IETH | kP;
+	default:
+		return 0;
+	}
+}
+
+// The responses (read responses, ACKs) go back to the XRC initiator's QP,
+// which the BTH names alone: only requests carry the XRCETH (Annex A14).
+constexpr bool is_response(uint8_t low)
+{
+	return low >= 0x0d && low <= 0x12;
+}
+
+constexpr uint32_t compute_headers(unsigned opcode)
+{
+	const uint8_t low = opcode & 0x1f;
+	uint32_t m = 0;
+	switch (opcode >> 5) {
+	case 0: // RC
+		m = rc_op_headers(low);
+		if (opcode == RC_ATOMIC_WRITE)
+			m = HDR_RETH | kP; // 8 bytes of payload: parse() checks
+		break;
+	case 1: // UC: SENDs and RDMA WRITEs only
+		if (low <= 0x0b)
+			m = rc_op_headers(low);
+		break;
+	case 3: // UD
+		if (opcode == UD_SEND_ONLY)
+			m = HDR_DETH | kP;
+		else if (opcode == UD_SEND_ONLY_WITH_IMMEDIATE)
+			m = HDR_DETH | HDR_IMMDT | kP;
+		break;
+	case 4: // CNP, its 16 reserved bytes as payload
+		if (opcode == CNP)
+			m = kP;
+		break;
+	case 5: // XRC
+		m = rc_op_headers(low);
+		if (m && !is_response(low))
+			m |= HDR_XRCETH;
+		break;
+	default: // RD (2) and the reserved or vendor classes
+		break;
+	}
+	return m ? (m | HDR_BTH) : 0;
+}
+
+constexpr size_t headers_len(uint32_t m)
+{
+	if (!m)
+		return 0;
+	size_t n = kBthLen;
+	n += (m & HDR_DETH) ? kDethLen : 0;
+	n += (m & HDR_XRCETH) ? kXrcEthLen : 0;
+	n += (m & HDR_RETH) ? kRethLen : 0;
+	n += (m & HDR_ATMETH) ? kAtomicEthLen : 0;
+	n += (m & HDR_AETH) ? kAethLen : 0;
+	n += (m & HDR_ATMACK) ? kAtomicAckEthLen : 0;
+	n += (m & HDR_IMMDT) ? kImmDtLen : 0;
+	n += (m & HDR_IETH) ? kIethLen : 0;
+	return n;
+}
+
+struct op_info {
+	uint32_t mask;
+	uint8_t len;
+};
+
+constexpr std::array<op_info, 256> make_table()
+{
+	std::array<op_info, 256> t{};
+	for (unsigned i = 0; i < 256; i++) {
+		const uint32_t m = compute_headers(i);
+		t[i] = {m, static_cast<uint8_t>(headers_len(m))};
+	}
+	return t;
+}
+constexpr std::array<op_info, 256> kOps = make_table();
+
+static_assert(kOps[RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE].len == 32);
+static_assert(kOps[RC_COMPARE_SWAP].len == 40);
+static_assert(kOps[RC_ATOMIC_ACKNOWLEDGE].len == 24);
+static_assert(kOps[UD_SEND_ONLY_WITH_IMMEDIATE].len == 24);
+static_assert(kOps[XRC_RDMA_WRITE_FIRST].len == 32);
+static_assert(kOps[XRC_ACKNOWLEDGE].len == 16);
+static_assert(kOps[CNP].len == 12);
+static_assert(kOps[0x15].mask == 0 && kOps[RD_SEND_ONLY].mask == 0 && kOps[RC_FLUSH].mask == 0);
+
+// The CRC-32 table (reflected 0x04C11DB7), built at compile time.
+constexpr std::array<uint32_t, 256> make_crc_table()
+{
+	std::array<uint32_t, 256> t{};
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+		for (int k = 0; k < 8; k++)
+			c = (c & 1) ? (c >> 1) ^ 0xedb88320u : c >> 1;
+		t[i] = c;
+	}
+	return t;
+}
+constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
+
+// The register, without the final inversion.
+uint32_t crc_update(uint32_t reg, const uint8_t *p, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		reg = kCrcTable[(reg ^ p[i]) & 0xff] ^ (reg >> 8);
+	return reg;
+}
+
+// Ones-complement sum, for the IPv4 and UDP checksums (RFC 1071).
+uint32_t sum16(uint32_t acc, const uint8_t *p, size_t len)
+{
+	size_t i = 0;
+	for (; i + 1 < len; i += 2)
+		acc += get16(p + i);
+	if (i < len)
+		acc += uint32_t{p[i]} << 8;
+	return acc;
+}
+uint16_t fold(uint32_t acc)
+{
+	while (acc >> 16)
+		acc = (acc & 0xffff) + (acc >> 16);
+	return static_cast<uint16_t>(~acc);
+}
+
+} // namespace
+
+uint32_t opcode_headers(uint8_t opcode)
+{
+	return kOps[opcode].mask;
+}
+
+size_t opcode_header_len(uint8_t opcode)
+{
+	return kOps[opcode].len;
+}
+
+const char *opcode_name(uint8_t opcode)
+{
+	switch (opcode) {
+#define N(x)                                                                                       \
+	case x:                                                                                    \
+		return #x;
+		N(RC_SEND_FIRST)
+		N(RC_SEND_MIDDLE)
+		N(RC_SEND_LAST)
+		N(RC_SEND_LAST_WITH_IMMEDIATE)
+		N(RC_SEND_ONLY)
+		N(RC_SEND_ONLY_WITH_IMMEDIATE)
+		N(RC_RDMA_WRITE_FIRST)
+		N(RC_RDMA_WRITE_MIDDLE)
+		N(RC_RDMA_WRITE_LAST)
+		N(RC_RDMA_WRITE_LAST_WITH_IMMEDIATE)
+		N(RC_RDMA_WRITE_ONLY)
+		N(RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+		N(RC_RDMA_READ_REQUEST)
+		N(RC_RDMA_READ_RESPONSE_FIRST)
+		N(RC_RDMA_READ_RESPONSE_MIDDLE)
+		N(RC_RDMA_READ_RESPONSE_LAST)
+		N(RC_RDMA_READ_RESPONSE_ONLY)
+		N(RC_ACKNOWLEDGE)
+		N(RC_ATOMIC_ACKNOWLEDGE)
+		N(RC_COMPARE_SWAP)
+		N(RC_FETCH_ADD)
+		N(RC_SEND_LAST_WITH_INVALIDATE)
+		N(RC_SEND_ONLY_WITH_INVALIDATE)
+		N(RC_FLUSH)
+		N(RC_ATOMIC_WRITE)
+		N(UC_SEND_FIRST)
+		N(UC_SEND_MIDDLE)
+		N(UC_SEND_LAST)
+		N(UC_SEND_LAST_WITH_IMMEDIATE)
+		N(UC_SEND_ONLY)
+		N(UC_SEND_ONLY_WITH_IMMEDIATE)
+		N(UC_RDMA_WRITE_FIRST)
+		N(UC_RDMA_WRITE_MIDDLE)
+		N(UC_RDMA_WRITE_LAST)
+		N(UC_RDMA_WRITE_LAST_WITH_IMMEDIATE)
+		N(UC_RDMA_WRITE_ONLY)
+		N(UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+		N(RD_SEND_FIRST)
+		N(RD_SEND_MIDDLE)
+		N(RD_SEND_LAST)
+		N(RD_SEND_LAST_WITH_IMMEDIATE)
+		N(RD_SEND_ONLY)
+		N(RD_SEND_ONLY_WITH_IMMEDIATE)
+		N(RD_RDMA_WRITE_FIRST)
+		N(RD_RDMA_WRITE_MIDDLE)
+		N(RD_RDMA_WRITE_LAST)
+		N(RD_RDMA_WRITE_LAST_WITH_IMMEDIATE)
+		N(RD_RDMA_WRITE_ONLY)
+		N(RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+		N(RD_RDMA_READ_REQUEST)
+		N(RD_RDMA_READ_RESPONSE_FIRST)
+		N(RD_RDMA_READ_RESPONSE_MIDDLE)
+		N(RD_RDMA_READ_RESPONSE_LAST)
+		N(RD_RDMA_READ_RESPONSE_ONLY)
+		N(RD_ACKNOWLEDGE)
+		N(RD_ATOMIC_ACKNOWLEDGE)
+		N(RD_COMPARE_SWAP)
+		N(RD_FETCH_ADD)
+		N(UD_SEND_ONLY)
+		N(UD_SEND_ONLY_WITH_IMMEDIATE)
+		N(CNP)
+		N(XRC_SEND_FIRST)
+		N(XRC_SEND_MIDDLE)
+		N(XRC_SEND_LAST)
+		N(XRC_SEND_LAST_WITH_IMMEDIATE)
+		N(XRC_SEND_ONLY)
+		N(XRC_SEND_ONLY_WITH_IMMEDIATE)
+		N(XRC_RDMA_WRITE_FIRST)
+		N(XRC_RDMA_WRITE_MIDDLE)
+		N(XRC_RDMA_WRITE_LAST)
+		N(XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE)
+		N(XRC_RDMA_WRITE_ONLY)
+		N(XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+		N(XRC_RDMA_READ_REQUEST)
+		N(XRC_RDMA_READ_RESPONSE_FIRST)
+		N(XRC_RDMA_READ_RESPONSE_MIDDLE)
+		N(XRC_RDMA_READ_RESPONSE_LAST)
+		N(XRC_RDMA_READ_RESPONSE_ONLY)
+		N(XRC_ACKNOWLEDGE)
+		N(XRC_ATOMIC_ACKNOWLEDGE)
+		N(XRC_COMPARE_SWAP)
+		N(XRC_FETCH_ADD)
+		N(XRC_SEND_LAST_WITH_INVALIDATE)
+		N(XRC_SEND_ONLY_WITH_INVALIDATE)
+#undef N
+	}
+	return "UNKNOWN";
+}
+
+size_t build_headers(const pkt_hdrs &h, uint8_t *buf, size_t cap)
+{
+	const uint32_t m = kOps[h.b.opcode].mask;
+	const size_t len = kOps[h.b.opcode].len;
+	if (!m || cap < len)
+		return 0;
+	const bth &b = h.b;
+	buf[0] = b.opcode;
+	buf[1] = static_cast<uint8_t>((b.se ? 0x80 : 0) | (b.mig ? 0x40 : 0) | (b.pad & 3) << 4 |
+				      (b.tver & 0xf));
+	put16(buf + 2, b.pkey);
+	buf[4] = static_cast<uint8_t>((b.fecn ? 0x80 : 0) | (b.becn ? 0x40 : 0));
+	put24(buf + 5, b.dqpn);
+	buf[8] = b.ackreq ? 0x80 : 0;
+	put24(buf + 9, b.psn);
+	uint8_t *p = buf + kBthLen;
+	if (m & HDR_DETH) {
+		put32(p, h.d.qkey);
+		p[4] = 0;
+		put24(p + 5, h.d.sqpn);
+		p += kDethLen;
+	}
+	if (m & HDR_XRCETH) {
+		p[0] = 0;
+		put24(p + 1, h.xrc_srqn);
+		p += kXrcEthLen;
+	}
+	if (m & HDR_RETH) {
+		put64(p, h.r.va);
+		put32(p + 8, h.r.rkey);
+		put32(p + 12, h.r.dma_len);
+		p += kRethLen;
+	}
+	if (m & HDR_ATMETH) {
+		put64(p, h.at.va);
+		put32(p + 8, h.at.rkey);
+		put64(p + 12, h.at.swap_add);
+		put64(p + 20, h.at.compare);
+		p += kAtomicEthLen;
+	}
+	if (m & HDR_AETH) {
+		p[0] = h.a.syndrome;
+		put24(p + 1, h.a.msn);
+		p += kAethLen;
+	}
+	if (m & HDR_ATMACK) {
+		put64(p, h.atomic_ack_orig);
+		p += kAtomicAckEthLen;
+	}
+	if (m & HDR_IMMDT) {
+		std::memcpy(p, &h.imm_be, 4); // Already in wire order
+		p += kImmDtLen;
+	}
+	if (m & HDR_IETH) {
+		put32(p, h.ieth_rkey);
+		p += kIethLen;
+	}
+	return static_cast<size_t>(p - buf);
+}
+
+parse_err parse(const uint8_t *buf, size_t len, parsed &out)
+{
+	out = parsed{};
+	if (len < kBthLen)
+		return parse_err::truncated;
+	bth &b = out.h.b;
+	b.opcode = buf[0];
+	b.se = buf[1] & 0x80;
+	b.mig = buf[1] & 0x40;
+	b.pad = (buf[1] >> 4) & 3;
+	b.tver = buf[1] & 0xf;
+	b.pkey = get16(buf + 2);
+	b.fecn = buf[4] & 0x80;
+	b.becn = buf[4] & 0x40;
+	b.dqpn = get24(buf + 5);
+	b.ackreq = buf[8] & 0x80;
+	b.psn = get24(buf + 9);
+	if (b.tver != kTver)
+		return parse_err::bad_version;
+	const uint32_t m = kOps[b.opcode].mask;
+	const size_t hlen = kOps[b.opcode].len;
+	if (!m)
+		return parse_err::bad_opcode;
+	if (len < hlen + kIcrcLen)
+		return parse_err::truncated;
+	const uint8_t *p = buf + kBthLen;
+	pkt_hdrs &h = out.h;
+	if (m & HDR_DETH) {
+		h.d.qkey = get32(p);
+		h.d.sqpn = get24(p + 5);
+		p += kDethLen;
+	}
+	if (m & HDR_XRCETH) {
+		h.xrc_srqn = get24(p + 1);
+		p += kXrcEthLen;
+	}
+	if (m & HDR_RETH) {
+		h.r.va = get64(p);
+		h.r.rkey = get32(p + 8);
+		h.r.dma_len = get32(p + 12);
+		p += kRethLen;
+	}
+	if (m & HDR_ATMETH) {
+		h.at.va = get64(p);
+		h.at.rkey = get32(p + 8);
+		h.at.swap_add = get64(p + 12);
+		h.at.compare = get64(p + 20);
+		p += kAtomicEthLen;
+	}
+	if (m & HDR_AETH) {
+		h.a.syndrome = p[0];
+		h.a.msn = get24(p + 1);
+		p += kAethLen;
+	}
+	if (m & HDR_ATMACK) {
+		h.atomic_ack_orig = get64(p);
+		p += kAtomicAckEthLen;
+	}
+	if (m & HDR_IMMDT) {
+		std::memcpy(&h.imm_be, p, 4);
+		p += kImmDtLen;
+	}
+	if (m & HDR_IETH) {
+		h.ieth_rkey = get32(p);
+		p += kIethLen;
+	}
+	out.hdr_len = hlen;
+	out.icrc_wire = get_icrc(buf + len - kIcrcLen);
+	// Between the headers and the ICRC: payload and pad.
+	const size_t room = len - hlen - kIcrcLen;
+	if (b.pad > room)
+		return parse_err::bad_pad;
+	if (room & 3)
+		return parse_err::bad_length;
+	const size_t plen = room - b.pad;
+	if (!(m & HDR_PAYLOAD) && room)
+		return parse_err::bad_length;
+	if (b.opcode == CNP && plen != kCnpPayloadLen)
+		return parse_err::bad_length;
+	if (b.opcode == RC_ATOMIC_WRITE && plen != kAtomicWritePayloadLen)
+		return parse_err::bad_length;
+	out.payload = buf + hlen;
+	out.payload_len = plen;
+	return parse_err::ok;
+}
+
+const char *parse_err_name(parse_err e)
+{
+	switch (e) {
+	case parse_err::ok:
+		return "ok";
+	case parse_err::truncated:
+		return "truncated";
+	case parse_err::bad_version:
+		return "bad_version";
+	case parse_err::bad_opcode:
+		return "bad_opcode";
+	case parse_err::bad_pad:
+		return "bad_pad";
+	case parse_err::bad_length:
+		return "bad_length";
+	}
+	return "unknown";
+}
+
+size_t build_ip_udp(const ip_info &ip, const uint8_t *udp_payload, size_t udp_len, uint8_t *out)
+{
+	const size_t ulen = kUdpHdrLen + udp_len; // UDP length, header included
+	uint8_t *u;
+	uint32_t pseudo = 0; // The pseudo header's sum, for the UDP checksum
+	if (!ip.v6) {
+		std::memset(out, 0, kIpv4HdrLen);
+		out[0] = 0x45; // Version 4, IHL 5 (no options)
+		out[1] = ip.tclass;
+		put16(out + 2, static_cast<uint16_t>(kIpv4HdrLen + ulen));
+		put16(out + 4, ip.ipv4_id);
+		put16(out + 6, ip.ipv4_df ? 0x4000 : 0); // Flags and fragment offset 0
+		out[8] = ip.ttl;
+		out[9] = 17; // UDP
+		std::memcpy(out + 12, ip.src, 4);
+		std::memcpy(out + 16, ip.dst, 4);
+		put16(out + 10, fold(sum16(0, out, kIpv4HdrLen)));
+		pseudo = sum16(sum16(0, ip.src, 4), ip.dst, 4) + 17 + static_cast<uint32_t>(ulen);
+		u = out + kIpv4HdrLen;
+	} else {
+		put32(out, 6u << 28 | uint32_t{ip.tclass} << 20 | (ip.flow_label & 0xfffff));
+		put16(out + 4, static_cast<uint16_t>(ulen));
+		out[6] = 17; // Next header: UDP
+		out[7] = ip.ttl;
+		std::memcpy(out + 8, ip.src, 16);
+		std::memcpy(out + 24, ip.dst, 16);
+		// Upper-layer length as 32 bits; next header 17 (RFC 8200 8.1).
+		pseudo = sum16(sum16(0, ip.src, 16), ip.dst, 16) + 17 +
+			 static_cast<uint32_t>(ulen >> 16) + static_cast<uint32_t>(ulen & 0xffff);
+		u = out + kIpv6HdrLen;
+	}
+	put16(u, ip.sport);
+	put16(u + 2, ip.dport);
+	put16(u + 4, static_cast<uint16_t>(ulen));
+	put16(u + 6, 0);
+	if (udp_payload) {
+		uint32_t acc = sum16(pseudo, u, kUdpHdrLen);
+		// Summed in 64 KiB pieces so that the 32-bit accumulator cannot
+		// overflow; a piece of even length keeps the byte pairing.
+		for (size_t off = 0; off < udp_len;) {
+			const size_t n = udp_len - off < 0x10000 ? udp_len - off : 0x10000;
+			acc = sum16(acc, udp_payload + off, n);
+			acc = (acc & 0xffff) + (acc >> 16);
+			off += n;
+		}
+		uint16_t c = fold(acc);
+		// 0 would mean "no checksum" (IPv4) or be invalid (IPv6): all ones.
+		put16(u + 6, c ? c : 0xffff);
+	}
+	return static_cast<size_t>(u + kUdpHdrLen - out);
+}
+
+uint32_t crc32(uint32_t crc, const uint8_t *p, size_t len)
+{
+	return ~crc_update(~crc, p, len);
+}
+
+uint32_t icrc(const ip_info &ip, const uint8_t *udp_payload, size_t len_without_icrc)
+{
+	static constexpr uint8_t lrh_mask[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+	uint8_t hdr[kIpv6HdrLen + kUdpHdrLen];
+	const size_t hl = build_ip_udp(ip, nullptr, len_without_icrc + kIcrcLen, hdr);
+	if (!ip.v6) {
+		hdr[1] = 0xff;			// TOS
+		hdr[8] = 0xff;			// TTL
+		hdr[10] = hdr[11] = 0xff;	// Header checksum
+	} else {
+		hdr[0] |= 0x0f;			// Traffic class, its high nibble
+		hdr[1] = hdr[2] = hdr[3] = 0xff; // The rest of it, and the flow label
+		hdr[7] = 0xff;			// Hop limit
+	}
+	hdr[hl - 2] = hdr[hl - 1] = 0xff; // UDP checksum
+	uint32_t reg = crc_update(0xffffffffu, lrh_mask, sizeof(lrh_mask));
+	reg = crc_update(reg, hdr, hl);
+	if (len_without_icrc < kBthLen) // Not a packet; no BTH byte to mask
+		return ~crc_update(reg, udp_payload, len_without_icrc);
+	uint8_t bth[kBthLen];
+	std::memcpy(bth, udp_payload, kBthLen);
+	bth[4] = 0xff; // FECN, BECN and the reserved bits
+	reg = crc_update(reg, bth, kBthLen);
+	reg = crc_update(reg, udp_payload + kBthLen, len_without_icrc - kBthLen);
+	return ~reg;
+}
+
+void put_icrc(uint8_t *p, uint32_t v)
+{
+	p[0] = static_cast<uint8_t>(v);
+	p[1] = static_cast<uint8_t>(v >> 8);
+	p[2] = static_cast<uint8_t>(v >> 16);
+	p[3] = static_cast<uint8_t>(v >> 24);
+}
+
+uint32_t get_icrc(const uint8_t *p)
+{
+	return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+} // namespace loop::rocev2
