@@ -201,7 +201,7 @@ bool parse_device_list(const std::string &value, std::vector<std::string> &names
 
 // "key = value" with keys: fabric, devices, max_pd, max_qp, max_cq, max_mr,
 // max_mw, max_ah, max_srq, engine, <device>.ports, <device>.link_layer,
-// <device>.mtu, <device>.netdev.
+// <device>.mtu, <device>.netdev, <device>.rocev2, <device>.udp_port.
 bool apply_config_line(config &cfg, const std::string &raw, std::string &error)
 {
 	std::string line = trim(raw.substr(0, raw.find('#')));
@@ -264,6 +264,22 @@ bool apply_config_line(config &cfg, const std::string &raw, std::string &error)
 			return false;
 		}
 		d->netdev = val;
+	} else if (field == "rocev2") {
+		if (val == "on" || val == "1" || val == "yes")
+			d->rocev2 = true;
+		else if (val == "off" || val == "0" || val == "no")
+			d->rocev2 = false;
+		else {
+			error = key + ": '" + val + "' is not on or off";
+			return false;
+		}
+	} else if (field == "udp_port") {
+		int port = 0;
+		if (!parse_int(val, 1, 65535, port)) {
+			error = key + ": '" + val + "' is not a UDP port (1 to 65535)";
+			return false;
+		}
+		d->udp_port = static_cast<uint16_t>(port);
 	} else {
 		error = "unknown key '" + key + "'";
 		return false;

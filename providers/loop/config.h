@@ -18,6 +18,10 @@ struct device_config {
 	int link_layer = IBV_LINK_LAYER_INFINIBAND;
 	ibv_mtu mtu = IBV_MTU_4096;
 	std::string netdev = "lo"; // Ethernet ports take their GIDs from it
+	// RoCE v2 over UDP to other hosts (Ethernet ports): the UDP port every
+	// packet goes to (4791; another for tests only).
+	bool rocev2 = false;
+	uint16_t udp_port = 4791;
 };
 
 // Object limits of a fabric (ibv_query_device's max_pd, max_qp, ...).  The

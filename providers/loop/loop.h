@@ -323,6 +323,10 @@ struct loop_qp {
 	};
 	queue_cache tp_queues[2];
 	uint8_t tp_queue_next = 0;
+	// Its connected peer is on another host (set at RTR from the address
+	// vector's GID, rocev2/rocev2.cpp): its requests go over RoCE v2.
+	// Under sq_lock.
+	bool wire_remote = false;
 	struct wr_builder *builder; // ibv_wr_* state (loop_qp_ex.cpp); null without send_ops_flags
 	obj_life life{kLifeQp};
 	parent_refs parents; // Its PD, CQs, SRQ, XRC domain

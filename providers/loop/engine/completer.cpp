@@ -24,6 +24,8 @@ constexpr uint32_t kRnrTimerUs[32] = {
 	20480,	30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
 };
 
+} // namespace
+
 uint64_t timeout_ns(uint8_t timeout)
 {
 	// 4.096 us * 2^timeout; 0 means "infinite" in the spec, which would let a
@@ -31,8 +33,6 @@ uint64_t timeout_ns(uint8_t timeout)
 	uint64_t ns = timeout ? 4096ULL << std::min<uint8_t>(timeout, 31) : kTimeoutCapNs;
 	return std::min<uint64_t>(ns, kTimeoutCapNs);
 }
-
-} // namespace
 
 int push_own(loop_cq *cq, sv_cqe &e)
 {

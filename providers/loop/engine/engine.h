@@ -78,6 +78,9 @@ psn_class resp_seq_check(resp_seq &s, uint32_t psn);
 void resp_seq_advance(resp_seq &s, uint32_t psn);
 
 // completer.cpp
+// A QP's local ACK timeout in nanoseconds: 4.096 us << timeout, capped
+// (timeout 0, "infinite", too) at kTimeoutCapNs.
+uint64_t timeout_ns(uint8_t timeout);
 // Completes w with st on the send CQ (signaled or an error); an error
 // takes a connected QP to ERR.
 void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len);

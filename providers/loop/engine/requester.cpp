@@ -234,7 +234,8 @@ void remote_fail(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p,
 			  static_cast<int>(riov.size()),
 			  read ? xfer_dir::from_peer : xfer_dir::to_peer,
 			  lb.checked,
-			  (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0};
+			  (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0,
+			  w.psn};
 		int err = t.move(qp, p, &m, 1, nullptr);
 		if (no_answer(err))
 			return step::unreachable;
@@ -251,6 +252,7 @@ void remote_fail(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p,
 step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, local_buf &lb)
 {
 	tp_atomic op{};
+	op.psn = w.psn;
 	op.rkey = w.rkey;
 	op.addr = w.remote_addr;
 	if (w.opcode == IBV_WR_ATOMIC_WRITE) {
@@ -303,7 +305,8 @@ step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, 
 	loop_context *lctx = qp->ctx;
 	const ibv_qp_attr &a = qp->attr;
 	tp_dest d{a.dest_qp_num, a.ah_attr.dlid, fabric_port_is_eth(lctx, a.port_num),
-		  qp->type == IBV_QPT_XRC_SEND ? w.xrc_srqn : kNoXrcSrq};
+		  qp->type == IBV_QPT_XRC_SEND ? w.xrc_srqn : kNoXrcSrq,
+		  a.ah_attr.is_global ? &a.ah_attr.grh.dgid : nullptr};
 	peer p;
 	int rerr = t.resolve(qp, d, p);
 	if (rerr == ENOENT || !peer_receives(p.rec) ||
@@ -445,10 +448,12 @@ bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b)
 	const transport_ops &t = active_transport();
 	const ibv_qp_attr &a = qp->attr;
 	peer p;
+	if (qp->wire_remote) // Over RoCE v2: one WR at a time (run_rdma)
+		return false;
 	if (t.resolve(qp, {a.dest_qp_num, a.ah_attr.dlid, fabric_port_is_eth(qp->ctx, a.port_num),
 			   kNoXrcSrq},
 		      p) ||
-	    !peer_receives(p.rec) || p.rec.qp_type != qp->type || p.self)
+	    !peer_receives(p.rec) || p.rec.qp_type != qp->type || p.self || p.remote)
 		return false;
 	if (!wrs.empty() && (p.pid != b.p.pid || p.slot != b.p.slot))
 		return false;

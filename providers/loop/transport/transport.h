@@ -36,6 +36,10 @@ struct tp_dest {
 	uint16_t dlid;
 	bool eth;
 	uint32_t xrc_srqn; // XRC: the SRQ the WR names; kNoXrcSrq otherwise
+	// RoCE: the destination GID when the address is global (null
+	// otherwise).  A GID that is not one of this host's is another host's,
+	// reached over RoCE v2 where the device speaks it (rocev2/rocev2.h).
+	const ibv_gid *dgid = nullptr;
 };
 inline constexpr uint32_t kNoXrcSrq = UINT32_MAX;
 
@@ -50,6 +54,10 @@ struct peer {
 	bool self;
 	uint16_t lid;	  // Its port's LID
 	int xrc_srq = -1; // XRC: the SRQ slot the WR named
+	// On another host, over RoCE v2: every call for it goes to the rocev2
+	// transport, and rec is what the requester assumes (the responder
+	// there checks and NAKs); pid and slot mean nothing.
+	bool remote = false;
 };
 
 // Local memory of a WR, as iovecs in this process.
@@ -68,6 +76,10 @@ struct tp_move {
 	xfer_dir dir;
 	bool local_checked; // Some local memory may be unmapped (ODP)
 	bool relaxed;	    // The target granted IBV_ACCESS_RELAXED_ORDERING
+	// The request's sequence number (tp_request.psn), kept across retries:
+	// a transport with a wire sends a retry under the packet sequence
+	// numbers of the first try.  UINT32_MAX: none (the responder's copies).
+	uint32_t psn = UINT32_MAX;
 };
 
 // An 8-byte atomic at the responder.  old receives the word's value
@@ -81,6 +93,7 @@ struct tp_atomic {
 	uint64_t compare_add;
 	uint64_t swap; // write: the value stored
 	uint64_t old;
+	uint32_t psn = UINT32_MAX; // As tp_move's
 };
 
 // A request for the peer's responder: SEND (any), RDMA WRITE WITH IMM, or

@@ -3,6 +3,7 @@
 #include "c_boundary.h"
 #include "loop.h"
 #include "objects.h"
+#include "rocev2/rocev2.h"
 #include "service.h"
 
 #include <cerrno>
@@ -417,6 +418,7 @@ verbs_context *loop_alloc_context(ibv_device *ibdev, int cmd_fd, void *private_d
 		return nullptr;
 	lctx->identity = fd_identity(lctx->vctx.context.cmd_fd);
 	objects_add(kObjCtx, lctx->identity, lctx);
+	rocev2_device_open(lctx);
 	return &lctx->vctx;
 }
 

@@ -5,6 +5,7 @@
 #include "qp_state.h"
 #include "queue_geom.h"
 #include "res_limits.h"
+#include "rocev2/rocev2.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -741,6 +742,7 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 	}
 	if (next == IBV_QPS_ERR)
 		qp_flush_backlog(qp); // Under sq_lock, which we hold
+	rocev2_qp_modified(qp, mask);
 	return 0;
 }
 
@@ -791,6 +793,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		return EBUSY;
 	}
 	progress_remove(qp);
+	rocev2_qp_destroyed(qp);
 	if (qp->agent)
 		engine_remove(qp);
 	{

@@ -7,9 +7,13 @@
 // queue_map.  Delivery is synchronous: the requester's thread runs the
 // peer's responder (engine/responder.cpp) against those rings, so every
 // request is delivered exactly once and no sequence state is kept.
+// A connected QP whose peer is on another host (loop_qp::wire_remote)
+// resolves to a remote peer, and every call for that peer goes on to the
+// rocev2 transport (rocev2/rocev2.h): the engine sees one transport.
 #include "engine.h"
 #include "queue_geom.h"
 #include "queue_seg.h"
+#include "rocev2/rocev2.h"
 #include "transport.h"
 #include "xfer.h"
 
@@ -74,6 +78,8 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 
 [[gnu::hot]] int lt_resolve(loop_qp *qp, const tp_dest &d, peer &p)
 {
+	if (qp->wire_remote && d.dgid) [[unlikely]]
+		return rocev2_transport_ops.resolve(qp, d, p);
 	if (!find_qp(qp->ctx, d.qpn, d.dlid, d.eth, p))
 		return ENOENT;
 	if (d.xrc_srqn == kNoXrcSrq)
@@ -129,12 +135,17 @@ void lt_mcast_members(loop_qp *qp, const send_wr &w, bool eth, std::vector<peer>
 [[gnu::hot]] int lt_resolve_key(loop_qp *qp, const peer &p, uint32_t key, uint32_t pdn, uint64_t addr,
 		   uint64_t len, uint32_t right, std::vector<rseg> &out, uint32_t *access)
 {
+	if (p.remote) [[unlikely]]
+		return rocev2_transport_ops.resolve_key(qp, p, key, pdn, addr, len, right, out,
+							access);
 	return mr_resolve(*qp->ctx->fab, key, p.rec.owner_lease, pdn, addr, len, right, p.qpn, out,
 			  access);
 }
 
 int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 {
+	if (p.remote) [[unlikely]]
+		return rocev2_transport_ops.invalidate(qp, p, rkey);
 	return mr_remote_invalidate(*qp->ctx->fab, p.rec.owner_lease, p.rec.pdn, p.qpn, rkey);
 }
 
@@ -217,6 +228,8 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 // A batch of copies shares its system calls (xfer_moves).
 [[gnu::hot]] int lt_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n, size_t *done)
 {
+	if (p.remote) [[unlikely]]
+		return rocev2_transport_ops.move(qp, p, ops, n, done);
 	flush_deferred(qp); // Earlier SENDs land first
 	size_t k;
 	int err = xfer_moves(p.pid, p.self, ops, n, &k);
@@ -238,6 +251,8 @@ int atomic_word(const peer &p, const mr_hit &hit, uint64_t *v, xfer_dir dir)
 
 int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 {
+	if (p.remote) [[unlikely]]
+		return rocev2_transport_ops.atomic(qp, p, op);
 	fabric &fab = *qp->ctx->fab;
 	mr_hit hit{};
 	// A key, right or range fault first, then alignment (as rxe's
@@ -273,6 +288,8 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 
 [[gnu::hot]] tp_answer lt_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 {
+	if (p.remote) [[unlikely]]
+		return rocev2_transport_ops.deliver(qp, p, r);
 	// The peer's responder runs here, on its shared rings.
 	return respond(loop_transport_ops, qp, p, r);
 }
@@ -425,6 +442,8 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 
 void lt_responder_error(loop_qp *qp, const peer &p, ibv_event_type ev)
 {
+	if (p.remote) // The responder on the other host moved itself to ERR
+		return;
 	fabric &fab = *qp->ctx->fab;
 	if (qp_set_error(fab, p.slot))
 		raise_qp_event(fab, p.slot, ev);
@@ -432,6 +451,8 @@ void lt_responder_error(loop_qp *qp, const peer &p, ibv_event_type ev)
 
 tp_liveness lt_alive(loop_qp *qp, uint32_t qpn, bool reap)
 {
+	if (qp->wire_remote)
+		return rocev2_transport_ops.alive(qp, qpn, reap);
 	fabric &fab = *qp->ctx->fab;
 	const sv_qp_rec &pr = fab.reg()->qps[qpn & SV_QPN_SLOT_MASK];
 	tp_liveness l{fab.lease_alive(pr.owner_lease, pr.owner_gen),

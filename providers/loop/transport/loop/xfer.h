@@ -32,6 +32,7 @@ enum class seg_kind : uint8_t {
 	mapped_direct, // Mapped, of a memfd sealed against shrinking, writable: plain
 		       // memcpy, no system call (peer_maps.cpp)
 	null,	// The null MR: writes are dropped, reads give zeros
+	wire,	// On another host (rocev2): base is the remote address, key the rkey
 };
 
 struct rseg {
@@ -43,6 +44,7 @@ struct rseg {
 	// points into it is left, so a cache eviction in another thread never
 	// pulls it from under a copy.  Empty for the other kinds.
 	std::shared_ptr<void> pin = {};
+	uint32_t key = 0; // wire: the rkey the request carries
 };
 
 // Like xfer(), with target segments of mixed kinds.  Runs of peer segments

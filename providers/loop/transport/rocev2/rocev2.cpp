@@ -1,0 +1,1532 @@
+// SPDX-License-Identifier: MIT
+// The rocev2 transport (rocev2.h; docs/rocev2.md).
+//
+// Requester: the engine calls deliver, move and atomic synchronously, one
+// request of a QP at a time (under its sq_lock).  Each call sends the
+// request's packets (segmented to the path MTU, the last asking for an
+// ACK) and waits, up to the QP's local ACK timeout, for the answer that the
+// receive thread files in the QP's inbox.  A PSN sequence NAK sends again
+// from the PSN it names (go-back-N inside the message); no answer is
+// "lost", and the engine retries the WR after the timeout, retry_cnt
+// times, under the same PSNs (a retry is known by the engine's request
+// sequence number, tp_move::psn), so a responder that executed the first
+// try answers the retry as a duplicate.
+//
+// Responder: the receive thread checks each request's PSN against the
+// QP's expected PSN (a duplicate is answered again, not executed again;
+// one beyond a gap gets one sequence NAK), collects a multi-packet SEND
+// or WRITE, and runs it through the engine's responder (respond()) with
+// the loop transport on the local QP, as a local requester would: the
+// receive WQE, the placement, the CQE and the errors are the same code.
+// READ responses go out segmented; atomics keep a replay cache by PSN.
+#include "rocev2.h"
+
+#include "engine.h"
+#include "loop.h"
+#include "objects.h"
+#include "wire.h"
+#include "xfer.h"
+
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+namespace loop {
+
+namespace {
+
+namespace rv = rocev2;
+
+constexpr uint32_t kPsn24 = 0xffffff;
+// The largest packet: BTH and the longest header set, 4096 bytes of
+// payload, pad and ICRC.
+constexpr size_t kMaxPkt = 4096 + 128;
+// Answers kept for a requester that is not waiting (late or stale ones).
+constexpr size_t kInboxMax = 4096;
+// Sequence NAKs one request may answer with a resend before it counts
+// as lost (and the engine's retry takes over).
+constexpr int kMaxResends = 64;
+// A multi-packet SEND or WRITE is collected whole (docs/rocev2.md).
+constexpr uint64_t kMaxMessage = 1ULL << 31;
+
+// PSN a minus b in the 24-bit sequence space, as a signed distance.
+int32_t psn_diff(uint32_t a, uint32_t b)
+{
+	return static_cast<int32_t>((a - b) << 8) >> 8;
+}
+
+uint32_t psn_add(uint32_t a, uint32_t n)
+{
+	return (a + n) & kPsn24;
+}
+
+struct host_addr {
+	bool v4 = true;
+	uint8_t ip[16] = {}; // IPv4: the first 4 bytes
+};
+
+bool same_addr(const host_addr &a, const host_addr &b)
+{
+	return a.v4 == b.v4 && !memcmp(a.ip, b.ip, a.v4 ? 4 : 16);
+}
+
+// A RoCE v2 GID is an IPv6 address, or an IPv4 address mapped into one.
+bool gid_addr(const ibv_gid &g, host_addr &out)
+{
+	static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	static const uint8_t zero[16] = {};
+	if (!memcmp(g.raw, zero, 16))
+		return false;
+	out = {};
+	if (!memcmp(g.raw, mapped, 12)) {
+		out.v4 = true;
+		memcpy(out.ip, g.raw + 12, 4);
+	} else {
+		out.v4 = false;
+		memcpy(out.ip, g.raw, 16);
+	}
+	return true;
+}
+
+bool link_local(const host_addr &a)
+{
+	return !a.v4 && a.ip[0] == 0xfe && (a.ip[1] & 0xc0) == 0x80;
+}
+
+// What one QP keeps of the wire.  Its requester's calls and the receive
+// thread meet under m.
+struct qp_wire {
+	std::mutex m;
+	std::condition_variable cv;
+	loop_context *ctx = nullptr;
+	uint32_t qpn = 0;
+	ibv_qp_type type = IBV_QPT_RC;
+	bool dead = false;
+	// The peer: its host and QP, our source address, the path MTU.
+	bool remote = false;
+	host_addr src, dst;
+	uint32_t ifindex = 0; // For an IPv6 link-local peer
+	uint32_t dqpn = 0;
+	uint32_t pmtu = 1024;
+	uint8_t timeout = 14;
+	// Requester: the next PSN, the request in flight (by the engine's
+	// sequence number), the answers the receive thread filed.
+	uint32_t next_psn = 0;
+	uint32_t cur_engine = UINT32_MAX;
+	uint32_t cur_first = 0;
+	std::deque<std::vector<uint8_t>> inbox;
+	uint8_t rnr_timer = 0; // The last RNR NAK's
+	// Responder.
+	uint32_t epsn = 0;
+	uint32_t msn = 0;
+	bool nak_sent = false; // A sequence NAK for epsn went out
+	bool in_msg = false;   // A multi-packet SEND or WRITE is being collected
+	bool msg_write = false;
+	uint32_t msg_first = 0;
+	uint64_t w_va = 0;
+	uint32_t w_rkey = 0;
+	uint32_t w_len = 0;
+	std::vector<uint8_t> reasm;
+	struct replay {
+		uint32_t psn;
+		uint64_t orig;
+		bool valid;
+	};
+	replay atomics[16] = {};
+	unsigned atomic_next = 0;
+};
+
+struct wire_counters {
+	std::atomic<uint64_t> tx{0}, rx{0}, retransmits{0}, naks_sent{0}, naks_received{0},
+		dropped{0}, bad_icrc{0}, malformed{0}, unknown_qp{0}, fault_dropped{0};
+};
+
+struct wire {
+	std::mutex lock;
+	bool tried = false;
+	bool up = false;
+	int fd4 = -1, fd6 = -1;
+	uint16_t port = rv::kUdpPort;
+	unsigned netdev_mtu = 1500;
+	uint32_t ifindex = 0;
+	std::unordered_map<uint32_t, std::shared_ptr<qp_wire>> qps;
+	wire_counters n;
+	// Fault injection (SOFTVERBS_ROCEV2_DROP: percent of packets sent that
+	// are dropped instead), for the loss tests.
+	double drop_pct = 0;
+	std::mutex rng_lock;
+	std::mt19937_64 rng{std::random_device{}()};
+};
+
+wire &W()
+{
+	static wire *w = new wire; // Lives as long as the process: its thread uses it
+	return *w;
+}
+
+std::shared_ptr<qp_wire> find_wire(uint32_t qpn)
+{
+	wire &w = W();
+	std::lock_guard<std::mutex> g(w.lock);
+	auto it = w.qps.find(qpn);
+	return it == w.qps.end() ? nullptr : it->second;
+}
+
+uint32_t mtu_bytes(uint32_t mtu_enum)
+{
+	return mtu_enum >= IBV_MTU_256 && mtu_enum <= IBV_MTU_4096 ? 128u << mtu_enum : 1024;
+}
+
+// The largest IB MTU whose packets fit the interface's MTU.
+uint32_t netdev_pmtu(unsigned netdev_mtu, bool v4)
+{
+	size_t overhead = (v4 ? rv::kIpv4HdrLen : rv::kIpv6HdrLen) + rv::kUdpHdrLen + rv::kBthLen +
+			  rv::kRethLen + rv::kImmDtLen + rv::kIcrcLen;
+	uint32_t best = 256;
+	for (uint32_t m = 256; m <= 4096; m <<= 1)
+		if (m + overhead <= netdev_mtu)
+			best = m;
+	return best;
+}
+
+bool fault_drop()
+{
+	wire &w = W();
+	if (w.drop_pct <= 0)
+		return false;
+	std::lock_guard<std::mutex> g(w.rng_lock);
+	return std::uniform_real_distribution<double>(0, 100)(w.rng) < w.drop_pct;
+}
+
+// Sends the packet in buf (len bytes, the ICRC not yet there: room for it
+// after) from src to dst.
+void send_packet(const host_addr &src, const host_addr &dst, uint32_t ifindex, uint8_t *buf,
+		 size_t len)
+{
+	wire &w = W();
+	rv::ip_info ip;
+	ip.v6 = !dst.v4;
+	memcpy(ip.src, src.ip, 16);
+	memcpy(ip.dst, dst.ip, 16);
+	ip.sport = w.port;
+	ip.dport = w.port;
+	rv::put_icrc(buf + len, rv::icrc(ip, buf, len));
+	len += rv::kIcrcLen;
+	if (fault_drop()) {
+		w.n.fault_dropped++;
+		return;
+	}
+	iovec iov{buf, len};
+	msghdr mh{};
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(in6_pktinfo))] = {};
+	mh.msg_control = cbuf;
+	int fd;
+	sockaddr_in sa4{};
+	sockaddr_in6 sa6{};
+	if (dst.v4) {
+		sa4.sin_family = AF_INET;
+		sa4.sin_port = htons(w.port);
+		memcpy(&sa4.sin_addr, dst.ip, 4);
+		mh.msg_name = &sa4;
+		mh.msg_namelen = sizeof(sa4);
+		mh.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo));
+		cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = IPPROTO_IP;
+		c->cmsg_type = IP_PKTINFO;
+		c->cmsg_len = CMSG_LEN(sizeof(in_pktinfo));
+		in_pktinfo pi{};
+		memcpy(&pi.ipi_spec_dst, src.ip, 4);
+		memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+		fd = w.fd4;
+	} else {
+		sa6.sin6_family = AF_INET6;
+		sa6.sin6_port = htons(w.port);
+		memcpy(&sa6.sin6_addr, dst.ip, 16);
+		if (link_local(dst))
+			sa6.sin6_scope_id = ifindex;
+		mh.msg_name = &sa6;
+		mh.msg_namelen = sizeof(sa6);
+		mh.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo));
+		cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = IPPROTO_IPV6;
+		c->cmsg_type = IPV6_PKTINFO;
+		c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
+		in6_pktinfo pi{};
+		memcpy(&pi.ipi6_addr, src.ip, 16);
+		pi.ipi6_ifindex = link_local(dst) ? ifindex : 0;
+		memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+		fd = w.fd6;
+	}
+	if (fd < 0)
+		return;
+	for (int tries = 0; tries < 1000; tries++) {
+		if (sendmsg(fd, &mh, 0) >= 0) {
+			w.n.tx++;
+			return;
+		}
+		if (errno != ENOBUFS && errno != EAGAIN && errno != EINTR)
+			break;
+		sched_yield(); // The device queue is full: wait for room
+	}
+	w.n.dropped++;
+}
+
+// Writes h's headers, the payload (from a gather list at byte offset off,
+// n bytes) and its pad into buf: the length without the ICRC.
+size_t build_packet(uint8_t *buf, rv::pkt_hdrs &h, const iovec *iov, int niov, uint64_t off,
+		    size_t n)
+{
+	h.b.pad = rv::pad_for(n);
+	h.b.tver = rv::kTver;
+	h.b.pkey = rv::kDefaultPkey;
+	size_t len = rv::build_headers(h, buf, kMaxPkt);
+	uint8_t *p = buf + len;
+	for (int i = 0; i < niov && n; i++) {
+		size_t l = iov[i].iov_len;
+		if (off >= l) {
+			off -= l;
+			continue;
+		}
+		size_t c = std::min(l - off, n);
+		memcpy(p, static_cast<const uint8_t *>(iov[i].iov_base) + off, c);
+		p += c;
+		n -= c;
+		off = 0;
+	}
+	memset(p, 0, h.b.pad);
+	return static_cast<size_t>(p - buf) + h.b.pad;
+}
+
+// Copies n bytes of src into a gather list at byte offset off.
+void scatter_at(const iovec *iov, int niov, uint64_t off, const uint8_t *src, size_t n)
+{
+	for (int i = 0; i < niov && n; i++) {
+		size_t l = iov[i].iov_len;
+		if (off >= l) {
+			off -= l;
+			continue;
+		}
+		size_t c = std::min(l - off, n);
+		memcpy(static_cast<uint8_t *>(iov[i].iov_base) + off, src, c);
+		src += c;
+		n -= c;
+		off = 0;
+	}
+}
+
+uint32_t packets_for(uint64_t len, uint32_t pmtu)
+{
+	return len ? static_cast<uint32_t>((len + pmtu - 1) / pmtu) : 1;
+}
+
+// ---------------------------------------------------------------------------
+// Requester
+
+// A SEND or WRITE message as its packets carry it.
+struct message {
+	uint8_t service; // 0x00 RC, 0x20 UC
+	bool write;
+	bool imm;
+	bool inv;
+	bool se;
+	uint32_t imm_be;
+	uint32_t inv_rkey;
+	uint64_t va;
+	uint32_t rkey;
+	const iovec *iov;
+	int niov;
+	uint64_t len;
+};
+
+uint8_t message_opcode(const message &m, uint32_t k, uint32_t n)
+{
+	bool first = k == 0, last = k + 1 == n;
+	uint8_t op;
+	if (m.write) {
+		if (first && last)
+			op = m.imm ? rv::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE : rv::RC_RDMA_WRITE_ONLY;
+		else if (first)
+			op = rv::RC_RDMA_WRITE_FIRST;
+		else if (last)
+			op = m.imm ? rv::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE : rv::RC_RDMA_WRITE_LAST;
+		else
+			op = rv::RC_RDMA_WRITE_MIDDLE;
+	} else if (first && last) {
+		op = m.inv ? rv::RC_SEND_ONLY_WITH_INVALIDATE
+			   : m.imm ? rv::RC_SEND_ONLY_WITH_IMMEDIATE : rv::RC_SEND_ONLY;
+	} else if (first) {
+		op = rv::RC_SEND_FIRST;
+	} else if (last) {
+		op = m.inv ? rv::RC_SEND_LAST_WITH_INVALIDATE
+			   : m.imm ? rv::RC_SEND_LAST_WITH_IMMEDIATE : rv::RC_SEND_LAST;
+	} else {
+		op = rv::RC_SEND_MIDDLE;
+	}
+	return static_cast<uint8_t>(m.service | op);
+}
+
+// Sends packets from..n-1 of message m, whose first PSN is first.
+void send_message(qp_wire &qw, const message &m, uint32_t first, uint32_t from)
+{
+	uint32_t n = packets_for(m.len, qw.pmtu);
+	uint8_t buf[kMaxPkt];
+	for (uint32_t k = from; k < n; k++) {
+		rv::pkt_hdrs h{};
+		h.b.opcode = message_opcode(m, k, n);
+		h.b.dqpn = qw.dqpn;
+		h.b.psn = psn_add(first, k);
+		h.b.ackreq = k + 1 == n;
+		h.b.se = m.se && k + 1 == n;
+		h.r = {m.va, m.rkey, static_cast<uint32_t>(m.len)};
+		h.imm_be = m.imm_be;
+		h.ieth_rkey = m.inv_rkey;
+		uint64_t off = static_cast<uint64_t>(k) * qw.pmtu;
+		size_t chunk = static_cast<size_t>(std::min<uint64_t>(qw.pmtu, m.len - off));
+		size_t len = build_packet(buf, h, m.iov, m.niov, off, m.len ? chunk : 0);
+		send_packet(qw.src, qw.dst, qw.ifindex, buf, len);
+	}
+}
+
+// The first PSN of a request of n packets: a retry of the request in
+// flight (the same engine sequence number) keeps the PSNs of its first try.
+uint32_t start_request(qp_wire &qw, uint32_t engine_psn, uint32_t n)
+{
+	if (engine_psn != UINT32_MAX && engine_psn == qw.cur_engine)
+		return qw.cur_first;
+	qw.inbox.clear(); // Answers to earlier requests: none is awaited now
+	qw.cur_engine = engine_psn;
+	qw.cur_first = qw.next_psn;
+	qw.next_psn = psn_add(qw.next_psn, n);
+	return qw.cur_first;
+}
+
+// The next answer filed for the QP, or false at the deadline (or when the
+// QP goes).
+bool next_answer(qp_wire &qw, std::unique_lock<std::mutex> &g, uint64_t deadline,
+		 std::vector<uint8_t> &out)
+{
+	while (qw.inbox.empty()) {
+		if (qw.dead)
+			return false;
+		uint64_t now = now_ns();
+		if (now >= deadline)
+			return false;
+		qw.cv.wait_for(g, std::chrono::nanoseconds(deadline - now));
+	}
+	out = std::move(qw.inbox.front());
+	qw.inbox.pop_front();
+	return true;
+}
+
+enum class outcome { ack, rnr, nak, lost };
+
+ibv_wc_status nak_status(uint8_t code)
+{
+	switch (static_cast<rv::nak_code>(code)) {
+	case rv::nak_code::invalid_request:
+		return IBV_WC_REM_INV_REQ_ERR;
+	case rv::nak_code::remote_access_error:
+		return IBV_WC_REM_ACCESS_ERR;
+	default:
+		return IBV_WC_REM_OP_ERR;
+	}
+}
+
+// Waits for the ACK of a SEND or WRITE of n packets from first, resending
+// from where a sequence NAK says.  code receives a NAK's code.
+outcome await_ack(qp_wire &qw, std::unique_lock<std::mutex> &g, const message &m, uint32_t first,
+		  uint32_t n, uint8_t &code)
+{
+	uint32_t last = psn_add(first, n - 1);
+	uint64_t tmo = timeout_ns(qw.timeout);
+	uint64_t deadline = now_ns() + tmo;
+	int resends = 0;
+	std::vector<uint8_t> pkt;
+	while (next_answer(qw, g, deadline, pkt)) {
+		rv::parsed p;
+		if (rv::parse(pkt.data(), pkt.size(), p) != rv::parse_err::ok ||
+		    !(rv::opcode_headers(p.h.b.opcode) & rv::HDR_AETH))
+			continue;
+		int32_t from_first = psn_diff(p.h.b.psn, first);
+		int32_t from_last = psn_diff(p.h.b.psn, last);
+		uint8_t syn = p.h.a.syndrome;
+		switch (rv::aeth_kind_of(syn)) {
+		case rv::aeth_kind::ack:
+			// Cumulative: an ACK of the last packet or later acknowledges
+			// the whole message (never beyond what we sent).
+			if (from_last >= 0 && psn_diff(p.h.b.psn, qw.next_psn) < 0)
+				return outcome::ack;
+			continue;
+		case rv::aeth_kind::rnr_nak:
+			if (from_first >= 0 && from_last <= 0) {
+				qw.rnr_timer = rv::aeth_value(syn);
+				return outcome::rnr;
+			}
+			continue;
+		case rv::aeth_kind::nak:
+			if (from_first < 0 || from_last > 0)
+				continue;
+			W().n.naks_received++;
+			if (rv::aeth_value(syn) == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
+				if (++resends > kMaxResends)
+					return outcome::lost;
+				W().n.retransmits++;
+				send_message(qw, m, first, static_cast<uint32_t>(from_first));
+				deadline = now_ns() + tmo;
+				continue;
+			}
+			code = rv::aeth_value(syn);
+			return outcome::nak;
+		default:
+			continue;
+		}
+	}
+	return outcome::lost;
+}
+
+int rv_resolve(loop_qp *qp, const tp_dest &d, peer &p)
+{
+	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
+	if (!qw || !W().up)
+		return ENOENT; // Unreachable: the engine retries, then RETRY_EXC_ERR
+	p = peer{};
+	p.remote = true;
+	p.qpn = d.qpn;
+	p.rec.in_use = 1;
+	p.rec.state = IBV_QPS_RTS;
+	p.rec.qp_type = static_cast<uint8_t>(qp->type);
+	p.rec.access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+	return 0;
+}
+
+void rv_mcast_members(loop_qp *, const send_wr &, bool, std::vector<peer> &)
+{
+}
+
+int rv_resolve_key(loop_qp *, const peer &, uint32_t key, uint32_t, uint64_t addr, uint64_t len,
+		   uint32_t, std::vector<rseg> &out, uint32_t *access)
+{
+	// The responder on the other host checks the key.
+	rseg s{reinterpret_cast<void *>(addr), static_cast<size_t>(len), seg_kind::wire};
+	s.key = key;
+	out.push_back(std::move(s));
+	if (access)
+		*access = 0;
+	return 0;
+}
+
+int rv_invalidate(loop_qp *, const peer &, uint32_t)
+{
+	return EINVAL; // A responder's call: never for a remote peer
+}
+
+tp_answer rv_deliver(loop_qp *qp, const peer &, const tp_request &r)
+{
+	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
+	if (!qw)
+		return {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
+	std::unique_lock<std::mutex> g(qw->m);
+	const send_wr &w = *r.w;
+	message m{};
+	m.service = qw->type == IBV_QPT_UC ? 0x20 : 0x00;
+	m.write = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	m.imm = w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	m.inv = w.opcode == IBV_WR_SEND_WITH_INV;
+	m.se = w.flags & IBV_SEND_SOLICITED;
+	m.imm_be = w.imm_data;
+	m.inv_rkey = w.invalidate_rkey;
+	m.va = w.remote_addr;
+	m.rkey = w.rkey;
+	m.iov = r.lb->iov.data();
+	m.niov = static_cast<int>(r.lb->iov.size());
+	m.len = r.lb->len;
+	if (m.len > kMaxMessage)
+		return {tp_answer::kind::nak, IBV_WC_LOC_LEN_ERR, 0};
+	uint32_t n = packets_for(m.len, qw->pmtu);
+	uint32_t first = start_request(*qw, r.psn, n);
+	send_message(*qw, m, first, 0);
+	if (qw->type == IBV_QPT_UC) // Unacknowledged: done once sent
+		return {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(m.len)};
+	uint8_t code = 0;
+	switch (await_ack(*qw, g, m, first, n, code)) {
+	case outcome::ack:
+		return {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(m.len)};
+	case outcome::rnr:
+		return {tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
+	case outcome::nak:
+		return {tp_answer::kind::nak, nak_status(code), 0};
+	case outcome::lost:
+		break;
+	}
+	return {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
+}
+
+// An errno for the engine from a NAK's code (run_rdma and run_atomic turn
+// EINVAL into REM_INV_REQ_ERR where they can, anything else into
+// REM_ACCESS_ERR).
+int nak_errno(uint8_t code)
+{
+	return code == static_cast<uint8_t>(rv::nak_code::invalid_request) ? EINVAL : EACCES;
+}
+
+uint64_t iov_bytes(const iovec *iov, int n)
+{
+	uint64_t t = 0;
+	for (int i = 0; i < n; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+int rdma_write(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
+{
+	message m{};
+	m.service = qw.type == IBV_QPT_UC ? 0x20 : 0x00;
+	m.write = true;
+	m.va = reinterpret_cast<uint64_t>(op.remote[0].base);
+	m.rkey = op.remote[0].key;
+	m.iov = op.local;
+	m.niov = op.nlocal;
+	m.len = iov_bytes(op.local, op.nlocal);
+	if (m.len > kMaxMessage)
+		return EINVAL;
+	uint32_t n = packets_for(m.len, qw.pmtu);
+	uint32_t first = start_request(qw, op.psn, n);
+	send_message(qw, m, first, 0);
+	if (qw.type == IBV_QPT_UC)
+		return 0;
+	uint8_t code = 0;
+	switch (await_ack(qw, g, m, first, n, code)) {
+	case outcome::ack:
+		return 0;
+	case outcome::nak:
+		return nak_errno(code);
+	default:
+		return ETIMEDOUT;
+	}
+}
+
+void send_read_request(qp_wire &qw, uint32_t psn, uint64_t va, uint32_t rkey, uint64_t len)
+{
+	uint8_t buf[kMaxPkt];
+	rv::pkt_hdrs h{};
+	h.b.opcode = rv::RC_RDMA_READ_REQUEST;
+	h.b.dqpn = qw.dqpn;
+	h.b.psn = psn;
+	h.b.ackreq = true;
+	h.r = {va, rkey, static_cast<uint32_t>(len)};
+	size_t n = build_packet(buf, h, nullptr, 0, 0, 0);
+	send_packet(qw.src, qw.dst, qw.ifindex, buf, n);
+}
+
+int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
+{
+	uint64_t va = reinterpret_cast<uint64_t>(op.remote[0].base);
+	uint32_t rkey = op.remote[0].key;
+	uint64_t len = iov_bytes(op.local, op.nlocal);
+	if (len > kMaxMessage)
+		return EINVAL;
+	uint32_t n = packets_for(len, qw.pmtu);
+	uint32_t first = start_request(qw, op.psn, n);
+	uint32_t got = 0; // Response packets placed, in order
+	send_read_request(qw, first, va, rkey, len);
+	uint64_t tmo = timeout_ns(qw.timeout);
+	uint64_t deadline = now_ns() + tmo;
+	int resends = 0;
+	std::vector<uint8_t> pkt;
+	auto resend = [&] {
+		uint64_t off = static_cast<uint64_t>(got) * qw.pmtu;
+		W().n.retransmits++;
+		send_read_request(qw, psn_add(first, got), va + off, rkey, len - off);
+		deadline = now_ns() + tmo;
+	};
+	while (got < n) {
+		if (!next_answer(qw, g, deadline, pkt))
+			return ETIMEDOUT;
+		rv::parsed p;
+		if (rv::parse(pkt.data(), pkt.size(), p) != rv::parse_err::ok)
+			continue;
+		int32_t k = psn_diff(p.h.b.psn, first);
+		if (k < 0 || k >= static_cast<int32_t>(n))
+			continue;
+		uint8_t opc = p.h.b.opcode;
+		if (opc == rv::RC_ACKNOWLEDGE) {
+			uint8_t syn = p.h.a.syndrome;
+			if (rv::aeth_kind_of(syn) != rv::aeth_kind::nak)
+				continue;
+			W().n.naks_received++;
+			if (rv::aeth_value(syn) == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
+				if (++resends > kMaxResends)
+					return ETIMEDOUT;
+				resend();
+				continue;
+			}
+			return nak_errno(rv::aeth_value(syn));
+		}
+		if (opc < rv::RC_RDMA_READ_RESPONSE_FIRST || opc > rv::RC_RDMA_READ_RESPONSE_ONLY)
+			continue;
+		if (static_cast<uint32_t>(k) != got) {
+			// A response packet was lost: ask again from the first missing
+			// one (the responder answers a duplicate READ again).
+			if (static_cast<uint32_t>(k) > got && ++resends <= kMaxResends)
+				resend();
+			continue;
+		}
+		uint64_t off = static_cast<uint64_t>(got) * qw.pmtu;
+		size_t want = static_cast<size_t>(std::min<uint64_t>(qw.pmtu, len - off));
+		if (len && p.payload_len != want)
+			continue; // Not this request's segmentation: dropped
+		if (len)
+			scatter_at(op.local, op.nlocal, off, p.payload, want);
+		got++;
+		deadline = now_ns() + tmo;
+	}
+	return 0;
+}
+
+int rv_move(loop_qp *qp, const peer &, const tp_move *ops, size_t n, size_t *done)
+{
+	if (done)
+		*done = 0;
+	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
+	if (!qw)
+		return ESRCH;
+	std::unique_lock<std::mutex> g(qw->m);
+	for (size_t i = 0; i < n; i++) {
+		const tp_move &op = ops[i];
+		if (op.nremote < 1 || op.remote[0].kind != seg_kind::wire)
+			return EFAULT;
+		int err = op.dir == xfer_dir::to_peer ? rdma_write(*qw, g, op) : rdma_read(*qw, g, op);
+		if (err)
+			return err;
+		if (done)
+			*done = i + 1;
+	}
+	return 0;
+}
+
+int rv_atomic(loop_qp *qp, const peer &, tp_atomic &op)
+{
+	if (op.op == tp_atomic::kind::write)
+		return EINVAL; // ATOMIC WRITE does not go over the wire yet (docs/rocev2.md)
+	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
+	if (!qw)
+		return ESRCH;
+	std::unique_lock<std::mutex> g(qw->m);
+	uint32_t first = start_request(*qw, op.psn, 1);
+	rv::pkt_hdrs h{};
+	h.b.opcode = op.op == tp_atomic::kind::cmp_swap ? rv::RC_COMPARE_SWAP : rv::RC_FETCH_ADD;
+	h.b.dqpn = qw->dqpn;
+	h.b.psn = first;
+	h.b.ackreq = true;
+	h.at.va = op.addr;
+	h.at.rkey = op.rkey;
+	if (op.op == tp_atomic::kind::cmp_swap) {
+		h.at.swap_add = op.swap;
+		h.at.compare = op.compare_add;
+	} else {
+		h.at.swap_add = op.compare_add;
+	}
+	uint8_t buf[kMaxPkt];
+	size_t len = build_packet(buf, h, nullptr, 0, 0, 0);
+	send_packet(qw->src, qw->dst, qw->ifindex, buf, len);
+	uint64_t deadline = now_ns() + timeout_ns(qw->timeout);
+	std::vector<uint8_t> pkt;
+	while (next_answer(*qw, g, deadline, pkt)) {
+		rv::parsed p;
+		if (rv::parse(pkt.data(), pkt.size(), p) != rv::parse_err::ok || p.h.b.psn != first)
+			continue;
+		if (p.h.b.opcode == rv::RC_ATOMIC_ACKNOWLEDGE) {
+			op.old = p.h.atomic_ack_orig;
+			return 0;
+		}
+		if (p.h.b.opcode == rv::RC_ACKNOWLEDGE &&
+		    rv::aeth_kind_of(p.h.a.syndrome) == rv::aeth_kind::nak) {
+			W().n.naks_received++;
+			uint8_t code = rv::aeth_value(p.h.a.syndrome);
+			if (code == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
+				W().n.retransmits++;
+				send_packet(qw->src, qw->dst, qw->ifindex, buf, len);
+				continue;
+			}
+			return nak_errno(code);
+		}
+	}
+	return ETIMEDOUT;
+}
+
+bool rv_take_recv(loop_qp *, const peer &, std::vector<uint8_t> &, sv_recv_wqe *&, uint32_t &)
+{
+	return false; // A responder's call: never for a remote peer
+}
+
+int rv_post_cqe(loop_qp *, const peer &, sv_cqe &, bool, const tp_payload *)
+{
+	return ESRCH; // A responder's call: never for a remote peer
+}
+
+void rv_responder_error(loop_qp *, const peer &, ibv_event_type)
+{
+	// The responder on the other host moved its own QP to ERR.
+}
+
+tp_liveness rv_alive(loop_qp *qp, uint32_t, bool)
+{
+	// A host that vanished answers nothing: its WRs run out of retries.
+	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
+	uint8_t timer = 0;
+	if (qw) {
+		std::lock_guard<std::mutex> g(qw->m);
+		timer = qw->rnr_timer;
+	}
+	return {true, timer};
+}
+
+// ---------------------------------------------------------------------------
+// Responder (the receive thread)
+
+// The requesting QP the engine's responder runs on: its scratch lists and
+// its cache of mapped queues.  One per context, used by the receive
+// thread only; it never posts and is never in the registry.
+loop_qp *proxy_for(loop_context *ctx)
+{
+	static std::unordered_map<loop_context *, std::unique_ptr<loop_qp>> proxies;
+	auto &p = proxies[ctx];
+	if (!p) {
+		p = std::make_unique<loop_qp>();
+		p->ctx = ctx;
+		p->type = IBV_QPT_RC;
+		p->deferred.reserve(kMaxDeferred + 1);
+	}
+	return p.get();
+}
+
+void send_aeth(qp_wire &qw, uint8_t opcode, uint32_t psn, uint8_t syndrome, uint64_t orig = 0)
+{
+	uint8_t buf[kMaxPkt];
+	rv::pkt_hdrs h{};
+	h.b.opcode = opcode;
+	h.b.dqpn = qw.dqpn;
+	h.b.psn = psn;
+	h.a.syndrome = syndrome;
+	h.a.msn = qw.msn & kPsn24;
+	h.atomic_ack_orig = orig;
+	size_t len = build_packet(buf, h, nullptr, 0, 0, 0);
+	send_packet(qw.src, qw.dst, qw.ifindex, buf, len);
+}
+
+void send_nak(qp_wire &qw, uint32_t psn, rv::nak_code code)
+{
+	if (qw.type != IBV_QPT_RC)
+		return;
+	W().n.naks_sent++;
+	send_aeth(qw, rv::RC_ACKNOWLEDGE, psn, rv::aeth_nak(code));
+}
+
+void send_ack(qp_wire &qw, uint32_t psn)
+{
+	if (qw.type != IBV_QPT_RC)
+		return;
+	send_aeth(qw, rv::RC_ACKNOWLEDGE, psn, rv::aeth_ack(rv::kAethNoCredits));
+}
+
+// The responder's view of one request packet.
+struct request {
+	const rv::parsed &p;
+	loop_qp *proxy;
+	peer &tp; // The local QP, resolved through the loop transport
+};
+
+void advance(qp_wire &qw)
+{
+	qw.epsn = psn_add(qw.epsn, 1);
+	qw.nak_sent = false;
+}
+
+// A responder error: the QP goes to ERR (its owner hears ev) and the
+// requester gets a NAK.
+void fail(qp_wire &qw, const request &q, uint32_t psn, rv::nak_code code, ibv_event_type ev)
+{
+	loop_transport_ops.responder_error(q.proxy, q.tp, ev);
+	qw.in_msg = false;
+	qw.reasm.clear();
+	send_nak(qw, psn, code);
+}
+
+// Runs a whole SEND or WRITE WITH IMMEDIATE through the engine's responder.
+void run_message(qp_wire &qw, const request &q, ibv_wr_opcode opcode)
+{
+	const rv::pkt_hdrs &h = q.p.h;
+	send_wr w{};
+	w.opcode = opcode;
+	w.imm_data = h.imm_be;
+	w.invalidate_rkey = h.ieth_rkey;
+	w.flags = h.b.se ? IBV_SEND_SOLICITED : 0;
+	w.remote_addr = qw.w_va;
+	w.rkey = qw.w_rkey;
+	local_buf lb;
+	if (!qw.reasm.empty())
+		lb.iov.push_back({qw.reasm.data(), qw.reasm.size()});
+	lb.len = qw.reasm.size();
+	tp_request r{};
+	r.w = &w;
+	r.lb = &lb;
+	r.psn = h.b.psn;
+	r.src_qpn = q.tp.rec.dest_qpn;
+	tp_answer a = respond(loop_transport_ops, q.proxy, q.tp, r);
+	qw.in_msg = false;
+	switch (a.k) {
+	case tp_answer::kind::ack:
+		qw.msn++;
+		advance(qw);
+		qw.reasm.clear();
+		send_ack(qw, h.b.psn);
+		return;
+	case tp_answer::kind::rnr:
+		// No receive WQE: the requester sends the message again from its
+		// first packet after our RNR timer (UC: the message is dropped).
+		if (qw.type == IBV_QPT_RC) {
+			qw.epsn = qw.msg_first;
+			qw.nak_sent = false;
+			send_aeth(qw, rv::RC_ACKNOWLEDGE, qw.msg_first,
+				  rv::aeth_rnr(q.tp.rec.min_rnr_timer & 31));
+		} else {
+			advance(qw);
+		}
+		qw.reasm.clear();
+		return;
+	case tp_answer::kind::nak:
+		qw.reasm.clear();
+		send_nak(qw, h.b.psn,
+			 a.status == IBV_WC_REM_ACCESS_ERR ? rv::nak_code::remote_access_error
+			 : a.status == IBV_WC_REM_INV_REQ_ERR ? rv::nak_code::invalid_request
+							       : rv::nak_code::remote_op_error);
+		return;
+	case tp_answer::kind::lost:
+		qw.reasm.clear();
+		return;
+	}
+}
+
+// A whole RDMA WRITE: checked and placed through the loop transport.
+void run_write(qp_wire &qw, const request &q)
+{
+	uint32_t psn = q.p.h.b.psn;
+	uint64_t len = qw.reasm.size();
+	if (len != qw.w_len) {
+		fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+		return;
+	}
+	if (len) {
+		std::vector<rseg> &riov = q.proxy->resp_riov;
+		riov.clear();
+		uint32_t acc = 0;
+		int err = !(q.tp.rec.access & IBV_ACCESS_REMOTE_WRITE)
+				  ? EACCES
+				  : loop_transport_ops.resolve_key(q.proxy, q.tp, qw.w_rkey,
+								   q.tp.rec.pdn, qw.w_va, len,
+								   IBV_ACCESS_REMOTE_WRITE, riov, &acc);
+		if (!err) {
+			iovec v{qw.reasm.data(), qw.reasm.size()};
+			tp_move m{&v, 1, riov.data(), static_cast<int>(riov.size()),
+				  xfer_dir::to_peer, false, false};
+			err = loop_transport_ops.move(q.proxy, q.tp, &m, 1, nullptr);
+		}
+		if (err) {
+			fail(qw, q, psn, rv::nak_code::remote_access_error,
+			     IBV_EVENT_QP_ACCESS_ERR);
+			return;
+		}
+	}
+	qw.in_msg = false;
+	qw.reasm.clear();
+	qw.msn++;
+	advance(qw);
+	send_ack(qw, psn);
+}
+
+// An RDMA READ request: the data goes back as READ RESPONSE packets from
+// the request's PSN on.  fresh: not a duplicate (the expected PSN moves).
+void run_read(qp_wire &qw, const request &q, bool fresh)
+{
+	const rv::pkt_hdrs &h = q.p.h;
+	uint32_t psn = h.b.psn;
+	uint64_t va = h.r.va, len = h.r.dma_len;
+	uint32_t n = packets_for(len, qw.pmtu);
+	std::vector<rseg> &riov = q.proxy->resp_riov;
+	auto read_range = [&](uint64_t at, uint8_t *dst, size_t c) {
+		riov.clear();
+		uint32_t acc = 0;
+		int err = loop_transport_ops.resolve_key(q.proxy, q.tp, h.r.rkey, q.tp.rec.pdn, at,
+							 c, IBV_ACCESS_REMOTE_READ, riov, &acc);
+		if (!err) {
+			iovec v{dst, c};
+			tp_move m{&v, 1, riov.data(), static_cast<int>(riov.size()),
+				  xfer_dir::from_peer, false, false};
+			err = loop_transport_ops.move(q.proxy, q.tp, &m, 1, nullptr);
+		}
+		return err;
+	};
+	// The whole range first: a key, right or range fault NAKs before any
+	// data goes.
+	if (!(q.tp.rec.access & IBV_ACCESS_REMOTE_READ) ||
+	    (len && loop_transport_ops.resolve_key(q.proxy, q.tp, h.r.rkey, q.tp.rec.pdn, va, len,
+						   IBV_ACCESS_REMOTE_READ, riov, nullptr))) {
+		fail(qw, q, psn, rv::nak_code::remote_access_error, IBV_EVENT_QP_ACCESS_ERR);
+		return;
+	}
+	if (fresh) {
+		qw.epsn = psn_add(qw.epsn, n);
+		qw.nak_sent = false;
+		qw.msn++;
+	}
+	uint8_t data[4096];
+	uint8_t buf[kMaxPkt];
+	for (uint32_t k = 0; k < n; k++) {
+		uint64_t off = static_cast<uint64_t>(k) * qw.pmtu;
+		size_t c = static_cast<size_t>(std::min<uint64_t>(qw.pmtu, len - off));
+		if (c && read_range(va + off, data, c)) {
+			fail(qw, q, psn, rv::nak_code::remote_access_error,
+			     IBV_EVENT_QP_ACCESS_ERR);
+			return;
+		}
+		rv::pkt_hdrs r{};
+		r.b.opcode = n == 1	     ? rv::RC_RDMA_READ_RESPONSE_ONLY
+			     : k == 0	     ? rv::RC_RDMA_READ_RESPONSE_FIRST
+			     : k + 1 == n ? rv::RC_RDMA_READ_RESPONSE_LAST
+					  : rv::RC_RDMA_READ_RESPONSE_MIDDLE;
+		r.b.dqpn = qw.dqpn;
+		r.b.psn = psn_add(psn, k);
+		r.a.syndrome = rv::aeth_ack(rv::kAethNoCredits);
+		r.a.msn = qw.msn & kPsn24;
+		iovec v{data, c};
+		size_t l = build_packet(buf, r, &v, 1, 0, c);
+		send_packet(qw.src, qw.dst, qw.ifindex, buf, l);
+	}
+}
+
+void run_atomic_req(qp_wire &qw, const request &q)
+{
+	const rv::pkt_hdrs &h = q.p.h;
+	tp_atomic op{};
+	op.rkey = h.at.rkey;
+	op.addr = h.at.va;
+	op.right = IBV_ACCESS_REMOTE_ATOMIC;
+	if ((h.b.opcode & 0x1f) == rv::RC_COMPARE_SWAP) {
+		op.op = tp_atomic::kind::cmp_swap;
+		op.compare_add = h.at.compare;
+		op.swap = h.at.swap_add;
+	} else {
+		op.op = tp_atomic::kind::fetch_add;
+		op.compare_add = h.at.swap_add;
+	}
+	int err = loop_transport_ops.atomic(q.proxy, q.tp, op);
+	if (err) {
+		if (err == EINVAL)
+			fail(qw, q, h.b.psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+		else
+			fail(qw, q, h.b.psn, rv::nak_code::remote_access_error,
+			     IBV_EVENT_QP_ACCESS_ERR);
+		return;
+	}
+	qw.atomics[qw.atomic_next++ % 16] = {h.b.psn, op.old, true};
+	qw.msn++;
+	advance(qw);
+	send_aeth(qw, rv::RC_ATOMIC_ACKNOWLEDGE, h.b.psn, rv::aeth_ack(rv::kAethNoCredits), op.old);
+}
+
+// A request whose PSN is before the expected one: answered, not executed
+// again (a READ is read again; an atomic's answer comes from the cache).
+void duplicate(qp_wire &qw, const request &q)
+{
+	const rv::pkt_hdrs &h = q.p.h;
+	uint8_t low = h.b.opcode & 0x1f;
+	if (low == rv::RC_RDMA_READ_REQUEST) {
+		run_read(qw, q, false);
+		return;
+	}
+	if (low == rv::RC_COMPARE_SWAP || low == rv::RC_FETCH_ADD) {
+		for (const qp_wire::replay &r : qw.atomics)
+			if (r.valid && r.psn == h.b.psn) {
+				send_aeth(qw, rv::RC_ATOMIC_ACKNOWLEDGE, h.b.psn,
+					  rv::aeth_ack(rv::kAethNoCredits), r.orig);
+				return;
+			}
+		return; // Too old: the requester's retries run out
+	}
+	if (h.b.ackreq)
+		send_ack(qw, psn_add(qw.epsn, kPsn24)); // epsn - 1: everything before it
+}
+
+void respond_packet(qp_wire &qw, const rv::parsed &p)
+{
+	loop_qp *proxy = proxy_for(qw.ctx);
+	peer tp;
+	if (loop_transport_ops.resolve(proxy, {qw.qpn, 0, true, kNoXrcSrq}, tp) || !tp.self ||
+	    !peer_receives(tp.rec)) {
+		W().n.dropped++; // Not a QP of ours that receives (RESET, INIT, ERR)
+		return;
+	}
+	request q{p, proxy, tp};
+	const rv::pkt_hdrs &h = p.h;
+	uint8_t op = h.b.opcode, low = op & 0x1f;
+	bool rc = qw.type == IBV_QPT_RC;
+	if ((op & 0xe0) != (rc ? 0x00 : 0x20)) {
+		W().n.dropped++; // Another service's packet
+		return;
+	}
+	uint32_t psn = h.b.psn;
+	int32_t d = psn_diff(psn, qw.epsn);
+	bool starts = low == rv::RC_SEND_FIRST || low == rv::RC_SEND_ONLY ||
+		      low == rv::RC_SEND_ONLY_WITH_IMMEDIATE || low == rv::RC_SEND_ONLY_WITH_INVALIDATE ||
+		      low == rv::RC_RDMA_WRITE_FIRST || low == rv::RC_RDMA_WRITE_ONLY ||
+		      low == rv::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+	if (rc) {
+		if (d > 0) {
+			// Beyond a gap: one NAK, until the expected PSN arrives.
+			if (!qw.nak_sent) {
+				qw.nak_sent = true;
+				send_nak(qw, qw.epsn, rv::nak_code::psn_seq_error);
+			}
+			W().n.dropped++;
+			return;
+		}
+		if (d < 0) {
+			duplicate(qw, q);
+			return;
+		}
+	} else if (d != 0) {
+		// UC: packets were lost; the message in progress is gone, and a
+		// new one may start here.
+		qw.in_msg = false;
+		qw.reasm.clear();
+		qw.epsn = psn;
+		if (!starts) {
+			advance(qw);
+			W().n.dropped++;
+			return;
+		}
+	}
+	bool send_op = low <= rv::RC_SEND_ONLY_WITH_IMMEDIATE ||
+		       low == rv::RC_SEND_LAST_WITH_INVALIDATE ||
+		       low == rv::RC_SEND_ONLY_WITH_INVALIDATE;
+	bool write_op = low >= rv::RC_RDMA_WRITE_FIRST && low <= rv::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+	if (send_op || write_op) {
+		bool first = starts;
+		bool last = low == rv::RC_SEND_LAST || low == rv::RC_SEND_LAST_WITH_IMMEDIATE ||
+			    low == rv::RC_SEND_LAST_WITH_INVALIDATE || low == rv::RC_SEND_ONLY ||
+			    low == rv::RC_SEND_ONLY_WITH_IMMEDIATE ||
+			    low == rv::RC_SEND_ONLY_WITH_INVALIDATE || low == rv::RC_RDMA_WRITE_LAST ||
+			    low == rv::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE ||
+			    low == rv::RC_RDMA_WRITE_ONLY ||
+			    low == rv::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+		if (first == qw.in_msg || (!first && qw.msg_write != write_op)) {
+			// A FIRST inside a message, or a MIDDLE or LAST outside one
+			// (or of the other kind): out of sequence.
+			fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+			return;
+		}
+		if (!last && p.payload_len != qw.pmtu) {
+			// FIRST and MIDDLE packets carry exactly the path MTU.
+			fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+			return;
+		}
+		if (first) {
+			qw.in_msg = true;
+			qw.msg_write = write_op;
+			qw.msg_first = psn;
+			qw.reasm.clear();
+			if (write_op) {
+				qw.w_va = h.r.va;
+				qw.w_rkey = h.r.rkey;
+				qw.w_len = h.r.dma_len;
+			}
+		}
+		if (qw.reasm.size() + p.payload_len > kMaxMessage ||
+		    (write_op && qw.reasm.size() + p.payload_len > qw.w_len)) {
+			fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+			return;
+		}
+		qw.reasm.insert(qw.reasm.end(), p.payload, p.payload + p.payload_len);
+		if (!last) {
+			advance(qw);
+			if (h.b.ackreq)
+				send_ack(qw, psn);
+			return;
+		}
+		if (!write_op)
+			run_message(qw, q,
+				    (low == rv::RC_SEND_LAST_WITH_INVALIDATE ||
+				     low == rv::RC_SEND_ONLY_WITH_INVALIDATE)
+					    ? IBV_WR_SEND_WITH_INV
+				    : (low == rv::RC_SEND_LAST_WITH_IMMEDIATE ||
+				       low == rv::RC_SEND_ONLY_WITH_IMMEDIATE)
+					    ? IBV_WR_SEND_WITH_IMM
+					    : IBV_WR_SEND);
+		else if (low == rv::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE ||
+			 low == rv::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+			run_message(qw, q, IBV_WR_RDMA_WRITE_WITH_IMM);
+		else
+			run_write(qw, q);
+		return;
+	}
+	if (!rc) {
+		W().n.dropped++;
+		return;
+	}
+	if (qw.in_msg) {
+		fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+		return;
+	}
+	switch (low) {
+	case rv::RC_RDMA_READ_REQUEST:
+		run_read(qw, q, true);
+		return;
+	case rv::RC_COMPARE_SWAP:
+	case rv::RC_FETCH_ADD:
+		run_atomic_req(qw, q);
+		return;
+	default:
+		fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+		return;
+	}
+}
+
+bool is_answer(uint8_t op)
+{
+	return (op >= rv::RC_RDMA_READ_RESPONSE_FIRST && op <= rv::RC_ATOMIC_ACKNOWLEDGE);
+}
+
+void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16_t from_port,
+		   const host_addr &to)
+{
+	wire &w = W();
+	w.n.rx++;
+	rv::parsed p;
+	if (rv::parse(buf, len, p) != rv::parse_err::ok) {
+		w.n.malformed++;
+		return;
+	}
+	rv::ip_info ip;
+	ip.v6 = !from.v4;
+	memcpy(ip.src, from.ip, 16);
+	memcpy(ip.dst, to.ip, 16);
+	ip.sport = from_port;
+	ip.dport = w.port;
+	if (rv::icrc(ip, buf, len - rv::kIcrcLen) != p.icrc_wire) {
+		w.n.bad_icrc++;
+		return;
+	}
+	if (p.h.b.opcode == rv::CNP)
+		return; // Congestion notification: nothing to slow down here
+	if (p.h.b.pkey != rv::kDefaultPkey) {
+		w.n.dropped++; // P_Key table: the default key only
+		return;
+	}
+	std::shared_ptr<qp_wire> qw = find_wire(p.h.b.dqpn);
+	if (!qw) {
+		w.n.unknown_qp++;
+		return;
+	}
+	std::lock_guard<std::mutex> g(qw->m);
+	if (qw->dead || !qw->remote || !same_addr(from, qw->dst)) {
+		w.n.dropped++; // Not from this QP's peer
+		return;
+	}
+	if (is_answer(p.h.b.opcode)) {
+		if (qw->inbox.size() >= kInboxMax)
+			qw->inbox.pop_front();
+		qw->inbox.emplace_back(buf, buf + len);
+		qw->cv.notify_all();
+		return;
+	}
+	respond_packet(*qw, p);
+}
+
+host_addr addr_of(const sockaddr_storage &ss, uint16_t &port)
+{
+	host_addr a;
+	if (ss.ss_family == AF_INET) {
+		auto &s = reinterpret_cast<const sockaddr_in &>(ss);
+		a.v4 = true;
+		memcpy(a.ip, &s.sin_addr, 4);
+		port = ntohs(s.sin_port);
+	} else {
+		auto &s = reinterpret_cast<const sockaddr_in6 &>(ss);
+		a.v4 = false;
+		memcpy(a.ip, &s.sin6_addr, 16);
+		port = ntohs(s.sin6_port);
+	}
+	return a;
+}
+
+void receive_loop()
+{
+	wire &w = W();
+	pollfd fds[2];
+	int nfds = 0;
+	for (int fd : {w.fd4, w.fd6})
+		if (fd >= 0)
+			fds[nfds++] = {fd, POLLIN, 0};
+	std::vector<uint8_t> buf(65536);
+	for (;;) {
+		if (poll(fds, static_cast<nfds_t>(nfds), -1) < 0 && errno != EINTR)
+			return;
+		for (int i = 0; i < nfds; i++) {
+			if (!(fds[i].revents & POLLIN))
+				continue;
+			for (;;) {
+				sockaddr_storage from{};
+				iovec iov{buf.data(), buf.size()};
+				alignas(cmsghdr) char cbuf[256];
+				msghdr mh{};
+				mh.msg_name = &from;
+				mh.msg_namelen = sizeof(from);
+				mh.msg_iov = &iov;
+				mh.msg_iovlen = 1;
+				mh.msg_control = cbuf;
+				mh.msg_controllen = sizeof(cbuf);
+				ssize_t n = recvmsg(fds[i].fd, &mh, MSG_DONTWAIT);
+				if (n < 0)
+					break;
+				host_addr to;
+				to.v4 = from.ss_family == AF_INET;
+				bool have_to = false;
+				for (cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+					if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+						in_pktinfo pi;
+						memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+						memcpy(to.ip, &pi.ipi_addr, 4);
+						have_to = true;
+					} else if (c->cmsg_level == IPPROTO_IPV6 &&
+						   c->cmsg_type == IPV6_PKTINFO) {
+						in6_pktinfo pi;
+						memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+						memcpy(to.ip, &pi.ipi6_addr, 16);
+						have_to = true;
+					}
+				}
+				if (!have_to) {
+					w.n.dropped++;
+					continue;
+				}
+				uint16_t port = 0;
+				host_addr src = addr_of(from, port);
+				try {
+					handle_packet(buf.data(), static_cast<size_t>(n), src, port, to);
+				} catch (...) {
+					w.n.dropped++; // Out of memory: as if lost on the wire
+				}
+			}
+		}
+	}
+}
+
+int open_socket(int family, uint16_t port)
+{
+	int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	int one = 1;
+	// Bursts of a large message: room for them, as far as we are allowed.
+	int big = 8 << 20;
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big)))
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big)))
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	int rc;
+	if (family == AF_INET) {
+		// DF set and the identification 0, as the ICRC assumes (wire.h).
+		int pmtu = IP_PMTUDISC_DO;
+		setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu));
+		setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one));
+		sockaddr_in sa{};
+		sa.sin_family = AF_INET;
+		sa.sin_port = htons(port);
+		rc = bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa));
+	} else {
+		int pmtu = IPV6_PMTUDISC_DO;
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+		setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu));
+		setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one));
+		sockaddr_in6 sa{};
+		sa.sin6_family = AF_INET6;
+		sa.sin6_port = htons(port);
+		rc = bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa));
+	}
+	if (rc) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+unsigned netdev_mtu_of(const std::string &netdev, uint32_t &ifindex)
+{
+	ifindex = if_nametoindex(netdev.c_str());
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 1500;
+	ifreq ifr{};
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", netdev.c_str());
+	unsigned mtu = ioctl(fd, SIOCGIFMTU, &ifr) == 0 ? static_cast<unsigned>(ifr.ifr_mtu) : 1500;
+	close(fd);
+	return mtu;
+}
+
+} // namespace
+
+const transport_ops rocev2_transport_ops = {
+	.name = "rocev2",
+	.resolve = rv_resolve,
+	.mcast_members = rv_mcast_members,
+	.resolve_key = rv_resolve_key,
+	.invalidate = rv_invalidate,
+	.move = rv_move,
+	.atomic = rv_atomic,
+	.deliver = rv_deliver,
+	.take_recv = rv_take_recv,
+	.post_cqe = rv_post_cqe,
+	.responder_error = rv_responder_error,
+	.alive = rv_alive,
+};
+
+void rocev2_device_open(loop_context *lctx)
+{
+	const device_config &cfg = lctx->ldev->cfg;
+	if (!cfg.rocev2 || cfg.link_layer != IBV_LINK_LAYER_ETHERNET)
+		return;
+	wire &w = W();
+	std::lock_guard<std::mutex> g(w.lock);
+	if (w.tried)
+		return;
+	w.tried = true;
+	w.port = cfg.udp_port;
+	w.netdev_mtu = netdev_mtu_of(cfg.netdev, w.ifindex);
+	if (const char *d = getenv("SOFTVERBS_ROCEV2_DROP"))
+		w.drop_pct = std::clamp(atof(d), 0.0, 100.0);
+	w.fd4 = open_socket(AF_INET, w.port);
+	int e4 = w.fd4 < 0 ? errno : 0;
+	w.fd6 = open_socket(AF_INET6, w.port);
+	if (w.fd4 < 0 && w.fd6 < 0) {
+		fprintf(stderr,
+			"softverbs: rocev2: cannot take UDP port %u (%s): this process "
+			"reaches no other host (another process of this host holds the "
+			"port: docs/rocev2.md)\n",
+			w.port, strerror(e4));
+		return;
+	}
+	w.up = true;
+	std::thread(receive_loop).detach();
+}
+
+void rocev2_qp_modified(loop_qp *qp, int mask)
+{
+	const device_config &cfg = qp->ctx->ldev->cfg;
+	if (!cfg.rocev2 || cfg.link_layer != IBV_LINK_LAYER_ETHERNET ||
+	    (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
+		return;
+	wire &w = W();
+	const ibv_qp_attr &a = qp->attr;
+	if (a.qp_state == IBV_QPS_RESET) {
+		qp->wire_remote = false;
+		rocev2_qp_destroyed(qp);
+		return;
+	}
+	if (!(mask & IBV_QP_STATE))
+		return;
+	std::shared_ptr<qp_wire> qw;
+	{
+		std::lock_guard<std::mutex> g(w.lock);
+		auto &slot = w.qps[qp->qpn];
+		if (!slot)
+			slot = std::make_shared<qp_wire>();
+		qw = slot;
+	}
+	std::lock_guard<std::mutex> g(qw->m);
+	qw->ctx = qp->ctx;
+	qw->qpn = qp->qpn;
+	qw->type = qp->type;
+	qw->dead = false;
+	qw->timeout = a.timeout;
+	if (a.qp_state == IBV_QPS_RTR) {
+		qw->epsn = a.rq_psn & kPsn24;
+		qw->msn = 0;
+		qw->nak_sent = false;
+		qw->in_msg = false;
+		qw->reasm.clear();
+		qw->dqpn = a.dest_qp_num & kPsn24;
+		// Remote: a global address whose GID is none of this port's.
+		bool remote = false;
+		host_addr dst, src;
+		if (a.ah_attr.is_global && gid_addr(a.ah_attr.grh.dgid, dst)) {
+			gid_slot table[kGidTableLen];
+			int n = loop_gid_table(qp->ctx, a.port_num, table, kGidTableLen, true);
+			remote = true;
+			for (int i = 0; i < n; i++)
+				if (table[i].valid &&
+				    !memcmp(table[i].gid.raw, a.ah_attr.grh.dgid.raw, 16))
+					remote = false;
+			uint8_t si = a.ah_attr.grh.sgid_index;
+			if (remote && (si >= n || !table[si].valid || !gid_addr(table[si].gid, src) ||
+				       src.v4 != dst.v4)) {
+				debug_log("rocev2: QP %#x: source GID index %u is no address of "
+					  "the destination's family",
+					  qp->qpn, si);
+				remote = false;
+			}
+		}
+		qw->remote = remote;
+		qw->src = src;
+		qw->dst = dst;
+		qw->ifindex = w.ifindex;
+		qw->pmtu = std::min(mtu_bytes(a.path_mtu), netdev_pmtu(w.netdev_mtu, dst.v4));
+		qp->wire_remote = remote;
+	}
+	if (a.qp_state == IBV_QPS_RTS && (mask & IBV_QP_SQ_PSN)) {
+		qw->next_psn = a.sq_psn & kPsn24;
+		qw->cur_engine = UINT32_MAX;
+		qw->inbox.clear();
+	}
+}
+
+void rocev2_qp_destroyed(loop_qp *qp)
+{
+	wire &w = W();
+	std::shared_ptr<qp_wire> qw;
+	{
+		std::lock_guard<std::mutex> g(w.lock);
+		auto it = w.qps.find(qp->qpn);
+		if (it == w.qps.end())
+			return;
+		qw = std::move(it->second);
+		w.qps.erase(it);
+	}
+	std::lock_guard<std::mutex> g(qw->m); // The receive thread is done with it
+	qw->dead = true;
+	qw->cv.notify_all();
+}
+
+} // namespace loop

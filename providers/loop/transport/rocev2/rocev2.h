@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: MIT
+// The rocev2 transport: a connected QP whose peer is on another host
+// reaches it with RoCE v2 packets (IBTA Annex A17: InfiniBand transport
+// headers in UDP datagrams to port 4791, wire.h), through an unprivileged
+// UDP socket of this process.  Within a host, processes keep the loop
+// transport's shared memory; the loop transport hands every call for a
+// remote peer (peer::remote) to this table.  docs/rocev2.md has the design.
+#pragma once
+
+#include "transport.h"
+
+namespace loop {
+
+struct loop_context;
+struct loop_qp;
+
+extern const transport_ops rocev2_transport_ops;
+
+// A context of a device with rocev2 on was opened: this process takes the
+// device's UDP port, if no process of this host holds it, and starts its
+// receive thread.
+void rocev2_device_open(loop_context *lctx);
+// After every ibv_modify_qp (caller holds qp->sq_lock): at RTR the QP's
+// responder starts at rq_psn and the QP learns whether its peer is on
+// another host (loop_qp::wire_remote); at RTS its requester starts at
+// sq_psn; RESET forgets both.
+void rocev2_qp_modified(loop_qp *qp, int mask);
+// Before a QP's memory goes: packets for it are dropped from now on.
+void rocev2_qp_destroyed(loop_qp *qp);
+
+} // namespace loop
