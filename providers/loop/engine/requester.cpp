@@ -414,7 +414,9 @@ step run_ud(loop_qp *qp, send_wr &w)
 			t.deliver(qp, p, r);
 	} else {
 		peer p;
-		if (!t.resolve(qp, {w.remote_qpn, w.ah.dlid, eth, kNoXrcSrq}, p))
+		if (!t.resolve(qp, {w.remote_qpn, w.ah.dlid, eth, kNoXrcSrq,
+				    w.ah.is_global ? &w.ah.grh.dgid : nullptr},
+			       p))
 			t.deliver(qp, p, r);
 	}
 	complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));

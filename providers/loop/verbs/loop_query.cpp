@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Device, port, GID and P_Key queries.
+#include "engine.h"
 #include "loop.h"
 #include "loop_caps.h"
 #include "res_limits.h"
@@ -198,7 +199,7 @@ int loop_query_port(ibv_context *ctx, uint8_t port, ibv_port_attr *attr)
 	bool eth = pr->link_layer == SV_LINK_ETH;
 	attr->state = static_cast<ibv_port_state>(pr->state);
 	attr->max_mtu = IBV_MTU_4096;
-	attr->active_mtu = static_cast<ibv_mtu>(pr->active_mtu);
+	attr->active_mtu = static_cast<ibv_mtu>(fabric_port_mtu(lctx, port));
 	attr->gid_tbl_len = kGidTableLen; // IB ports fill only index 0, as HCAs do
 	attr->port_cap_flags = eth ? 0 : IBV_PORT_SM | IBV_PORT_SYS_IMAGE_GUID_SUP;
 	attr->max_msg_sz = kMaxMsgSize;

@@ -78,8 +78,13 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 
 [[gnu::hot]] int lt_resolve(loop_qp *qp, const tp_dest &d, peer &p)
 {
-	if (qp->wire_remote && d.dgid) [[unlikely]]
-		return rocev2_transport_ops.resolve(qp, d, p);
+	if (d.dgid && qp->ctx->ldev->cfg.rocev2) [[unlikely]] {
+		// A connected QP learnt at RTR where its peer is; a datagram's
+		// address is looked up.
+		if (qp->type == IBV_QPT_UD ? rocev2_remote_gid(qp->ctx, qp->attr.port_num, *d.dgid)
+					   : qp->wire_remote)
+			return rocev2_transport_ops.resolve(qp, d, p);
+	}
 	if (!find_qp(qp->ctx, d.qpn, d.dlid, d.eth, p))
 		return ENOENT;
 	if (d.xrc_srqn == kNoXrcSrq)
@@ -501,7 +506,11 @@ uint8_t fabric_port_mtu(loop_context *lctx, uint8_t port)
 	sv_registry *r = lctx->fab->reg();
 	if (port < 1 || port > SV_MAX_PORTS)
 		return IBV_MTU_4096;
-	return r->devices[lctx->dev->index].ports[port - 1].active_mtu;
+	uint8_t mtu = r->devices[lctx->dev->index].ports[port - 1].active_mtu;
+	// Over RoCE v2 a packet must fit the interface's MTU.
+	if (lctx->ldev->cfg.rocev2 && port_is_eth(r, lctx->dev->index, port))
+		mtu = std::min(mtu, rocev2_port_mtu(lctx));
+	return mtu;
 }
 
 void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type)

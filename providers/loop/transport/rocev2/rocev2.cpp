@@ -541,12 +541,40 @@ int rv_invalidate(loop_qp *, const peer &, uint32_t)
 	return EINVAL; // A responder's call: never for a remote peer
 }
 
-tp_answer rv_deliver(loop_qp *qp, const peer &, const tp_request &r)
+// A UD datagram: one packet with a DETH, to the address its GRH names,
+// unacknowledged (an address that is not a RoCE v2 one drops it, as a
+// wire would).
+tp_answer ud_deliver(qp_wire &qw, const peer &p, const tp_request &r)
+{
+	const send_wr &w = *r.w;
+	host_addr src, dst;
+	if (!r.grh_valid || !gid_addr(r.grh->sgid, src) || !gid_addr(r.grh->dgid, dst) ||
+	    src.v4 != dst.v4 || r.lb->len > qw.pmtu)
+		return {tp_answer::kind::ack, IBV_WC_SUCCESS, 0};
+	rv::pkt_hdrs h{};
+	h.b.opcode = w.opcode == IBV_WR_SEND_WITH_IMM ? rv::UD_SEND_ONLY_WITH_IMMEDIATE
+						      : rv::UD_SEND_ONLY;
+	h.b.se = w.flags & IBV_SEND_SOLICITED;
+	h.b.dqpn = p.qpn & kPsn24;
+	h.b.psn = qw.next_psn;
+	qw.next_psn = psn_add(qw.next_psn, 1);
+	h.d = {r.qkey, r.src_qpn & kPsn24};
+	h.imm_be = w.imm_data;
+	uint8_t buf[kMaxPkt];
+	size_t len = build_packet(buf, h, r.lb->iov.data(), static_cast<int>(r.lb->iov.size()), 0,
+				  static_cast<size_t>(r.lb->len));
+	send_packet(src, dst, W().ifindex, buf, len);
+	return {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(r.lb->len)};
+}
+
+tp_answer rv_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 {
 	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
 	if (!qw)
 		return {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
 	std::unique_lock<std::mutex> g(qw->m);
+	if (qp->type == IBV_QPT_UD)
+		return ud_deliver(*qw, p, r);
 	const send_wr &w = *r.w;
 	message m{};
 	m.service = qw->type == IBV_QPT_UC ? 0x20 : 0x00;
@@ -1212,6 +1240,54 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 	}
 }
 
+// A UD datagram for one of our UD QPs: the engine's responder checks its
+// Q_Key and places it behind a GRH made of the packet's addresses.
+void respond_datagram(qp_wire &qw, const rv::parsed &p, const host_addr &from,
+		      const host_addr &to)
+{
+	loop_qp *proxy = proxy_for(qw.ctx);
+	peer tp;
+	if (loop_transport_ops.resolve(proxy, {qw.qpn, 0, true, kNoXrcSrq}, tp) || !tp.self) {
+		W().n.dropped++;
+		return;
+	}
+	const rv::pkt_hdrs &h = p.h;
+	send_wr w{};
+	w.opcode = h.b.opcode == rv::UD_SEND_ONLY_WITH_IMMEDIATE ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+	w.imm_data = h.imm_be;
+	w.flags = h.b.se ? IBV_SEND_SOLICITED : 0;
+	local_buf lb;
+	if (p.payload_len)
+		lb.iov.push_back({const_cast<uint8_t *>(p.payload), p.payload_len});
+	lb.len = p.payload_len;
+	auto gid_of = [](const host_addr &a) {
+		ibv_gid g{};
+		if (a.v4) {
+			g.raw[10] = g.raw[11] = 0xff;
+			memcpy(g.raw + 12, a.ip, 4);
+		} else {
+			memcpy(g.raw, a.ip, 16);
+		}
+		return g;
+	};
+	ibv_grh grh{};
+	grh.version_tclass_flow = htobe32(6u << 28);
+	grh.paylen = htobe16(static_cast<uint16_t>(p.payload_len));
+	grh.next_hdr = 0x1b;
+	grh.hop_limit = 64;
+	grh.sgid = gid_of(from);
+	grh.dgid = gid_of(to);
+	tp_request r{};
+	r.w = &w;
+	r.lb = &lb;
+	r.psn = kNoPsn;
+	r.src_qpn = h.d.sqpn;
+	r.qkey = h.d.qkey;
+	r.grh = &grh;
+	r.grh_valid = true;
+	respond(loop_transport_ops, proxy, tp, r);
+}
+
 bool is_answer(uint8_t op)
 {
 	return (op >= rv::RC_RDMA_READ_RESPONSE_FIRST && op <= rv::RC_ATOMIC_ACKNOWLEDGE);
@@ -1249,7 +1325,18 @@ void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16
 		return;
 	}
 	std::lock_guard<std::mutex> g(qw->m);
-	if (qw->dead || !qw->remote || !same_addr(from, qw->dst)) {
+	if (qw->dead) {
+		w.n.dropped++;
+		return;
+	}
+	if (p.h.b.opcode == rv::UD_SEND_ONLY || p.h.b.opcode == rv::UD_SEND_ONLY_WITH_IMMEDIATE) {
+		if (qw->type == IBV_QPT_UD)
+			respond_datagram(*qw, p, from, to);
+		else
+			w.n.dropped++;
+		return;
+	}
+	if (!qw->remote || !same_addr(from, qw->dst)) {
 		w.n.dropped++; // Not from this QP's peer
 		return;
 	}
@@ -1446,7 +1533,7 @@ void rocev2_qp_modified(loop_qp *qp, int mask)
 {
 	const device_config &cfg = qp->ctx->ldev->cfg;
 	if (!cfg.rocev2 || cfg.link_layer != IBV_LINK_LAYER_ETHERNET ||
-	    (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
+	    (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC && qp->type != IBV_QPT_UD))
 		return;
 	wire &w = W();
 	const ibv_qp_attr &a = qp->attr;
@@ -1502,7 +1589,9 @@ void rocev2_qp_modified(loop_qp *qp, int mask)
 		qw->src = src;
 		qw->dst = dst;
 		qw->ifindex = w.ifindex;
-		qw->pmtu = std::min(mtu_bytes(a.path_mtu), netdev_pmtu(w.netdev_mtu, dst.v4));
+		qw->pmtu = qp->type == IBV_QPT_UD
+				   ? netdev_pmtu(w.netdev_mtu, false)
+				   : std::min(mtu_bytes(a.path_mtu), netdev_pmtu(w.netdev_mtu, dst.v4));
 		qp->wire_remote = remote;
 	}
 	if (a.qp_state == IBV_QPS_RTS && (mask & IBV_QP_SQ_PSN)) {
@@ -1510,6 +1599,35 @@ void rocev2_qp_modified(loop_qp *qp, int mask)
 		qw->cur_engine = UINT32_MAX;
 		qw->inbox.clear();
 	}
+}
+
+bool rocev2_remote_gid(loop_context *lctx, uint8_t port, const ibv_gid &dgid)
+{
+	host_addr a;
+	if (!gid_addr(dgid, a) || dgid.raw[0] == 0xff) // No address, or multicast
+		return false;
+	gid_slot table[kGidTableLen];
+	int n = loop_gid_table(lctx, port, table, kGidTableLen, true);
+	for (int i = 0; i < n; i++)
+		if (table[i].valid && !memcmp(table[i].gid.raw, dgid.raw, 16))
+			return false;
+	return true;
+}
+
+uint8_t rocev2_port_mtu(loop_context *lctx)
+{
+	static std::once_flag once;
+	static unsigned mtu;
+	std::call_once(once, [&] {
+		uint32_t ifindex;
+		mtu = netdev_mtu_of(lctx->ldev->cfg.netdev, ifindex);
+	});
+	// IPv6's header is the larger: what fits it fits IPv4.
+	uint32_t bytes = netdev_pmtu(mtu, false);
+	uint8_t e = IBV_MTU_256;
+	while (e < IBV_MTU_4096 && (128u << (e + 1)) <= bytes)
+		e++;
+	return e;
 }
 
 void rocev2_qp_destroyed(loop_qp *qp)

@@ -27,5 +27,10 @@ void rocev2_device_open(loop_context *lctx);
 void rocev2_qp_modified(loop_qp *qp, int mask);
 // Before a QP's memory goes: packets for it are dropped from now on.
 void rocev2_qp_destroyed(loop_qp *qp);
+// Whether dgid is an address of another host (none of the port's GIDs).
+bool rocev2_remote_gid(loop_context *lctx, uint8_t port, const ibv_gid &dgid);
+// The largest IB MTU (enum ibv_mtu) whose packets fit the device's
+// interface MTU: the port's active MTU when it speaks RoCE v2.
+uint8_t rocev2_port_mtu(loop_context *lctx);
 
 } // namespace loop
