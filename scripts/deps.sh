@@ -11,6 +11,10 @@ softverbs_packages=(
 	openmpi-bin libopenmpi-dev infiniband-diags
 	rdmacm-utils librdmacm-dev qperf fio libfabric-bin
 	iproute2 strace
+	# tshark: Wireshark's dissector reads the RoCE v2 sample
+	# (pyverbs-tests/test_rocev2_wire.py); iperf3: a plain UDP baseline
+	# for the rocev2 transport (issue 14).
+	tshark iperf3
 	python3-dev debhelper dh-python dpkg-dev
 )
 

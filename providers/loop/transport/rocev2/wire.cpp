@@ -488,7 +488,8 @@ const char *parse_err_name(parse_err e)
 	return "unknown";
 }
 
-size_t build_ip_udp(const ip_info &ip, const uint8_t *udp_payload, size_t udp_len, uint8_t *out)
+size_t build_ip_udp(const ip_info &ip, const uint8_t *udp_payload, size_t udp_len, uint8_t *out,
+		    bool udp_csum)
 {
 	const size_t ulen = kUdpHdrLen + udp_len; // UDP length, header included
 	uint8_t *u;
@@ -523,7 +524,7 @@ size_t build_ip_udp(const ip_info &ip, const uint8_t *udp_payload, size_t udp_le
 	put16(u + 2, ip.dport);
 	put16(u + 4, static_cast<uint16_t>(ulen));
 	put16(u + 6, 0);
-	if (udp_payload) {
+	if (udp_csum) {
 		uint32_t acc = sum16(pseudo, u, kUdpHdrLen);
 		// Summed in 64 KiB pieces so that the 32-bit accumulator cannot
 		// overflow; a piece of even length keeps the byte pairing.
@@ -549,7 +550,7 @@ uint32_t icrc(const ip_info &ip, const uint8_t *udp_payload, size_t len_without_
 {
 	static constexpr uint8_t lrh_mask[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
 	uint8_t hdr[kIpv6HdrLen + kUdpHdrLen];
-	const size_t hl = build_ip_udp(ip, nullptr, len_without_icrc + kIcrcLen, hdr);
+	const size_t hl = build_ip_udp(ip, nullptr, len_without_icrc + kIcrcLen, hdr, false);
 	if (!ip.v6) {
 		hdr[1] = 0xff;			// TOS
 		hdr[8] = 0xff;			// TTL

@@ -303,9 +303,11 @@ inline constexpr size_t kUdpHdrLen = 8;
 // Writes the IP header and the UDP header of a datagram whose UDP payload
 // (the BTH on, ICRC included) is udp_len bytes, into out (room for
 // kIpv6HdrLen + kUdpHdrLen); the bytes written (28 or 48).  The IPv4
-// header checksum is always computed; the UDP checksum is computed over
-// udp_payload when it is not null, and left 0 when it is (the ICRC masks it).
-size_t build_ip_udp(const ip_info &ip, const uint8_t *udp_payload, size_t udp_len, uint8_t *out);
+// header checksum is always computed; the UDP checksum over udp_payload
+// where udp_csum says so, else it is left 0 (the ICRC masks it, and needs
+// no pass over the payload for it).
+size_t build_ip_udp(const ip_info &ip, const uint8_t *udp_payload, size_t udp_len, uint8_t *out,
+		    bool udp_csum = true);
 
 // The ICRC (IBTA Annex A17.3.3; checked against the kernel's rxe_icrc.c):
 // CRC-32 of IEEE 802.3 (reflected, polynomial 0x04C11DB7 i.e. 0xEDB88320
