@@ -2,6 +2,7 @@
 # SPDX-License-Identifier: MIT
 # The whole check, in lanes, each in a build dir of its own:
 #   normal  a -Werror build and every meson test suite (unit, abi, pyverbs,
+#           rocev2: two hosts in network namespaces,
 #           rdma-core)                                          build-ci
 #   asan    ASan+UBSan: the unit and pyverbs suites.  Every child that loads
 #           our library has the runtime preloaded; a memory error, undefined
@@ -79,7 +80,7 @@ setup_dir() { # DIR OPTION...
 # Logs of an earlier run must not count for this one.
 fresh_logs() {
 	rm -f "$1"/meson-logs/testlog.json "$1"/meson-logs/testlog.junit.xml \
-		"$1"/meson-logs/pytest.xml
+		"$1"/meson-logs/pytest.xml "$1"/meson-logs/pytest-rocev2.xml
 }
 
 lane_normal() {
@@ -93,7 +94,7 @@ lane_normal() {
 	# meson's own summary is easy to miss in a long log and counts a test
 	# binary as one test: summarise the cases inside, and fail if a suite
 	# did not run.
-	/usr/bin/python3 scripts/test-summary.py "$builddir" unit abi pyverbs rdma-core selftest || status=1
+	/usr/bin/python3 scripts/test-summary.py "$builddir" unit abi pyverbs rdma-core selftest rocev2 || status=1
 	return $status
 }
 
@@ -159,6 +160,6 @@ done
 echo "lanes: $(IFS=';'; echo "${verdicts[*]}" | sed 's/;/; /g')"
 # The closing lines: the summary of the normal lane, when it ran.
 if [[ " $lanes " == *" normal "* ]]; then
-	/usr/bin/python3 scripts/test-summary.py "$builddir" unit abi pyverbs rdma-core selftest || failed=1
+	/usr/bin/python3 scripts/test-summary.py "$builddir" unit abi pyverbs rdma-core selftest rocev2 || failed=1
 fi
 exit $failed

@@ -160,8 +160,21 @@ struct wire_counters {
 		dropped{0}, bad_icrc{0}, malformed{0}, unknown_qp{0}, fault_dropped{0};
 };
 
+// What a destroyed RC QP's responder leaves for a while (its TIME_WAIT):
+// a requester whose last ACK was lost sends its last request again after
+// its timeout, and gets the ACK from here instead of running out of
+// retries against a QP that is gone.  Only ACKs: nothing is executed.
+struct tombstone {
+	uint32_t epsn, msn, dqpn, ifindex;
+	host_addr src, dst;
+	uint64_t until_ns;
+};
+
 struct wire {
 	std::mutex lock;
+	std::unordered_map<uint32_t, tombstone> graves; // Under lock
+	uint64_t linger_until = 0;			 // Under lock
+	std::atomic<bool> exiting{false};
 	bool tried = false;
 	bool up = false;
 	int fd4 = -1, fd6 = -1;
@@ -849,18 +862,24 @@ loop_qp *proxy_for(loop_context *ctx)
 	return p.get();
 }
 
-void send_aeth(qp_wire &qw, uint8_t opcode, uint32_t psn, uint8_t syndrome, uint64_t orig = 0)
+void send_aeth_to(const host_addr &src, const host_addr &dst, uint32_t ifindex, uint32_t dqpn,
+		  uint32_t msn, uint8_t opcode, uint32_t psn, uint8_t syndrome, uint64_t orig)
 {
 	uint8_t buf[kMaxPkt];
 	rv::pkt_hdrs h{};
 	h.b.opcode = opcode;
-	h.b.dqpn = qw.dqpn;
+	h.b.dqpn = dqpn;
 	h.b.psn = psn;
 	h.a.syndrome = syndrome;
-	h.a.msn = qw.msn & kPsn24;
+	h.a.msn = msn & kPsn24;
 	h.atomic_ack_orig = orig;
 	size_t len = build_packet(buf, h, nullptr, 0, 0, 0);
-	send_packet(qw.src, qw.dst, qw.ifindex, buf, len);
+	send_packet(src, dst, ifindex, buf, len);
+}
+
+void send_aeth(qp_wire &qw, uint8_t opcode, uint32_t psn, uint8_t syndrome, uint64_t orig = 0)
+{
+	send_aeth_to(qw.src, qw.dst, qw.ifindex, qw.dqpn, qw.msn, opcode, psn, syndrome, orig);
 }
 
 void send_nak(qp_wire &qw, uint32_t psn, rv::nak_code code)
@@ -1293,6 +1312,46 @@ bool is_answer(uint8_t op)
 	return (op >= rv::RC_RDMA_READ_RESPONSE_FIRST && op <= rv::RC_ATOMIC_ACKNOWLEDGE);
 }
 
+// A request for a QP destroyed lately: a duplicate of one it executed gets
+// its ACK again.  True when a grave answered.
+bool answer_from_grave(const rv::parsed &p, const host_addr &from)
+{
+	wire &w = W();
+	tombstone t;
+	{
+		std::lock_guard<std::mutex> g(w.lock);
+		auto it = w.graves.find(p.h.b.dqpn);
+		if (it == w.graves.end())
+			return false;
+		t = it->second;
+	}
+	if (now_ns() > t.until_ns || !same_addr(from, t.dst) || psn_diff(p.h.b.psn, t.epsn) >= 0)
+		return false;
+	uint8_t low = p.h.b.opcode & 0x1f;
+	if ((p.h.b.opcode & 0xe0) || low == rv::RC_RDMA_READ_REQUEST || low == rv::RC_COMPARE_SWAP ||
+	    low == rv::RC_FETCH_ADD || !p.h.b.ackreq)
+		return false; // Only an RC SEND or WRITE is answered without its QP
+	send_aeth_to(t.src, t.dst, t.ifindex, t.dqpn, t.msn, rv::RC_ACKNOWLEDGE,
+		     psn_add(t.epsn, kPsn24), rv::aeth_ack(rv::kAethNoCredits), 0);
+	return true;
+}
+
+// At exit, the receive thread answers from the graves of QPs destroyed
+// lately (no live QP is served any more) for as long as they last.
+void linger_at_exit()
+{
+	wire &w = W();
+	uint64_t until;
+	{
+		std::lock_guard<std::mutex> g(w.lock);
+		until = w.linger_until;
+	}
+	w.exiting = true;
+	uint64_t now = now_ns();
+	if (until > now)
+		std::this_thread::sleep_for(std::chrono::nanoseconds(until - now));
+}
+
 void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16_t from_port,
 		   const host_addr &to)
 {
@@ -1319,8 +1378,10 @@ void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16
 		w.n.dropped++; // P_Key table: the default key only
 		return;
 	}
-	std::shared_ptr<qp_wire> qw = find_wire(p.h.b.dqpn);
+	std::shared_ptr<qp_wire> qw = w.exiting ? nullptr : find_wire(p.h.b.dqpn);
 	if (!qw) {
+		if (!is_answer(p.h.b.opcode) && answer_from_grave(p, from))
+			return;
 		w.n.unknown_qp++;
 		return;
 	}
@@ -1527,6 +1588,7 @@ void rocev2_device_open(loop_context *lctx)
 	}
 	w.up = true;
 	std::thread(receive_loop).detach();
+	atexit(linger_at_exit);
 }
 
 void rocev2_qp_modified(loop_qp *qp, int mask)
@@ -1547,6 +1609,7 @@ void rocev2_qp_modified(loop_qp *qp, int mask)
 	std::shared_ptr<qp_wire> qw;
 	{
 		std::lock_guard<std::mutex> g(w.lock);
+		w.graves.erase(qp->qpn); // The number names a new QP now
 		auto &slot = w.qps[qp->qpn];
 		if (!slot)
 			slot = std::make_shared<qp_wire>();
@@ -1645,6 +1708,18 @@ void rocev2_qp_destroyed(loop_qp *qp)
 	std::lock_guard<std::mutex> g(qw->m); // The receive thread is done with it
 	qw->dead = true;
 	qw->cv.notify_all();
+	if (qw->type != IBV_QPT_RC || !qw->remote)
+		return;
+	// Its grave lasts two of its timeouts (the peer's is likely the same),
+	// at most a second; at exit the process waits for the last one.
+	uint64_t now = now_ns();
+	uint64_t until = now + std::min<uint64_t>(2 * timeout_ns(qw->timeout), kTimeoutCapNs);
+	std::lock_guard<std::mutex> wg(w.lock);
+	std::erase_if(w.graves, [&](const auto &e) { return e.second.until_ns < now; });
+	if (w.graves.size() < 4096) {
+		w.graves[qw->qpn] = {qw->epsn, qw->msn, qw->dqpn, qw->ifindex, qw->src, qw->dst, until};
+		w.linger_until = std::max(w.linger_until, until);
+	}
 }
 
 } // namespace loop
