@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 8
+#define SV_ABI_VERSION 9
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -89,6 +89,22 @@ struct sv_port_rec {
 	uint64_t port_guid;  /* GID 0 of an InfiniBand port is fe80::<port_guid> */
 };
 SV_STATIC_ASSERT(sizeof(struct sv_port_rec) == 16, "port record size");
+
+/* A port's RoCE v2 packet counters (sv_registry.wire). */
+struct sv_wire_counters {
+	uint64_t tx_packets;
+	uint64_t rx_packets;
+	uint64_t retransmits;	   /* Requests sent again: a sequence NAK or a READ gap */
+	uint64_t naks_sent;
+	uint64_t naks_received;
+	uint64_t drop_bad_icrc;
+	uint64_t drop_malformed;   /* Framing (wire.h parse) */
+	uint64_t drop_unknown_qp;  /* No QP of this process by that number */
+	uint64_t drop_other;	   /* Out of sequence, misdirected, another P_Key, no room */
+	uint64_t drop_injected;	   /* By SOFTVERBS_ROCEV2_DROP */
+	uint64_t reserved[6];
+};
+SV_STATIC_ASSERT(sizeof(struct sv_wire_counters) == 128, "two cache lines per port");
 
 struct sv_device_rec {
 	char name[SV_NAME_MAX]; /* NUL-terminated; empty means a free slot */
@@ -352,6 +368,10 @@ struct sv_registry {
 	struct sv_mr_rec mrs[SV_MAX_MRS];
 	struct sv_limits limits;
 	uint32_t usage[SV_MAX_PROCS][SV_RES_SLOTS];
+	/* RoCE v2 (the rocev2 transport): what the processes of this host sent
+	 * and received on each port, added to atomically by each; `softverbs
+	 * show` prints them. */
+	struct sv_wire_counters wire[SV_MAX_DEVICES][SV_MAX_PORTS];
 };
 SV_STATIC_ASSERT(offsetof(struct sv_registry, lock) == 64, "lock on its own line");
 SV_STATIC_ASSERT(offsetof(struct sv_registry, devices) == 128, "devices start on a line");

@@ -164,8 +164,10 @@ void read_registry(fabric_info &f)
 		uint32_t np = std::min<uint32_t>(d.num_ports, SV_MAX_PORTS);
 		for (uint32_t i = 0; i < np; i++) {
 			const sv_port_rec &pr = d.ports[i];
+			sv_wire_counters wc;
+			memcpy(&wc, &r->wire[&d - r->devices][i], sizeof(wc));
 			di.ports.push_back(port_info{i + 1, pr.lid, pr.state, pr.link_layer,
-						     pr.active_mtu, pr.port_guid});
+						     pr.active_mtu, pr.port_guid, wc});
 		}
 		f.devices.push_back(di);
 	}

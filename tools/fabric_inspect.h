@@ -37,6 +37,7 @@ struct port_info {
 	uint8_t link_layer; // enum sv_link_layer
 	uint8_t active_mtu;
 	uint64_t port_guid;
+	sv_wire_counters wire; // RoCE v2 counters (zero unless the port spoke it)
 };
 
 struct device_info {

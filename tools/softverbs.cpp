@@ -197,6 +197,25 @@ int cmd_show(int argc, char **argv)
 			printf("    LID:         %u (0x%04x)\n", p.lid, p.lid);
 			printf("    port GUID:   %s\n", format_guid(p.port_guid).c_str());
 			printf("    active MTU:  %d\n", mtu_bytes(p.active_mtu));
+			const sv_wire_counters &w = p.wire;
+			if (w.tx_packets || w.rx_packets || w.drop_bad_icrc || w.drop_malformed ||
+			    w.drop_unknown_qp || w.drop_other || w.drop_injected) {
+				printf("    RoCE v2:     %llu packets sent, %llu received, %llu "
+				       "retransmitted\n",
+				       (unsigned long long)w.tx_packets,
+				       (unsigned long long)w.rx_packets,
+				       (unsigned long long)w.retransmits);
+				printf("    NAKs:        %llu sent, %llu received\n",
+				       (unsigned long long)w.naks_sent,
+				       (unsigned long long)w.naks_received);
+				printf("    drops:       %llu bad ICRC, %llu malformed, %llu unknown QP, "
+				       "%llu other, %llu injected\n",
+				       (unsigned long long)w.drop_bad_icrc,
+				       (unsigned long long)w.drop_malformed,
+				       (unsigned long long)w.drop_unknown_qp,
+				       (unsigned long long)w.drop_other,
+				       (unsigned long long)w.drop_injected);
+			}
 		}
 	}
 	return 0;

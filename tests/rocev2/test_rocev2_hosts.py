@@ -12,6 +12,8 @@ machine's kernel has no sch_netem for `tc netem`.
 import os
 import pathlib
 import re
+import shutil
+import struct
 import subprocess
 
 import pytest
@@ -126,3 +128,86 @@ def test_data_checked(pair, gid):
 @pytest.mark.parametrize("pct", ["1", "5"])
 def test_data_checked_under_loss(pair, pct):
     wire_check(pair, 0, 150, env={"SOFTVERBS_ROCEV2_DROP": pct}, timeout=240)
+
+
+def capture(pair, tmp_path, tool, args, client_extra=()):
+    """Runs tool between the hosts with SOFTVERBS_PCAP on both: the two
+    captures' packets."""
+    import sys
+    sys.path.insert(0, str(HERE.parent.parent / "pyverbs-tests"))
+    from test_rocev2_wire import read_pcap  # noqa: E402 (the codec test's reader)
+    caps = {h.name: tmp_path / f"{h.name}.pcap" for h in pair.hosts}
+    argv = [tool] + args
+    rs, so, rc, co = hosts.pair_run(pair.a, pair.b, argv, argv + list(client_extra) + [pair.a.addr],
+                                    server_env={"SOFTVERBS_PCAP": str(caps["a"])},
+                                    client_env={"SOFTVERBS_PCAP": str(caps["b"])})
+    assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
+    return {name: (path, read_pcap(path)) for name, path in caps.items()}
+
+
+CAPTURED = [
+    ("ibv_rc_pingpong", ["-g", "0", "-n", "20", "-s", "3000", "-c"]),
+    ("ibv_ud_pingpong", ["-g", "1", "-n", "20", "-s", "500", "-c"]),
+    ("ib_read_lat", ["-d", "loop0", "-x", "0", "-n", "20", "-s", "2500"]),
+    ("ib_atomic_bw", ["-d", "loop0", "-x", "1", "-n", "20"]),
+    ("ib_write_bw", ["-d", "loop0", "-x", "0", "-n", "20", "-s", "5000"]),
+]
+
+
+@pytest.mark.parametrize("tool,args", CAPTURED, ids=[t for t, _ in CAPTURED])
+def test_wire_is_rocev2(pair, tmp_path, tool, args):
+    """Every packet sent and received, as SOFTVERBS_PCAP captured it, has an
+    ICRC that an implementation of the spec's own (the codec test's, sharing
+    no code with the transport) computes alike, and tshark decodes it as
+    RoCE v2 with nothing malformed."""
+    import sys
+    sys.path.insert(0, str(HERE.parent.parent / "pyverbs-tests"))
+    from test_rocev2_wire import split_ip, icrc_of, _tshark_fields  # noqa: E402
+    port = ["-p", str(21000 + os.getpid() % 1000)]
+    caps = capture(pair, tmp_path, tool, args + port)
+    opcodes = set()
+    for name, (path, pkts) in caps.items():
+        assert len(pkts) >= 20, f"{name}: {len(pkts)} packets"
+        for i, (_, _, pkt) in enumerate(pkts):
+            iph, udp, payload = split_ip(pkt)
+            assert struct.unpack("!H", udp[2:4])[0] == 4791, f"{name} #{i}: UDP port"
+            want = icrc_of(iph, udp, payload)
+            got = struct.unpack("<I", payload[-4:])[0]
+            assert got == want, f"{name} packet {i}: ICRC {got:#x}, the spec gives {want:#x}"
+            opcodes.add(payload[0])
+        if shutil.which("tshark"):
+            rows = _tshark_fields(path, ["frame.number", "_ws.col.Protocol", "_ws.malformed",
+                                         "_ws.expert.severity", "infiniband.bth.opcode"])
+            assert len(rows) == len(pkts)
+            for r in rows:
+                assert r["_ws.col.Protocol"] == "RRoCE", r
+                assert r["_ws.malformed"] == "", r
+                sev = r["_ws.expert.severity"]
+                assert not sev or int(sev, 0) < 0x600000, r
+    # What each run must have put on the wire.
+    want = {"ibv_rc_pingpong": {0x00, 0x02, 0x11}, "ibv_ud_pingpong": {0x64},
+            "ib_read_lat": {0x0c, 0x0d, 0x0f}, "ib_atomic_bw": {0x14, 0x12},
+            "ib_write_bw": {0x06, 0x07, 0x08, 0x11}}[tool]
+    assert want <= opcodes, f"opcodes seen: {sorted(hex(o) for o in opcodes)}"
+
+
+def test_show_counts_packets_and_drops(pair):
+    """softverbs show, on the server's host after a run with loss: packets
+    both ways, the knob's drops, and the retransmissions they caused."""
+    port = str(22000 + os.getpid() % 1000)
+    pp = ["ibv_rc_pingpong", "-g", "0", "-n", "200", "-s", "4096", "-p", port]
+    show = str(pair.build / "tools" / "softverbs")
+    script = " ".join(pp) + f" && {show} show rocev2-a"
+    rs, so, rc, co = hosts.pair_run(pair.a, pair.b, ["sh", "-c", script], pp + [pair.a.addr],
+                                    env={"SOFTVERBS_ROCEV2_DROP": "5"}, timeout=120)
+    assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
+    m = re.search(r"RoCE v2:\s+(\d+) packets sent, (\d+) received, (\d+) retransmitted", so)
+    assert m, so
+    sent, received, resent = map(int, m.groups())
+    # 200 SENDs of 4 packets each way, and their ACKs.
+    assert sent >= 800 and received >= 800, so
+    d = re.search(r"drops:\s+(\d+) bad ICRC, (\d+) malformed, (\d+) unknown QP, (\d+) other, "
+                  r"(\d+) injected", so)
+    assert d, so
+    assert int(d.group(1)) == 0 and int(d.group(2)) == 0, so
+    assert int(d.group(5)) > 0, so  # 5 % of about 1000 packets

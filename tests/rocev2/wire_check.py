@@ -513,7 +513,7 @@ def server_traffic(args, clock, link, ep, hello):
                     else e.IBV_WR_SEND, send_mr, slot * SLOT, len(msg), imm=imm)
             back_posted += 1
         polls += 1
-        if n == 0 and polls % 256 == 0:
+        if polls % 256 == 0:
             msg = link.poll()
             if msg is not None:
                 fatal = f'client aborted: {msg.get("abort", msg)}'
@@ -641,7 +641,7 @@ def client_traffic(args, clock, link, ep, peer):
             else:
                 done.append(wc)
         polls[0] += 1
-        if n == 0 and polls[0] % 256 == 0:
+        if polls[0] % 256 == 0:
             msg = link.poll()
             if msg is not None:
                 raise Failure(f'server aborted: {msg.get("abort", msg)} '

@@ -24,6 +24,7 @@
 #include "engine.h"
 #include "loop.h"
 #include "objects.h"
+#include "pcap.h"
 #include "wire.h"
 #include "xfer.h"
 
@@ -155,10 +156,6 @@ struct qp_wire {
 	unsigned atomic_next = 0;
 };
 
-struct wire_counters {
-	std::atomic<uint64_t> tx{0}, rx{0}, retransmits{0}, naks_sent{0}, naks_received{0},
-		dropped{0}, bad_icrc{0}, malformed{0}, unknown_qp{0}, fault_dropped{0};
-};
 
 // What a destroyed RC QP's responder leaves for a while (its TIME_WAIT):
 // a requester whose last ACK was lost sends its last request again after
@@ -182,10 +179,15 @@ struct wire {
 	unsigned netdev_mtu = 1500;
 	uint32_t ifindex = 0;
 	std::unordered_map<uint32_t, std::shared_ptr<qp_wire>> qps;
-	wire_counters n;
+	// The port's counters in the fabric's registry (sv_wire_counters),
+	// shared by the host's processes; a private block until a device opens.
+	sv_wire_counters own{};
+	sv_wire_counters *n = &own;
 	// Fault injection (SOFTVERBS_ROCEV2_DROP: percent of packets sent that
 	// are dropped instead), for the loss tests.
 	double drop_pct = 0;
+	// SOFTVERBS_PCAP: every packet sent and received, as a capture.
+	rv::pcap_writer *pcap = nullptr;
 	std::mutex rng_lock;
 	std::mt19937_64 rng{std::random_device{}()};
 };
@@ -194,6 +196,11 @@ wire &W()
 {
 	static wire *w = new wire; // Lives as long as the process: its thread uses it
 	return *w;
+}
+
+void count(uint64_t sv_wire_counters::*field)
+{
+	__atomic_fetch_add(&(W().n->*field), 1, __ATOMIC_RELAXED);
 }
 
 std::shared_ptr<qp_wire> find_wire(uint32_t qpn)
@@ -221,6 +228,13 @@ uint32_t netdev_pmtu(unsigned netdev_mtu, bool v4)
 	return best;
 }
 
+uint64_t wall_ns()
+{
+	timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 bool fault_drop()
 {
 	wire &w = W();
@@ -245,9 +259,11 @@ void send_packet(const host_addr &src, const host_addr &dst, uint32_t ifindex, u
 	rv::put_icrc(buf + len, rv::icrc(ip, buf, len));
 	len += rv::kIcrcLen;
 	if (fault_drop()) {
-		w.n.fault_dropped++;
+		count(&sv_wire_counters::drop_injected);
 		return;
 	}
+	if (w.pcap) // What goes on the wire: a packet the knob dropped never did
+		rv::pcap_write(w.pcap, ip, buf, len, wall_ns());
 	iovec iov{buf, len};
 	msghdr mh{};
 	mh.msg_iov = &iov;
@@ -295,14 +311,14 @@ void send_packet(const host_addr &src, const host_addr &dst, uint32_t ifindex, u
 		return;
 	for (int tries = 0; tries < 1000; tries++) {
 		if (sendmsg(fd, &mh, 0) >= 0) {
-			w.n.tx++;
+			count(&sv_wire_counters::tx_packets);
 			return;
 		}
 		if (errno != ENOBUFS && errno != EAGAIN && errno != EINTR)
 			break;
 		sched_yield(); // The device queue is full: wait for room
 	}
-	w.n.dropped++;
+	count(&sv_wire_counters::drop_other);
 }
 
 // Writes h's headers, the payload (from a gather list at byte offset off,
@@ -500,11 +516,11 @@ outcome await_ack(qp_wire &qw, std::unique_lock<std::mutex> &g, const message &m
 		case rv::aeth_kind::nak:
 			if (from_first < 0 || from_last > 0)
 				continue;
-			W().n.naks_received++;
+			count(&sv_wire_counters::naks_received);
 			if (rv::aeth_value(syn) == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
 				if (++resends > kMaxResends)
 					return outcome::lost;
-				W().n.retransmits++;
+				count(&sv_wire_counters::retransmits);
 				send_message(qw, m, first, static_cast<uint32_t>(from_first));
 				deadline = now_ns() + tmo;
 				continue;
@@ -697,7 +713,7 @@ int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 	std::vector<uint8_t> pkt;
 	auto resend = [&] {
 		uint64_t off = static_cast<uint64_t>(got) * qw.pmtu;
-		W().n.retransmits++;
+		count(&sv_wire_counters::retransmits);
 		send_read_request(qw, psn_add(first, got), va + off, rkey, len - off);
 		deadline = now_ns() + tmo;
 	};
@@ -715,7 +731,7 @@ int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 			uint8_t syn = p.h.a.syndrome;
 			if (rv::aeth_kind_of(syn) != rv::aeth_kind::nak)
 				continue;
-			W().n.naks_received++;
+			count(&sv_wire_counters::naks_received);
 			if (rv::aeth_value(syn) == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
 				if (++resends > kMaxResends)
 					return ETIMEDOUT;
@@ -803,10 +819,10 @@ int rv_atomic(loop_qp *qp, const peer &, tp_atomic &op)
 		}
 		if (p.h.b.opcode == rv::RC_ACKNOWLEDGE &&
 		    rv::aeth_kind_of(p.h.a.syndrome) == rv::aeth_kind::nak) {
-			W().n.naks_received++;
+			count(&sv_wire_counters::naks_received);
 			uint8_t code = rv::aeth_value(p.h.a.syndrome);
 			if (code == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
-				W().n.retransmits++;
+				count(&sv_wire_counters::retransmits);
 				send_packet(qw->src, qw->dst, qw->ifindex, buf, len);
 				continue;
 			}
@@ -886,7 +902,7 @@ void send_nak(qp_wire &qw, uint32_t psn, rv::nak_code code)
 {
 	if (qw.type != IBV_QPT_RC)
 		return;
-	W().n.naks_sent++;
+	count(&sv_wire_counters::naks_sent);
 	send_aeth(qw, rv::RC_ACKNOWLEDGE, psn, rv::aeth_nak(code));
 }
 
@@ -1131,7 +1147,7 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 	peer tp;
 	if (loop_transport_ops.resolve(proxy, {qw.qpn, 0, true, kNoXrcSrq}, tp) || !tp.self ||
 	    !peer_receives(tp.rec)) {
-		W().n.dropped++; // Not a QP of ours that receives (RESET, INIT, ERR)
+		count(&sv_wire_counters::drop_other); // Not a QP of ours that receives (RESET, INIT, ERR)
 		return;
 	}
 	request q{p, proxy, tp};
@@ -1139,7 +1155,7 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 	uint8_t op = h.b.opcode, low = op & 0x1f;
 	bool rc = qw.type == IBV_QPT_RC;
 	if ((op & 0xe0) != (rc ? 0x00 : 0x20)) {
-		W().n.dropped++; // Another service's packet
+		count(&sv_wire_counters::drop_other); // Another service's packet
 		return;
 	}
 	uint32_t psn = h.b.psn;
@@ -1155,7 +1171,7 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 				qw.nak_sent = true;
 				send_nak(qw, qw.epsn, rv::nak_code::psn_seq_error);
 			}
-			W().n.dropped++;
+			count(&sv_wire_counters::drop_other);
 			return;
 		}
 		if (d < 0) {
@@ -1170,7 +1186,7 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 		qw.epsn = psn;
 		if (!starts) {
 			advance(qw);
-			W().n.dropped++;
+			count(&sv_wire_counters::drop_other);
 			return;
 		}
 	}
@@ -1238,7 +1254,7 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 		return;
 	}
 	if (!rc) {
-		W().n.dropped++;
+		count(&sv_wire_counters::drop_other);
 		return;
 	}
 	if (qw.in_msg) {
@@ -1267,7 +1283,7 @@ void respond_datagram(qp_wire &qw, const rv::parsed &p, const host_addr &from,
 	loop_qp *proxy = proxy_for(qw.ctx);
 	peer tp;
 	if (loop_transport_ops.resolve(proxy, {qw.qpn, 0, true, kNoXrcSrq}, tp) || !tp.self) {
-		W().n.dropped++;
+		count(&sv_wire_counters::drop_other);
 		return;
 	}
 	const rv::pkt_hdrs &h = p.h;
@@ -1356,49 +1372,51 @@ void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16
 		   const host_addr &to)
 {
 	wire &w = W();
-	w.n.rx++;
-	rv::parsed p;
-	if (rv::parse(buf, len, p) != rv::parse_err::ok) {
-		w.n.malformed++;
-		return;
-	}
+	count(&sv_wire_counters::rx_packets);
 	rv::ip_info ip;
 	ip.v6 = !from.v4;
 	memcpy(ip.src, from.ip, 16);
 	memcpy(ip.dst, to.ip, 16);
 	ip.sport = from_port;
 	ip.dport = w.port;
+	if (w.pcap)
+		rv::pcap_write(w.pcap, ip, buf, len, wall_ns());
+	rv::parsed p;
+	if (rv::parse(buf, len, p) != rv::parse_err::ok) {
+		count(&sv_wire_counters::drop_malformed);
+		return;
+	}
 	if (rv::icrc(ip, buf, len - rv::kIcrcLen) != p.icrc_wire) {
-		w.n.bad_icrc++;
+		count(&sv_wire_counters::drop_bad_icrc);
 		return;
 	}
 	if (p.h.b.opcode == rv::CNP)
 		return; // Congestion notification: nothing to slow down here
 	if (p.h.b.pkey != rv::kDefaultPkey) {
-		w.n.dropped++; // P_Key table: the default key only
+		count(&sv_wire_counters::drop_other); // P_Key table: the default key only
 		return;
 	}
 	std::shared_ptr<qp_wire> qw = w.exiting ? nullptr : find_wire(p.h.b.dqpn);
 	if (!qw) {
 		if (!is_answer(p.h.b.opcode) && answer_from_grave(p, from))
 			return;
-		w.n.unknown_qp++;
+		count(&sv_wire_counters::drop_unknown_qp);
 		return;
 	}
 	std::lock_guard<std::mutex> g(qw->m);
 	if (qw->dead) {
-		w.n.dropped++;
+		count(&sv_wire_counters::drop_other);
 		return;
 	}
 	if (p.h.b.opcode == rv::UD_SEND_ONLY || p.h.b.opcode == rv::UD_SEND_ONLY_WITH_IMMEDIATE) {
 		if (qw->type == IBV_QPT_UD)
 			respond_datagram(*qw, p, from, to);
 		else
-			w.n.dropped++;
+			count(&sv_wire_counters::drop_other);
 		return;
 	}
 	if (!qw->remote || !same_addr(from, qw->dst)) {
-		w.n.dropped++; // Not from this QP's peer
+		count(&sv_wire_counters::drop_other); // Not from this QP's peer
 		return;
 	}
 	if (is_answer(p.h.b.opcode)) {
@@ -1475,7 +1493,7 @@ void receive_loop()
 					}
 				}
 				if (!have_to) {
-					w.n.dropped++;
+					count(&sv_wire_counters::drop_other);
 					continue;
 				}
 				uint16_t port = 0;
@@ -1483,7 +1501,7 @@ void receive_loop()
 				try {
 					handle_packet(buf.data(), static_cast<size_t>(n), src, port, to);
 				} catch (...) {
-					w.n.dropped++; // Out of memory: as if lost on the wire
+					count(&sv_wire_counters::drop_other); // Out of memory: as if lost on the wire
 				}
 			}
 		}
@@ -1575,6 +1593,16 @@ void rocev2_device_open(loop_context *lctx)
 	w.netdev_mtu = netdev_mtu_of(cfg.netdev, w.ifindex);
 	if (const char *d = getenv("SOFTVERBS_ROCEV2_DROP"))
 		w.drop_pct = std::clamp(atof(d), 0.0, 100.0);
+	if (const char *f = getenv("SOFTVERBS_PCAP"); f && *f) {
+		// "%p" in the name stands for the pid: one file per process.
+		std::string path = f;
+		if (size_t at = path.find("%p"); at != std::string::npos)
+			path.replace(at, 2, std::to_string(getpid()));
+		w.pcap = rv::pcap_open(path.c_str());
+		if (!w.pcap)
+			fprintf(stderr, "softverbs: SOFTVERBS_PCAP: cannot create '%s': %s\n",
+				path.c_str(), strerror(errno));
+	}
 	w.fd4 = open_socket(AF_INET, w.port);
 	int e4 = w.fd4 < 0 ? errno : 0;
 	w.fd6 = open_socket(AF_INET6, w.port);
@@ -1587,6 +1615,7 @@ void rocev2_device_open(loop_context *lctx)
 		return;
 	}
 	w.up = true;
+	w.n = &lctx->fab->reg()->wire[lctx->dev->index][0];
 	std::thread(receive_loop).detach();
 	atexit(linger_at_exit);
 }
