@@ -145,6 +145,14 @@ TEST(ApplyConfigLine, GoodLines)
 	EXPECT_EQ(eth->num_ports, 1);
 	EXPECT_EQ(eth->link_layer, IBV_LINK_LAYER_ETHERNET);
 	EXPECT_EQ(eth->netdev, "veth1");
+	EXPECT_FALSE(eth->rocev2);
+	EXPECT_EQ(eth->udp_port, 4791);
+	ASSERT_TRUE(apply_config_line(c, "eth0dev.rocev2 = on", err)) << err;
+	ASSERT_TRUE(apply_config_line(c, "eth0dev.udp_port = 18515", err)) << err;
+	EXPECT_TRUE(eth->rocev2);
+	EXPECT_EQ(eth->udp_port, 18515);
+	ASSERT_TRUE(apply_config_line(c, "eth0dev.rocev2 = off", err)) << err;
+	EXPECT_FALSE(eth->rocev2);
 	ASSERT_TRUE(apply_config_line(c, "eth0dev.link_layer = ib", err)) << err;
 	EXPECT_EQ(eth->link_layer, IBV_LINK_LAYER_INFINIBAND);
 	ASSERT_TRUE(apply_config_line(c, "eth0dev.link_layer = roce", err)) << err;
@@ -185,6 +193,10 @@ TEST(ApplyConfigLine, EveryBadValueNamesItsKey)
 	    {"loop0.mtu = 8192", "loop0.mtu: '8192'"},
 	    {"loop0.netdev = a-very-long-ifname", "loop0.netdev: 'a-very-long-ifname'"},
 	    {"loop0.netdev = eth/0", "loop0.netdev: 'eth/0'"},
+	    {"loop0.rocev2 = maybe", "loop0.rocev2: 'maybe' is not on or off"},
+	    {"loop0.udp_port = 0", "loop0.udp_port: '0' is not a UDP port"},
+	    {"loop0.udp_port = 65536", "loop0.udp_port: '65536'"},
+	    {"loop0.udp_port = 47x", "loop0.udp_port: '47x'"},
 	    {"loop0.speed = 100", "unknown key 'loop0.speed'"},
 	};
 	for (auto &c : cases) {
