@@ -186,6 +186,8 @@ struct wire {
 	// Fault injection (SOFTVERBS_ROCEV2_DROP: percent of packets sent that
 	// are dropped instead), for the loss tests.
 	double drop_pct = 0;
+	double dup_pct = 0;	// SOFTVERBS_ROCEV2_DUP: sent twice
+	double reorder_pct = 0; // SOFTVERBS_ROCEV2_REORDER: sent after the next one
 	// SOFTVERBS_PCAP: every packet sent and received, as a capture.
 	rv::pcap_writer *pcap = nullptr;
 	std::mutex rng_lock;
@@ -235,17 +237,67 @@ uint64_t wall_ns()
 	return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-bool fault_drop()
+// The loss knobs' verdict on a packet about to be sent.
+enum class fault { none, drop, duplicate, hold };
+
+fault fault_for()
 {
 	wire &w = W();
-	if (w.drop_pct <= 0)
-		return false;
+	if (w.drop_pct <= 0 && w.dup_pct <= 0 && w.reorder_pct <= 0)
+		return fault::none;
 	std::lock_guard<std::mutex> g(w.rng_lock);
-	return std::uniform_real_distribution<double>(0, 100)(w.rng) < w.drop_pct;
+	double x = std::uniform_real_distribution<double>(0, 100)(w.rng);
+	if (x < w.drop_pct)
+		return fault::drop;
+	if (x < w.drop_pct + w.dup_pct)
+		return fault::duplicate;
+	if (x < w.drop_pct + w.dup_pct + w.reorder_pct)
+		return fault::hold;
+	return fault::none;
+}
+
+void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, const uint8_t *buf,
+	      size_t len);
+
+// A packet the reorder knob holds back: it goes out after the next packet
+// this process sends, or when the receive thread finds it held for 2 ms.
+struct held_packet {
+	std::mutex lock;
+	bool full = false;
+	host_addr src, dst;
+	uint32_t ifindex = 0;
+	std::vector<uint8_t> bytes;
+	uint64_t since = 0;
+};
+
+held_packet &held()
+{
+	static held_packet *h = new held_packet;
+	return *h;
+}
+
+// Sends the held packet, if any (and, with max_age, only if it is older).
+void release_held(uint64_t max_age = 0)
+{
+	held_packet &h = held();
+	std::vector<uint8_t> bytes;
+	host_addr src, dst;
+	uint32_t ifindex;
+	{
+		std::lock_guard<std::mutex> g(h.lock);
+		if (!h.full || (max_age && now_ns() - h.since < max_age))
+			return;
+		h.full = false;
+		bytes.swap(h.bytes);
+		src = h.src;
+		dst = h.dst;
+		ifindex = h.ifindex;
+	}
+	transmit(src, dst, ifindex, bytes.data(), bytes.size());
 }
 
 // Sends the packet in buf (len bytes, the ICRC not yet there: room for it
-// after) from src to dst.
+// after) from src to dst, through the loss knobs.
 void send_packet(const host_addr &src, const host_addr &dst, uint32_t ifindex, uint8_t *buf,
 		 size_t len)
 {
@@ -258,13 +310,50 @@ void send_packet(const host_addr &src, const host_addr &dst, uint32_t ifindex, u
 	ip.dport = w.port;
 	rv::put_icrc(buf + len, rv::icrc(ip, buf, len));
 	len += rv::kIcrcLen;
-	if (fault_drop()) {
+	switch (fault_for()) {
+	case fault::drop:
 		count(&sv_wire_counters::drop_injected);
 		return;
+	case fault::duplicate:
+		transmit(src, dst, ifindex, buf, len);
+		break;
+	case fault::hold: {
+		held_packet &h = held();
+		std::lock_guard<std::mutex> g(h.lock);
+		if (!h.full) {
+			h.full = true;
+			h.src = src;
+			h.dst = dst;
+			h.ifindex = ifindex;
+			h.bytes.assign(buf, buf + len);
+			h.since = now_ns();
+			return;
+		}
+		break;
 	}
-	if (w.pcap) // What goes on the wire: a packet the knob dropped never did
+	case fault::none:
+		break;
+	}
+	transmit(src, dst, ifindex, buf, len);
+	release_held();
+}
+
+// One datagram on the wire (and in the capture: a packet the knob dropped
+// never went out).
+void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, const uint8_t *buf,
+	      size_t len)
+{
+	wire &w = W();
+	if (w.pcap) {
+		rv::ip_info ip;
+		ip.v6 = !dst.v4;
+		memcpy(ip.src, src.ip, 16);
+		memcpy(ip.dst, dst.ip, 16);
+		ip.sport = w.port;
+		ip.dport = w.port;
 		rv::pcap_write(w.pcap, ip, buf, len, wall_ns());
-	iovec iov{buf, len};
+	}
+	iovec iov{const_cast<uint8_t *>(buf), len};
 	msghdr mh{};
 	mh.msg_iov = &iov;
 	mh.msg_iovlen = 1;
@@ -1456,8 +1545,13 @@ void receive_loop()
 			fds[nfds++] = {fd, POLLIN, 0};
 	std::vector<uint8_t> buf(65536);
 	for (;;) {
-		if (poll(fds, static_cast<nfds_t>(nfds), -1) < 0 && errno != EINTR)
+		// A packet the reorder knob holds goes out within 2 ms.
+		int tmo = w.reorder_pct > 0 ? 1 : -1;
+		int ready = poll(fds, static_cast<nfds_t>(nfds), tmo);
+		if (ready < 0 && errno != EINTR)
 			return;
+		if (w.reorder_pct > 0)
+			release_held(2000000);
 		for (int i = 0; i < nfds; i++) {
 			if (!(fds[i].revents & POLLIN))
 				continue;
@@ -1593,6 +1687,10 @@ void rocev2_device_open(loop_context *lctx)
 	w.netdev_mtu = netdev_mtu_of(cfg.netdev, w.ifindex);
 	if (const char *d = getenv("SOFTVERBS_ROCEV2_DROP"))
 		w.drop_pct = std::clamp(atof(d), 0.0, 100.0);
+	if (const char *d = getenv("SOFTVERBS_ROCEV2_DUP"))
+		w.dup_pct = std::clamp(atof(d), 0.0, 100.0);
+	if (const char *d = getenv("SOFTVERBS_ROCEV2_REORDER"))
+		w.reorder_pct = std::clamp(atof(d), 0.0, 100.0);
 	if (const char *f = getenv("SOFTVERBS_PCAP"); f && *f) {
 		// "%p" in the name stands for the pid: one file per process.
 		std::string path = f;
