@@ -2,9 +2,10 @@
 """Two hosts on one machine, for the RoCE v2 transport's tests.
 
 Each host is a network namespace with one end of a veth pair (its own
-IPv4 address and IPv6 link-local address) and, for every process run on
-it, a /dev/shm of its own (a namespace does not give one: `unshare -m`
-and a tmpfs mounted over /dev/shm do), so the two hosts share no fabric
+IPv4 address and IPv6 link-local address) and a /dev/shm of its own,
+shared by the processes run on it (a network namespace does not give one:
+a tmpfs per host, bind-mounted over /dev/shm in a mount namespace of each
+process's own, `unshare -m`, does), so the two hosts share no fabric
 and every byte between them crosses the veth pair as RoCE v2 over UDP.
 Programs run unmodified through softverbs-run, with a configuration that
 gives loop0 an Ethernet port on the host's veth and turns RoCE v2 on.
@@ -17,12 +18,13 @@ import signal
 import subprocess
 import time
 
-# Run in the host's namespace with a private /dev/shm, then exec argv.
-_SHELL = 'mount -t tmpfs -o size=256m softverbs-host /dev/shm && exec "$@"'
+# Run in the host's namespace with the host's /dev/shm ($0), then exec argv.
+_SHELL = 'mount --bind "$0" /dev/shm && exec "$@"'
 
 
 class Host:
-    def __init__(self, pair, name, ns, dev, addr, conf):
+    def __init__(self, pair, name, ns, dev, addr, conf, shm):
+        self.shm = shm
         self.pair = pair
         self.name = name
         self.ns = ns
@@ -31,14 +33,17 @@ class Host:
         self.conf = conf
 
     def argv(self, argv, env=None, view=True):
-        """The command line that runs argv on this host through softverbs-run."""
+        """The command line that runs argv on this host through softverbs-run
+        (on the fabric env's SOFTVERBS_FABRIC names, else the host's)."""
+        env = dict(env or {})
+        fabric = env.pop("SOFTVERBS_FABRIC", f"rocev2-{self.name}")
         run = [str(self.pair.build / "tools" / "softverbs-run"), "--config", str(self.conf),
-               "--fabric", f"rocev2-{self.name}"]
+               "--fabric", fabric]
         if not view:
             run.append("--no-view")
         extra = [f"{k}={v}" for k, v in (env or {}).items()]
-        return (["ip", "netns", "exec", self.ns, "unshare", "-m", "sh", "-c", _SHELL, "sh",
-                 "env"] + extra + run + ["--"] + list(argv))
+        return (["ip", "netns", "exec", self.ns, "unshare", "-m", "sh", "-c", _SHELL,
+                 str(self.shm), "env"] + extra + run + ["--"] + list(argv))
 
     def raw_argv(self, argv):
         """argv in this host's namespace, without softverbs."""
@@ -70,6 +75,7 @@ class HostPair:
         self.procs = []
         self.hosts = []
         self._created = []
+        self._mounts = []
         try:
             for name, host_octet in (("a", 1), ("b", 2)):
                 ns = f"svr{tag}{name}"
@@ -85,12 +91,17 @@ class HostPair:
                 self._sh(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
                 self._sh(["ip", "-n", ns, "link", "set", dev, "up"])
                 self._sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+                shm = pathlib.Path(tmp) / f"host-{name}-shm"
+                shm.mkdir()
+                self._sh(["mount", "-t", "tmpfs", "-o", "size=512m,mode=1777",
+                          f"softverbs-host-{name}", str(shm)])
+                self._mounts.append(shm)
                 conf = pathlib.Path(tmp) / f"host-{name}.conf"
                 conf.write_text("devices = loop0\n"
                                 "loop0.link_layer = ethernet\n"
                                 f"loop0.netdev = {dev}\n"
                                 "loop0.rocev2 = on\n")
-                self.hosts.append(Host(self, name, ns, dev, addr, conf))
+                self.hosts.append(Host(self, name, ns, dev, addr, conf, shm))
             self._wait_link_local()
         except BaseException:
             self.close()
@@ -143,6 +154,9 @@ class HostPair:
         for ns in self._created:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._created = []
+        for m in self._mounts:
+            subprocess.run(["umount", "-l", str(m)], capture_output=True)
+        self._mounts = []
 
 
 def pair_run(server_host, client_host, server_argv, client_argv, env=None, timeout=60,

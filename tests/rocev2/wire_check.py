@@ -418,9 +418,33 @@ class Receiver:
         self.ep.post_recv(slot)
 
 
-def wc_fail(wc, what):
-    return (f'{what}: completion status {wc.status} (not IBV_WC_SUCCESS) '
-            f'opcode {wc.opcode} wr_id {wc.wr_id:#x} vendor_err {wc.vendor_err}')
+def wc_fail(wc, what, ep=None, rest=()):
+    """Describes a failed completion.  With ep, drains the CQ briefly so the
+    report names the root cause, not just the first flushed WR."""
+    msg = (f'{what}: completion status {wc.status} (not IBV_WC_SUCCESS) '
+           f'opcode {wc.opcode} wr_id {wc.wr_id:#x} vendor_err {wc.vendor_err}')
+    if ep is None:
+        return msg
+    msg += f' (while waiting for {ep.clock.waiting})'
+    others = {}
+    for w in rest:  # the rest of the batch that held the failed completion
+        if w.status != e.IBV_WC_SUCCESS:
+            others.setdefault(w.status, []).append(w.wr_id)
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        n, wcs = ep.cq.poll(16)
+        for w in wcs[:n]:
+            if w.status != e.IBV_WC_SUCCESS:
+                others.setdefault(w.status, []).append(w.wr_id)
+    if others:
+        msg += '; other failed completions: ' + ', '.join(
+            f'status {st} x{len(ids)} (wr_ids {", ".join(hex(x) for x in ids[:4])})'
+            for st, ids in others.items())
+    try:
+        msg += f'; QP state now {ep.qp.query(e.IBV_QP_STATE)[0].qp_state}'
+    except Exception as ex:  # diagnostics only
+        msg += f'; QP query failed: {ex}'
+    return msg
 
 
 # ------------------------------------------------------------------ server --
@@ -488,9 +512,9 @@ def server_traffic(args, clock, link, ep, hello):
         clock.waiting = (f'client messages (verified {rx.next_seq}/{total_in})'
                          f' and back-send completions ({back_done}/{nback})')
         n, wcs = ep.cq.poll(8)
-        for wc in wcs[:n]:
+        for k, wc in enumerate(wcs[:n]):
             if wc.status != e.IBV_WC_SUCCESS:
-                fatal = wc_fail(wc, 'server')
+                fatal = wc_fail(wc, 'server', ep, wcs[k + 1:n])
                 break
             if wc.wr_id & RECV_BIT:
                 rx.handle(wc)
@@ -633,10 +657,16 @@ def client_traffic(args, clock, link, ep, peer):
     def poll_once():
         n, wcs = ep.cq.poll(8)
         done = []
+        bad = [wc for wc in wcs[:n] if wc.status != e.IBV_WC_SUCCESS]
+        if bad:  # report the root cause first, not a flushed WR
+            first = next((wc for wc in bad
+                          if wc.status != e.IBV_WC_WR_FLUSH_ERR), bad[0])
+            what = ('client receive' if first.wr_id & RECV_BIT
+                    else clock.waiting)
+            raise Failure(wc_fail(first, what, ep,
+                                  [wc for wc in bad if wc is not first]))
         for wc in wcs[:n]:
             if wc.wr_id & RECV_BIT:
-                if wc.status != e.IBV_WC_SUCCESS:
-                    raise Failure(wc_fail(wc, 'client receive'))
                 rx.handle(wc)
             else:
                 done.append(wc)
@@ -656,7 +686,7 @@ def client_traffic(args, clock, link, ep, peer):
         while True:
             for wc in poll_once():
                 if wc.status != e.IBV_WC_SUCCESS:
-                    raise Failure(wc_fail(wc, what))
+                    raise Failure(wc_fail(wc, what, ep))
                 if wc.wr_id != wr_id[0]:
                     raise Failure(f'{what}: completion for unexpected wr_id '
                                   f'{wc.wr_id} (expected {wr_id[0]})')
@@ -725,7 +755,9 @@ def client_traffic(args, clock, link, ep, peer):
             seq = 2 * i + k
             msg = make_msg(seed, seq, i, 'c2s', size, imm is not None)
             smr.write(msg, len(msg), 0)
-            op(f'SEND seq {seq} {tag}', e.IBV_WR_SEND_WITH_IMM if imm is not None
+            kind = 'SEND_WITH_IMM' if imm is not None else 'SEND'
+            op(f'{kind} seq {seq} iter {i} (payload {size} bytes)',
+               e.IBV_WR_SEND_WITH_IMM if imm is not None
                else e.IBV_WR_SEND, e.IBV_WC_SEND, smr, 0, len(msg), imm=imm)
             nbytes += size
         if errors:

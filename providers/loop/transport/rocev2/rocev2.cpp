@@ -22,6 +22,7 @@
 #include "rocev2.h"
 
 #include "engine.h"
+#include "fabric.h"
 #include "loop.h"
 #include "objects.h"
 #include "pcap.h"
@@ -34,6 +35,7 @@
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -174,8 +176,19 @@ struct wire {
 	std::atomic<bool> exiting{false};
 	bool tried = false;
 	bool up = false;
+	// The host's UDP port (docs/rocev2.md, "Who owns the wire"): the
+	// process that holds it receives every packet to the host and
+	// forwards those for other processes' QPs to them.  Set by the
+	// receive thread (at open, or when it takes the port over), read by
+	// it alone.
 	int fd4 = -1, fd6 = -1;
 	uint16_t port = rv::kUdpPort;
+	// A process that did not get the port sends from sockets of its own
+	// (any source port will do) and receives what the owner forwards.
+	int efd4 = -1, efd6 = -1;
+	uint16_t eport4 = 0, eport6 = 0;
+	int ufd = -1; // Forwarded packets in, and the owner's forwards out
+	fabric *fab = nullptr; // Whose registry says which process owns a QP
 	unsigned netdev_mtu = 1500;
 	uint32_t ifindex = 0;
 	std::unordered_map<uint32_t, std::shared_ptr<qp_wire>> qps;
@@ -235,6 +248,15 @@ uint64_t wall_ns()
 	timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The source port of what this process sends (the ICRC covers it).
+uint16_t tx_port(bool v4)
+{
+	wire &w = W();
+	if (v4)
+		return w.efd4 >= 0 ? w.eport4 : w.port;
+	return w.efd6 >= 0 ? w.eport6 : w.port;
 }
 
 // The loss knobs' verdict on a packet about to be sent.
@@ -306,7 +328,7 @@ void send_packet(const host_addr &src, const host_addr &dst, uint32_t ifindex, u
 	ip.v6 = !dst.v4;
 	memcpy(ip.src, src.ip, 16);
 	memcpy(ip.dst, dst.ip, 16);
-	ip.sport = w.port;
+	ip.sport = tx_port(dst.v4);
 	ip.dport = w.port;
 	rv::put_icrc(buf + len, rv::icrc(ip, buf, len));
 	len += rv::kIcrcLen;
@@ -349,7 +371,7 @@ void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, cons
 		ip.v6 = !dst.v4;
 		memcpy(ip.src, src.ip, 16);
 		memcpy(ip.dst, dst.ip, 16);
-		ip.sport = w.port;
+		ip.sport = tx_port(dst.v4);
 		ip.dport = w.port;
 		rv::pcap_write(w.pcap, ip, buf, len, wall_ns());
 	}
@@ -376,7 +398,7 @@ void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, cons
 		in_pktinfo pi{};
 		memcpy(&pi.ipi_spec_dst, src.ip, 4);
 		memcpy(CMSG_DATA(c), &pi, sizeof(pi));
-		fd = w.fd4;
+		fd = w.efd4 >= 0 ? w.efd4 : w.fd4;
 	} else {
 		sa6.sin6_family = AF_INET6;
 		sa6.sin6_port = htons(w.port);
@@ -394,7 +416,7 @@ void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, cons
 		memcpy(&pi.ipi6_addr, src.ip, 16);
 		pi.ipi6_ifindex = link_local(dst) ? ifindex : 0;
 		memcpy(CMSG_DATA(c), &pi, sizeof(pi));
-		fd = w.fd6;
+		fd = w.efd6 >= 0 ? w.efd6 : w.fd6;
 	}
 	if (fd < 0)
 		return;
@@ -1457,8 +1479,77 @@ void linger_at_exit()
 		std::this_thread::sleep_for(std::chrono::nanoseconds(until - now));
 }
 
+// A packet forwarded between the processes of a host: where it came from
+// and went to, then its bytes.
+struct fwd_hdr {
+	char magic[4]; // "SVRF"
+	uint8_t v4;
+	uint8_t reserved;
+	uint16_t from_port;
+	uint8_t from[16];
+	uint8_t to[16];
+};
+
+void unix_name(pid_t pid, sockaddr_un &sa, socklen_t &len)
+{
+	sa = {};
+	sa.sun_family = AF_UNIX;
+	// Abstract (sun_path[0] is NUL): gone with the socket, per network
+	// namespace, that is per host.
+	int n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "softverbs-rocev2-%u-%d",
+			 static_cast<unsigned>(getuid()), static_cast<int>(pid));
+	len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+// The live process of this host's fabric that owns QP qpn (0: none, or us).
+pid_t qp_owner(uint32_t qpn)
+{
+	wire &w = W();
+	if (!w.fab)
+		return 0;
+	sv_registry *r = w.fab->reg();
+	uint32_t slot = qpn & SV_QPN_SLOT_MASK;
+	if (slot >= SV_MAX_QPS)
+		return 0;
+	const sv_qp_rec &q = r->qps[slot];
+	uint32_t in_use = __atomic_load_n(&q.in_use, __ATOMIC_ACQUIRE);
+	uint32_t gen = __atomic_load_n(&q.generation, __ATOMIC_RELAXED);
+	uint32_t lease = __atomic_load_n(&q.owner_lease, __ATOMIC_RELAXED);
+	if (!in_use || (gen & SV_QPN_SLOT_MASK) != (qpn >> SV_QPN_SLOT_BITS) ||
+	    lease >= SV_MAX_PROCS)
+		return 0;
+	auto pid = static_cast<pid_t>(__atomic_load_n(&r->leases[lease].pid, __ATOMIC_RELAXED));
+	return pid > 0 && pid != getpid() ? pid : 0;
+}
+
+// The port's owner hands a packet for another process's QP to it.
+bool forward(const uint8_t *buf, size_t len, const host_addr &from, uint16_t from_port,
+	     const host_addr &to, uint32_t qpn)
+{
+	wire &w = W();
+	pid_t pid = qp_owner(qpn);
+	if (!pid || w.ufd < 0)
+		return false;
+	fwd_hdr h{};
+	memcpy(h.magic, "SVRF", 4);
+	h.v4 = from.v4;
+	h.from_port = from_port;
+	memcpy(h.from, from.ip, 16);
+	memcpy(h.to, to.ip, 16);
+	sockaddr_un sa;
+	socklen_t sl;
+	unix_name(pid, sa, sl);
+	iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t *>(buf), len}};
+	msghdr mh{};
+	mh.msg_name = &sa;
+	mh.msg_namelen = sl;
+	mh.msg_iov = iov;
+	mh.msg_iovlen = 2;
+	return sendmsg(w.ufd, &mh, MSG_DONTWAIT) >= 0;
+}
+
 void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16_t from_port,
-		   const host_addr &to)
+		   const host_addr &to, bool forwarded)
 {
 	wire &w = W();
 	count(&sv_wire_counters::rx_packets);
@@ -1488,6 +1579,10 @@ void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16
 	std::shared_ptr<qp_wire> qw = w.exiting ? nullptr : find_wire(p.h.b.dqpn);
 	if (!qw) {
 		if (!is_answer(p.h.b.opcode) && answer_from_grave(p, from))
+			return;
+		// Another process's QP: the port's owner forwards it there (a
+		// forwarded packet is never forwarded again).
+		if (!forwarded && forward(buf, len, from, from_port, to, p.h.b.dqpn))
 			return;
 		count(&sv_wire_counters::drop_unknown_qp);
 		return;
@@ -1535,26 +1630,92 @@ host_addr addr_of(const sockaddr_storage &ss, uint16_t &port)
 	return a;
 }
 
+int open_socket(int family, uint16_t port);
+
+// Packets the port's owner forwarded: only from a process of our user.
+void receive_forwarded(std::vector<uint8_t> &buf)
+{
+	wire &w = W();
+	for (;;) {
+		iovec iov{buf.data(), buf.size()};
+		alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(ucred))];
+		msghdr mh{};
+		mh.msg_iov = &iov;
+		mh.msg_iovlen = 1;
+		mh.msg_control = cbuf;
+		mh.msg_controllen = sizeof(cbuf);
+		ssize_t n = recvmsg(w.ufd, &mh, MSG_DONTWAIT);
+		if (n < 0)
+			return;
+		bool ours = false;
+		for (cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+				ucred cr;
+				memcpy(&cr, CMSG_DATA(c), sizeof(cr));
+				ours = cr.uid == getuid();
+			}
+		fwd_hdr h;
+		if (!ours || static_cast<size_t>(n) < sizeof(h)) {
+			count(&sv_wire_counters::drop_other);
+			continue;
+		}
+		memcpy(&h, buf.data(), sizeof(h));
+		if (memcmp(h.magic, "SVRF", 4)) {
+			count(&sv_wire_counters::drop_other);
+			continue;
+		}
+		host_addr from, to;
+		from.v4 = to.v4 = h.v4 != 0;
+		memcpy(from.ip, h.from, 16);
+		memcpy(to.ip, h.to, 16);
+		try {
+			handle_packet(buf.data() + sizeof(h), static_cast<size_t>(n) - sizeof(h),
+				      from, h.from_port, to, true);
+		} catch (...) {
+			count(&sv_wire_counters::drop_other);
+		}
+	}
+}
+
+// A process without the port takes it when its owner is gone (the kernel
+// freed it with the owner's sockets).
+void try_take_port()
+{
+	wire &w = W();
+	if (w.fd4 < 0 && w.efd4 >= 0)
+		w.fd4 = open_socket(AF_INET, w.port);
+	if (w.fd6 < 0 && w.efd6 >= 0)
+		w.fd6 = open_socket(AF_INET6, w.port);
+}
+
 void receive_loop()
 {
 	wire &w = W();
-	pollfd fds[2];
-	int nfds = 0;
-	for (int fd : {w.fd4, w.fd6})
-		if (fd >= 0)
-			fds[nfds++] = {fd, POLLIN, 0};
 	std::vector<uint8_t> buf(65536);
 	for (;;) {
-		// A packet the reorder knob holds goes out within 2 ms.
-		int tmo = w.reorder_pct > 0 ? 1 : -1;
+		pollfd fds[3];
+		int nfds = 0;
+		for (int fd : {w.fd4, w.fd6, w.ufd})
+			if (fd >= 0)
+				fds[nfds++] = {fd, POLLIN, 0};
+		// A packet the reorder knob holds goes out within 2 ms; a process
+		// without the port looks for it every 100 ms.
+		bool owner = (w.efd4 < 0 || w.fd4 >= 0) && (w.efd6 < 0 || w.fd6 >= 0);
+		int tmo = w.reorder_pct > 0 ? 1 : owner ? -1 : 100;
 		int ready = poll(fds, static_cast<nfds_t>(nfds), tmo);
 		if (ready < 0 && errno != EINTR)
 			return;
 		if (w.reorder_pct > 0)
 			release_held(2000000);
+		if (!owner && !w.exiting)
+			try_take_port();
 		for (int i = 0; i < nfds; i++) {
 			if (!(fds[i].revents & POLLIN))
 				continue;
+			if (fds[i].fd == w.ufd) {
+				receive_forwarded(buf);
+				continue;
+			}
 			for (;;) {
 				sockaddr_storage from{};
 				iovec iov{buf.data(), buf.size()};
@@ -1593,7 +1754,8 @@ void receive_loop()
 				uint16_t port = 0;
 				host_addr src = addr_of(from, port);
 				try {
-					handle_packet(buf.data(), static_cast<size_t>(n), src, port, to);
+					handle_packet(buf.data(), static_cast<size_t>(n), src, port, to,
+						      false);
 				} catch (...) {
 					count(&sv_wire_counters::drop_other); // Out of memory: as if lost on the wire
 				}
@@ -1701,14 +1863,47 @@ void rocev2_device_open(loop_context *lctx)
 			fprintf(stderr, "softverbs: SOFTVERBS_PCAP: cannot create '%s': %s\n",
 				path.c_str(), strerror(errno));
 	}
+	w.fab = lctx->fab;
 	w.fd4 = open_socket(AF_INET, w.port);
 	int e4 = w.fd4 < 0 ? errno : 0;
 	w.fd6 = open_socket(AF_INET6, w.port);
-	if (w.fd4 < 0 && w.fd6 < 0) {
-		fprintf(stderr,
-			"softverbs: rocev2: cannot take UDP port %u (%s): this process "
-			"reaches no other host (another process of this host holds the "
-			"port: docs/rocev2.md)\n",
+	int e6 = w.fd6 < 0 ? errno : 0;
+	if (e4 == EADDRINUSE || e6 == EADDRINUSE) {
+		// Another process of this host holds the port: send from ports of
+		// our own, and receive what it forwards (docs/rocev2.md).
+		auto ephemeral = [](int family, uint16_t &port) {
+			int fd = open_socket(family, 0);
+			sockaddr_storage ss{};
+			socklen_t sl = sizeof(ss);
+			if (fd >= 0 && !getsockname(fd, reinterpret_cast<sockaddr *>(&ss), &sl))
+				port = ntohs(family == AF_INET
+						     ? reinterpret_cast<sockaddr_in &>(ss).sin_port
+						     : reinterpret_cast<sockaddr_in6 &>(ss).sin6_port);
+			return fd;
+		};
+		if (w.fd4 < 0 && e4 == EADDRINUSE)
+			w.efd4 = ephemeral(AF_INET, w.eport4);
+		if (w.fd6 < 0 && e6 == EADDRINUSE)
+			w.efd6 = ephemeral(AF_INET6, w.eport6);
+	}
+	w.ufd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (w.ufd >= 0) {
+		int one = 1;
+		int big = 8 << 20;
+		setsockopt(w.ufd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+		if (setsockopt(w.ufd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big)))
+			setsockopt(w.ufd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+		sockaddr_un sa;
+		socklen_t sl;
+		unix_name(getpid(), sa, sl);
+		if (bind(w.ufd, reinterpret_cast<sockaddr *>(&sa), sl)) {
+			close(w.ufd);
+			w.ufd = -1;
+		}
+	}
+	if (w.fd4 < 0 && w.fd6 < 0 && w.efd4 < 0 && w.efd6 < 0) {
+		fprintf(stderr, "softverbs: rocev2: no UDP socket for port %u (%s): this process "
+				"reaches no other host\n",
 			w.port, strerror(e4));
 		return;
 	}

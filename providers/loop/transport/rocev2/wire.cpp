@@ -191,9 +191,34 @@ constexpr std::array<uint32_t, 256> make_crc_table()
 }
 constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
 
+// Slicing by 8: table k gives the register's change for a byte followed
+// by k zero bytes, so eight bytes fold in with eight lookups and no
+// dependency between them (the packet's payload is most of the ICRC's
+// bytes: about four times the speed of the byte loop).
+constexpr std::array<std::array<uint32_t, 256>, 8> make_slice_tables()
+{
+	std::array<std::array<uint32_t, 256>, 8> t{};
+	t[0] = make_crc_table();
+	for (size_t k = 1; k < 8; k++)
+		for (size_t i = 0; i < 256; i++)
+			t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xff];
+	return t;
+}
+constexpr std::array<std::array<uint32_t, 256>, 8> kSlice = make_slice_tables();
+
 // The register, without the final inversion.
 uint32_t crc_update(uint32_t reg, const uint8_t *p, size_t len)
 {
+	while (len >= 8) {
+		uint32_t lo = (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
+			       uint32_t{p[3]} << 24) ^
+			      reg;
+		reg = kSlice[7][lo & 0xff] ^ kSlice[6][(lo >> 8) & 0xff] ^
+		      kSlice[5][(lo >> 16) & 0xff] ^ kSlice[4][lo >> 24] ^ kSlice[3][p[4]] ^
+		      kSlice[2][p[5]] ^ kSlice[1][p[6]] ^ kSlice[0][p[7]];
+		p += 8;
+		len -= 8;
+	}
 	for (size_t i = 0; i < len; i++)
 		reg = kCrcTable[(reg ^ p[i]) & 0xff] ^ (reg >> 8);
 	return reg;
