@@ -349,3 +349,19 @@ def test_several_processes_per_host(pair):
         assert p.returncode == 0, out
     for i, (port, n) in enumerate(runs):
         assert f"{n} iters in" in outs[i] and f"{n} iters in" in outs[i + 2], outs
+
+
+@pytest.mark.parametrize("gid", [0, 1], ids=["ipv4", "ipv6"])
+def test_vanished_host_gives_retry_exceeded(pair, gid):
+    """The server's process is gone right after the connection: the
+    client's first SEND completes with IBV_WC_RETRY_EXC_ERR once its
+    retries (timeout 10, retry_cnt 3) are spent, not success, not a hang."""
+    script = str(HERE / "wire_check.py")
+    port = str(26000 + os.getpid() % 1000)
+    common = ["--port", port, "--gid-index", str(gid)]
+    rs, so, rc, co = hosts.pair_run(
+        pair.a, pair.b, [PYTHON, script, "server", "--vanish"] + common,
+        [PYTHON, script, "client", pair.a.addr, "--expect-retry-exc", "--timeout", "60"] + common,
+        timeout=90, settle=1.0)
+    assert rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
+    assert "mode=expect-retry-exc status=12" in co, co
