@@ -62,6 +62,10 @@ void rdma_flush(loop_qp *qp, rdma_batch &b);
 // responder.cpp
 // Runs request r at the responder of p, through t's responder calls.
 tp_answer respond(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r);
+// The same, with the receive WQE already taken (t.take_recv: into wqe, its
+// lkeys of PD pdn): a transport that takes it when a message begins.
+tp_answer respond_taken(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r,
+			const sv_recv_wqe *wqe, uint32_t pdn);
 // A responder's expected sequence number, for transports whose requests
 // may be lost, duplicated or reordered (the fake; RoCE v2 later).  The
 // loop transport delivers exactly once and keeps none.

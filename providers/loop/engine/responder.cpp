@@ -212,6 +212,14 @@ tp_answer respond_ud(const transport_ops &t, loop_qp *qp, const peer &p, const t
 
 } // namespace
 
+tp_answer respond_taken(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r,
+			const sv_recv_wqe *wqe, uint32_t pdn)
+{
+	if (r.w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+		return respond_write_imm(t, qp, p, r, wqe);
+	return respond_send(t, qp, p, r, wqe, pdn);
+}
+
 [[gnu::hot]] tp_answer respond(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r)
 {
 	if (p.rec.qp_type == IBV_QPT_UD)

@@ -68,6 +68,11 @@ constexpr size_t kInboxMax = 4096;
 // Sequence NAKs one request may answer with a resend before it counts
 // as lost (and the engine's retry takes over).
 constexpr int kMaxResends = 64;
+// Packets of a SEND or WRITE in flight before an ACK (the last of each
+// burst asks for one), and packets a READ request asks for at most: bursts
+// the receiver's socket buffer holds, and the lost part of a message is
+// never more than this.
+constexpr uint32_t kWindow = 64;
 // A multi-packet SEND or WRITE is collected whole (docs/rocev2.md).
 constexpr uint64_t kMaxMessage = 1ULL << 31;
 
@@ -136,6 +141,10 @@ struct qp_wire {
 	uint32_t next_psn = 0;
 	uint32_t cur_engine = UINT32_MAX;
 	uint32_t cur_first = 0;
+	// Its packets the responder acknowledged (or, for a READ, whose
+	// responses were placed): a retry goes on from there.
+	uint32_t cur_done = 0;
+	uint32_t cur_asked = 0; // A READ's packets asked for so far
 	std::deque<std::vector<uint8_t>> inbox;
 	uint8_t rnr_timer = 0; // The last RNR NAK's
 	// Responder.
@@ -148,7 +157,17 @@ struct qp_wire {
 	uint64_t w_va = 0;
 	uint32_t w_rkey = 0;
 	uint32_t w_len = 0;
+	uint64_t w_off = 0; // A plain WRITE's bytes placed so far
+	// A SEND (or WRITE WITH IMMEDIATE) is collected here: a SEND's no
+	// longer than the receive WQE it took at its first packet, a WRITE's
+	// no longer than the range its key was checked for.
 	std::vector<uint8_t> reasm;
+	// The receive WQE a SEND took at its first packet (a copy), and its
+	// room in bytes.
+	bool have_wqe = false;
+	std::vector<uint8_t> held_wqe;
+	uint32_t held_pdn = 0;
+	uint64_t held_room = 0;
 	struct replay {
 		uint32_t psn;
 		uint64_t orig;
@@ -526,17 +545,19 @@ uint8_t message_opcode(const message &m, uint32_t k, uint32_t n)
 	return static_cast<uint8_t>(m.service | op);
 }
 
-// Sends packets from..n-1 of message m, whose first PSN is first.
-void send_message(qp_wire &qw, const message &m, uint32_t first, uint32_t from)
+// Sends packets from..to-1 of message m, whose first PSN is first; the
+// last one sent asks for an ACK (the spec lets any packet ask).
+void send_message(qp_wire &qw, const message &m, uint32_t first, uint32_t from, uint32_t to)
 {
 	uint32_t n = packets_for(m.len, qw.pmtu);
+	to = std::min(to, n);
 	uint8_t buf[kMaxPkt];
-	for (uint32_t k = from; k < n; k++) {
+	for (uint32_t k = from; k < to; k++) {
 		rv::pkt_hdrs h{};
 		h.b.opcode = message_opcode(m, k, n);
 		h.b.dqpn = qw.dqpn;
 		h.b.psn = psn_add(first, k);
-		h.b.ackreq = k + 1 == n;
+		h.b.ackreq = k + 1 == to;
 		h.b.se = m.se && k + 1 == n;
 		h.r = {m.va, m.rkey, static_cast<uint32_t>(m.len)};
 		h.imm_be = m.imm_be;
@@ -556,6 +577,8 @@ uint32_t start_request(qp_wire &qw, uint32_t engine_psn, uint32_t n)
 		return qw.cur_first;
 	qw.inbox.clear(); // Answers to earlier requests: none is awaited now
 	qw.cur_engine = engine_psn;
+	qw.cur_done = 0;
+	qw.cur_asked = 0;
 	qw.cur_first = qw.next_psn;
 	qw.next_psn = psn_add(qw.next_psn, n);
 	return qw.cur_first;
@@ -593,17 +616,41 @@ ibv_wc_status nak_status(uint8_t code)
 	}
 }
 
-// Waits for the ACK of a SEND or WRITE of n packets from first, resending
-// from where a sequence NAK says.  code receives a NAK's code.
-outcome await_ack(qp_wire &qw, std::unique_lock<std::mutex> &g, const message &m, uint32_t first,
-		  uint32_t n, uint8_t &code)
+// Sends a SEND or WRITE of n packets from first and waits for its ACK:
+// at most kWindow packets beyond the last acknowledged one are in flight,
+// the last of each burst asking for an ACK.  A sequence NAK sends again
+// from the PSN it names; a timeout after progress sends again from the
+// first packet not acknowledged (progress renews the retries, as a
+// requester's retry count is on an HCA); a timeout without progress is
+// "lost", and the engine's retry goes on from the same place (cur_done).
+// code receives a NAK's code.
+outcome send_and_await(qp_wire &qw, std::unique_lock<std::mutex> &g, const message &m,
+		       uint32_t first, uint32_t n, uint8_t &code)
 {
 	uint32_t last = psn_add(first, n - 1);
 	uint64_t tmo = timeout_ns(qw.timeout);
+	uint32_t sent = qw.cur_done;
+	uint32_t at_timer = qw.cur_done; // Acknowledged when the timer was last set
 	uint64_t deadline = now_ns() + tmo;
 	int resends = 0;
 	std::vector<uint8_t> pkt;
-	while (next_answer(qw, g, deadline, pkt)) {
+	for (;;) {
+		uint32_t end = std::min(n, qw.cur_done + kWindow);
+		if (sent < end) {
+			send_message(qw, m, first, sent, end);
+			sent = end;
+		}
+		if (!next_answer(qw, g, deadline, pkt)) {
+			if (qw.dead || qw.cur_done == at_timer)
+				return outcome::lost;
+			// Progress since the timer was set: go on from the first
+			// packet not acknowledged.
+			count(&sv_wire_counters::retransmits);
+			at_timer = qw.cur_done;
+			sent = qw.cur_done;
+			deadline = now_ns() + tmo;
+			continue;
+		}
 		rv::parsed p;
 		if (rv::parse(pkt.data(), pkt.size(), p) != rv::parse_err::ok ||
 		    !(rv::opcode_headers(p.h.b.opcode) & rv::HDR_AETH))
@@ -617,10 +664,14 @@ outcome await_ack(qp_wire &qw, std::unique_lock<std::mutex> &g, const message &m
 			// the whole message (never beyond what we sent).
 			if (from_last >= 0 && psn_diff(p.h.b.psn, qw.next_psn) < 0)
 				return outcome::ack;
+			if (from_first >= 0 && static_cast<uint32_t>(from_first) < sent &&
+			    static_cast<uint32_t>(from_first) + 1 > qw.cur_done)
+				qw.cur_done = static_cast<uint32_t>(from_first) + 1;
 			continue;
 		case rv::aeth_kind::rnr_nak:
 			if (from_first >= 0 && from_last <= 0) {
 				qw.rnr_timer = rv::aeth_value(syn);
+				qw.cur_done = 0; // The message is sent again whole
 				return outcome::rnr;
 			}
 			continue;
@@ -629,10 +680,13 @@ outcome await_ack(qp_wire &qw, std::unique_lock<std::mutex> &g, const message &m
 				continue;
 			count(&sv_wire_counters::naks_received);
 			if (rv::aeth_value(syn) == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
-				if (++resends > kMaxResends)
+				// Everything before the PSN it names arrived.
+				auto k = static_cast<uint32_t>(from_first);
+				qw.cur_done = std::max(qw.cur_done, k);
+				if (++resends > kMaxResends + static_cast<int>(n / kWindow))
 					return outcome::lost;
 				count(&sv_wire_counters::retransmits);
-				send_message(qw, m, first, static_cast<uint32_t>(from_first));
+				sent = k;
 				deadline = now_ns() + tmo;
 				continue;
 			}
@@ -642,7 +696,6 @@ outcome await_ack(qp_wire &qw, std::unique_lock<std::mutex> &g, const message &m
 			continue;
 		}
 	}
-	return outcome::lost;
 }
 
 int rv_resolve(loop_qp *qp, const tp_dest &d, peer &p)
@@ -733,11 +786,12 @@ tp_answer rv_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 		return {tp_answer::kind::nak, IBV_WC_LOC_LEN_ERR, 0};
 	uint32_t n = packets_for(m.len, qw->pmtu);
 	uint32_t first = start_request(*qw, r.psn, n);
-	send_message(*qw, m, first, 0);
-	if (qw->type == IBV_QPT_UC) // Unacknowledged: done once sent
+	if (qw->type == IBV_QPT_UC) { // Unacknowledged: done once sent
+		send_message(*qw, m, first, 0, n);
 		return {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(m.len)};
+	}
 	uint8_t code = 0;
-	switch (await_ack(*qw, g, m, first, n, code)) {
+	switch (send_and_await(*qw, g, m, first, n, code)) {
 	case outcome::ack:
 		return {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(m.len)};
 	case outcome::rnr:
@@ -780,11 +834,12 @@ int rdma_write(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 		return EINVAL;
 	uint32_t n = packets_for(m.len, qw.pmtu);
 	uint32_t first = start_request(qw, op.psn, n);
-	send_message(qw, m, first, 0);
-	if (qw.type == IBV_QPT_UC)
+	if (qw.type == IBV_QPT_UC) {
+		send_message(qw, m, first, 0, n);
 		return 0;
+	}
 	uint8_t code = 0;
-	switch (await_ack(qw, g, m, first, n, code)) {
+	switch (send_and_await(qw, g, m, first, n, code)) {
 	case outcome::ack:
 		return 0;
 	case outcome::nak:
@@ -807,6 +862,13 @@ void send_read_request(qp_wire &qw, uint32_t psn, uint64_t va, uint32_t rkey, ui
 	send_packet(qw.src, qw.dst, qw.ifindex, buf, n);
 }
 
+// An RDMA READ of n response packets, asked for in requests of at most
+// kWindow packets each (PSN first + k, address va + k * pmtu), so that no
+// burst outruns the receiver and a loss costs at most one request's worth.
+// A gap in the responses asks again from the first missing packet, once
+// per gap; a timeout after progress does too; a timeout without progress
+// is "lost", and the engine's retry goes on from the packets placed
+// (cur_done).
 int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 {
 	uint64_t va = reinterpret_cast<uint64_t>(op.remote[0].base);
@@ -816,21 +878,40 @@ int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 		return EINVAL;
 	uint32_t n = packets_for(len, qw.pmtu);
 	uint32_t first = start_request(qw, op.psn, n);
-	uint32_t got = 0; // Response packets placed, in order
-	send_read_request(qw, first, va, rkey, len);
+	uint32_t &got = qw.cur_done;	    // Response packets placed, in order
+	uint32_t &asked_end = qw.cur_asked; // The packets asked for: [.., asked_end)
+	uint32_t gap_at = UINT32_MAX; // Where the last gap asked again
+	uint32_t at_timer = got;
 	uint64_t tmo = timeout_ns(qw.timeout);
 	uint64_t deadline = now_ns() + tmo;
-	int resends = 0;
+	int naks = 0;
 	std::vector<uint8_t> pkt;
-	auto resend = [&] {
-		uint64_t off = static_cast<uint64_t>(got) * qw.pmtu;
-		count(&sv_wire_counters::retransmits);
-		send_read_request(qw, psn_add(first, got), va + off, rkey, len - off);
-		deadline = now_ns() + tmo;
+	// Asks for packets [from, to).  Asking again (from inside what was
+	// asked) never goes beyond it: the responder moved its expected PSN by
+	// the request it executed, and a duplicate that reached further would
+	// answer PSNs it does not expect yet.
+	auto ask = [&](uint32_t from, uint32_t to) {
+		uint64_t off = static_cast<uint64_t>(from) * qw.pmtu;
+		uint64_t l = std::min<uint64_t>(static_cast<uint64_t>(to - from) * qw.pmtu, len - off);
+		send_read_request(qw, psn_add(first, from), va + off, rkey, l);
 	};
+	auto ask_again = [&] { ask(got, std::max(asked_end, got + 1)); };
+	if (got < asked_end) // A retry of this READ: what is missing, as asked before
+		ask_again();
 	while (got < n) {
-		if (!next_answer(qw, g, deadline, pkt))
-			return ETIMEDOUT;
+		if (asked_end <= got) {
+			asked_end = std::min(n, got + kWindow);
+			ask(got, asked_end);
+		}
+		if (!next_answer(qw, g, deadline, pkt)) {
+			if (qw.dead || got == at_timer)
+				return ETIMEDOUT;
+			count(&sv_wire_counters::retransmits);
+			at_timer = got;
+			ask_again();
+			deadline = now_ns() + tmo;
+			continue;
+		}
 		rv::parsed p;
 		if (rv::parse(pkt.data(), pkt.size(), p) != rv::parse_err::ok)
 			continue;
@@ -844,9 +925,11 @@ int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 				continue;
 			count(&sv_wire_counters::naks_received);
 			if (rv::aeth_value(syn) == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
-				if (++resends > kMaxResends)
+				if (++naks > kMaxResends)
 					return ETIMEDOUT;
-				resend();
+				count(&sv_wire_counters::retransmits);
+				ask_again();
+				deadline = now_ns() + tmo;
 				continue;
 			}
 			return nak_errno(rv::aeth_value(syn));
@@ -854,10 +937,14 @@ int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 		if (opc < rv::RC_RDMA_READ_RESPONSE_FIRST || opc > rv::RC_RDMA_READ_RESPONSE_ONLY)
 			continue;
 		if (static_cast<uint32_t>(k) != got) {
-			// A response packet was lost: ask again from the first missing
-			// one (the responder answers a duplicate READ again).
-			if (static_cast<uint32_t>(k) > got && ++resends <= kMaxResends)
-				resend();
+			// A response packet was lost: ask again from the first
+			// missing one (the responder answers a duplicate READ again),
+			// once for this gap.
+			if (static_cast<uint32_t>(k) > got && gap_at != got) {
+				gap_at = got;
+				count(&sv_wire_counters::retransmits);
+				ask_again();
+			}
 			continue;
 		}
 		uint64_t off = static_cast<uint64_t>(got) * qw.pmtu;
@@ -1039,11 +1126,35 @@ void advance(qp_wire &qw)
 
 // A responder error: the QP goes to ERR (its owner hears ev) and the
 // requester gets a NAK.
+// The receive WQE a SEND took, completed as flushed: its QP is in ERR.
+void flush_held(qp_wire &qw, const request &q)
+{
+	if (!qw.have_wqe)
+		return;
+	qw.have_wqe = false;
+	const auto *wqe = reinterpret_cast<const sv_recv_wqe *>(qw.held_wqe.data());
+	sv_cqe e{};
+	e.wr_id = wqe->wr_id;
+	e.status = IBV_WC_WR_FLUSH_ERR;
+	e.opcode = IBV_WC_RECV;
+	e.qp_num = q.tp.qpn;
+	e.src_qp = q.tp.rec.dest_qpn;
+	loop_transport_ops.post_cqe(q.proxy, q.tp, e, false, nullptr);
+}
+
+// A request the responder refuses.  RC: the QP goes to ERR (its owner
+// hears ev) and the requester gets a NAK.  UC has neither: the message is
+// dropped, and a WQE it took waits for the next one.
 void fail(qp_wire &qw, const request &q, uint32_t psn, rv::nak_code code, ibv_event_type ev)
 {
-	loop_transport_ops.responder_error(q.proxy, q.tp, ev);
 	qw.in_msg = false;
 	qw.reasm.clear();
+	if (qw.type != IBV_QPT_RC) {
+		count(&sv_wire_counters::drop_other);
+		return;
+	}
+	loop_transport_ops.responder_error(q.proxy, q.tp, ev);
+	flush_held(qw, q);
 	send_nak(qw, psn, code);
 }
 
@@ -1067,7 +1178,15 @@ void run_message(qp_wire &qw, const request &q, ibv_wr_opcode opcode)
 	r.lb = &lb;
 	r.psn = h.b.psn;
 	r.src_qpn = q.tp.rec.dest_qpn;
-	tp_answer a = respond(loop_transport_ops, q.proxy, q.tp, r);
+	tp_answer a;
+	if (qw.have_wqe) {
+		qw.have_wqe = false;
+		a = respond_taken(loop_transport_ops, q.proxy, q.tp, r,
+				  reinterpret_cast<const sv_recv_wqe *>(qw.held_wqe.data()),
+				  qw.held_pdn);
+	} else {
+		a = respond(loop_transport_ops, q.proxy, q.tp, r);
+	}
 	qw.in_msg = false;
 	switch (a.k) {
 	case tp_answer::kind::ack:
@@ -1097,46 +1216,41 @@ void run_message(qp_wire &qw, const request &q, ibv_wr_opcode opcode)
 							       : rv::nak_code::remote_op_error);
 		return;
 	case tp_answer::kind::lost:
+		// Not executed: a retry of the whole message is no duplicate.
+		qw.epsn = qw.msg_first;
+		qw.nak_sent = false;
 		qw.reasm.clear();
 		return;
 	}
 }
 
-// A whole RDMA WRITE: checked and placed through the loop transport.
-void run_write(qp_wire &qw, const request &q)
+// The rights on [va, va + len) under rkey, checked (segments in the proxy's
+// scratch): 0, or the errno of the loop transport's key check.
+int check_range(const request &q, uint32_t rkey, uint64_t va, uint64_t len, uint32_t right)
 {
-	uint32_t psn = q.p.h.b.psn;
-	uint64_t len = qw.reasm.size();
-	if (len != qw.w_len) {
-		fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
-		return;
-	}
-	if (len) {
-		std::vector<rseg> &riov = q.proxy->resp_riov;
-		riov.clear();
-		uint32_t acc = 0;
-		int err = !(q.tp.rec.access & IBV_ACCESS_REMOTE_WRITE)
-				  ? EACCES
-				  : loop_transport_ops.resolve_key(q.proxy, q.tp, qw.w_rkey,
-								   q.tp.rec.pdn, qw.w_va, len,
-								   IBV_ACCESS_REMOTE_WRITE, riov, &acc);
-		if (!err) {
-			iovec v{qw.reasm.data(), qw.reasm.size()};
-			tp_move m{&v, 1, riov.data(), static_cast<int>(riov.size()),
-				  xfer_dir::to_peer, false, false};
-			err = loop_transport_ops.move(q.proxy, q.tp, &m, 1, nullptr);
-		}
-		if (err) {
-			fail(qw, q, psn, rv::nak_code::remote_access_error,
-			     IBV_EVENT_QP_ACCESS_ERR);
-			return;
-		}
-	}
-	qw.in_msg = false;
-	qw.reasm.clear();
-	qw.msn++;
-	advance(qw);
-	send_ack(qw, psn);
+	if (!len)
+		return 0;
+	if (!(q.tp.rec.access & right))
+		return EACCES;
+	std::vector<rseg> &riov = q.proxy->resp_riov;
+	riov.clear();
+	uint32_t acc = 0;
+	return loop_transport_ops.resolve_key(q.proxy, q.tp, rkey, q.tp.rec.pdn, va, len, right,
+					      riov, &acc);
+}
+
+// One WRITE packet's payload, placed at va in the target MR.
+int place_write(const request &q, uint32_t rkey, uint64_t va, const uint8_t *data, size_t n)
+{
+	if (!n)
+		return 0;
+	int err = check_range(q, rkey, va, n, IBV_ACCESS_REMOTE_WRITE);
+	if (err)
+		return err;
+	std::vector<rseg> &riov = q.proxy->resp_riov;
+	iovec v{const_cast<uint8_t *>(data), n};
+	tp_move m{&v, 1, riov.data(), static_cast<int>(riov.size()), xfer_dir::to_peer, false, false};
+	return loop_transport_ops.move(q.proxy, q.tp, &m, 1, nullptr);
 }
 
 // An RDMA READ request: the data goes back as READ RESPONSE packets from
@@ -1146,6 +1260,10 @@ void run_read(qp_wire &qw, const request &q, bool fresh)
 	const rv::pkt_hdrs &h = q.p.h;
 	uint32_t psn = h.b.psn;
 	uint64_t va = h.r.va, len = h.r.dma_len;
+	if (len > kMaxMsgSize) {
+		fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+		return;
+	}
 	uint32_t n = packets_for(len, qw.pmtu);
 	std::vector<rseg> &riov = q.proxy->resp_riov;
 	auto read_range = [&](uint64_t at, uint8_t *dst, size_t c) {
@@ -1236,6 +1354,13 @@ void duplicate(qp_wire &qw, const request &q)
 	const rv::pkt_hdrs &h = q.p.h;
 	uint8_t low = h.b.opcode & 0x1f;
 	if (low == rv::RC_RDMA_READ_REQUEST) {
+		// Read again, if it stays within what was executed: its answers
+		// must not take PSNs the responder does not expect yet.
+		uint32_t n = packets_for(h.r.dma_len, qw.pmtu);
+		if (h.r.dma_len > kMaxMsgSize || psn_diff(psn_add(h.b.psn, n), qw.epsn) > 0) {
+			count(&sv_wire_counters::drop_other);
+			return;
+		}
 		run_read(qw, q, false);
 		return;
 	}
@@ -1320,25 +1445,78 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 			fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
 			return;
 		}
-		if (!last && p.payload_len != qw.pmtu) {
-			// FIRST and MIDDLE packets carry exactly the path MTU.
+		if (last ? p.payload_len > qw.pmtu : p.payload_len != qw.pmtu) {
+			// FIRST and MIDDLE packets carry exactly the path MTU, a LAST
+			// or ONLY no more.
 			fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
 			return;
 		}
+		bool imm = low == rv::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE ||
+			   low == rv::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
 		if (first) {
-			qw.in_msg = true;
 			qw.msg_write = write_op;
 			qw.msg_first = psn;
 			qw.reasm.clear();
 			if (write_op) {
+				// The whole range is checked now: nothing is collected or
+				// placed for a key that does not cover it.
 				qw.w_va = h.r.va;
 				qw.w_rkey = h.r.rkey;
 				qw.w_len = h.r.dma_len;
+				qw.w_off = 0;
+				if (h.r.dma_len > kMaxMsgSize) {
+					fail(qw, q, psn, rv::nak_code::invalid_request,
+					     IBV_EVENT_QP_REQ_ERR);
+					return;
+				}
+				if (check_range(q, h.r.rkey, h.r.va, h.r.dma_len,
+						IBV_ACCESS_REMOTE_WRITE)) {
+					fail(qw, q, psn, rv::nak_code::remote_access_error,
+					     IBV_EVENT_QP_ACCESS_ERR);
+					return;
+				}
+			} else if (!qw.have_wqe) {
+				// A SEND takes its receive WQE at its first packet (none:
+				// RNR now, not after the whole message arrived).
+				sv_recv_wqe *wqe = nullptr;
+				if (!loop_transport_ops.take_recv(q.proxy, q.tp, qw.held_wqe, wqe,
+								  qw.held_pdn)) {
+					if (rc) {
+						qw.nak_sent = false;
+						send_aeth(qw, rv::RC_ACKNOWLEDGE, psn,
+							  rv::aeth_rnr(q.tp.rec.min_rnr_timer & 31));
+					} else {
+						advance(qw); // UC: the message is dropped
+					}
+					return;
+				}
+				qw.have_wqe = true;
+				qw.held_room = 0;
+				if (wqe->num_sge != SV_RECV_WQE_INVALID)
+					for (uint32_t i = 0; i < wqe->num_sge; i++)
+						qw.held_room += wqe->sge[i].length;
 			}
+			qw.in_msg = true;
 		}
-		if (qw.reasm.size() + p.payload_len > kMaxMessage ||
-		    (write_op && qw.reasm.size() + p.payload_len > qw.w_len)) {
-			fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+		// Collected: a SEND up to its WQE's room (one byte more is enough to
+		// fail it), a WRITE within the range checked at its first packet.
+		uint64_t room = write_op ? qw.w_len : qw.held_room + 1;
+		ibv_wr_opcode send_opcode =
+			(low == rv::RC_SEND_LAST_WITH_INVALIDATE || low == rv::RC_SEND_ONLY_WITH_INVALIDATE)
+				? IBV_WR_SEND_WITH_INV
+			: (low == rv::RC_SEND_LAST_WITH_IMMEDIATE || low == rv::RC_SEND_ONLY_WITH_IMMEDIATE)
+				? IBV_WR_SEND_WITH_IMM
+				: IBV_WR_SEND;
+		if (qw.reasm.size() + p.payload_len > room) {
+			if (write_op) {
+				fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+				return;
+			}
+			// Longer than its receive WQE: the engine's responder fails it
+			// now (a length error at the receiver, an invalid request NAK).
+			qw.reasm.insert(qw.reasm.end(), p.payload,
+					p.payload + (room - qw.reasm.size()));
+			run_message(qw, q, send_opcode);
 			return;
 		}
 		qw.reasm.insert(qw.reasm.end(), p.payload, p.payload + p.payload_len);
@@ -1348,20 +1526,23 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 				send_ack(qw, psn);
 			return;
 		}
-		if (!write_op)
-			run_message(qw, q,
-				    (low == rv::RC_SEND_LAST_WITH_INVALIDATE ||
-				     low == rv::RC_SEND_ONLY_WITH_INVALIDATE)
-					    ? IBV_WR_SEND_WITH_INV
-				    : (low == rv::RC_SEND_LAST_WITH_IMMEDIATE ||
-				       low == rv::RC_SEND_ONLY_WITH_IMMEDIATE)
-					    ? IBV_WR_SEND_WITH_IMM
-					    : IBV_WR_SEND);
-		else if (low == rv::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE ||
-			 low == rv::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+		if (!write_op) {
+			run_message(qw, q, send_opcode);
+		} else if (qw.reasm.size() != qw.w_len) {
+			// Shorter than its RETH said.
+			fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+		} else if (imm) {
 			run_message(qw, q, IBV_WR_RDMA_WRITE_WITH_IMM);
-		else
-			run_write(qw, q);
+		} else if (place_write(q, qw.w_rkey, qw.w_va, qw.reasm.data(), qw.reasm.size())) {
+			// The range was unmapped or its key invalidated since.
+			fail(qw, q, psn, rv::nak_code::remote_access_error, IBV_EVENT_QP_ACCESS_ERR);
+		} else {
+			qw.in_msg = false;
+			qw.reasm.clear();
+			qw.msn++;
+			advance(qw);
+			send_ack(qw, psn);
+		}
 		return;
 	}
 	if (!rc) {
@@ -1949,6 +2130,7 @@ void rocev2_qp_modified(loop_qp *qp, int mask)
 		qw->nak_sent = false;
 		qw->in_msg = false;
 		qw->reasm.clear();
+		qw->have_wqe = false; // The receive queue was emptied at RESET
 		qw->dqpn = a.dest_qp_num & kPsn24;
 		// Remote: a global address whose GID is none of this port's.
 		bool remote = false;
