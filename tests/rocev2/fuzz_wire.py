@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """Sends random and mutated RoCE v2 packets to a host's UDP port.
 
-    fuzz_wire.py DST_IP SRC_IP --qpn N [--count N] [--port 4791] [--seed S]
+    fuzz_wire.py DST_IP SRC_IP --qpn N [--count N] [--port 4791] [--seed S] [--flood N]
 
 Three kinds, in turn: random bytes of random length (most fail framing or
 the ICRC); well-formed headers of random opcodes with random fields, a
@@ -65,6 +65,9 @@ def main():
     ap.add_argument("--count", type=int, default=20000)
     ap.add_argument("--port", type=int, default=4791)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--flood", type=int, default=0,
+                    help="first, a SEND of this many 1024-byte packets from PSN 0 "
+                         "(FIRST, then MIDDLEs), with good ICRCs")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -72,6 +75,15 @@ def main():
     sport = s.getsockname()[1]
     sent = {"random": 0, "valid-icrc": 0, "bad-icrc": 0}
     errors = 0
+    for k in range(a.flood):
+        op = 0x00 if k == 0 else 0x01  # RC SEND FIRST, SEND MIDDLE
+        body = struct.pack("!BBHII", op, 0, 0xffff, a.qpn, k & 0xffffff) + rng.randbytes(1024)
+        iph, udp = ip_udp(a.src, a.dst, sport, a.port, body + b"\0" * 4)
+        try:
+            s.sendto(body + struct.pack("<I", icrc_of(iph, udp, body + b"\0" * 4)),
+                     (a.dst, a.port))
+        except OSError:
+            errors += 1
     for i in range(a.count):
         kind = i % 3
         if kind == 0:

@@ -111,10 +111,14 @@ PERFTEST = [
     ("ib_read_lat", ["-x", "0", "-n", "300"]),
     ("ib_atomic_bw", ["-x", "0", "-n", "500"]),
     ("ib_send_bw", ["-x", "1", "-n", "500"]),
+    # Messages of many windows: 16 MiB READs, 64 MiB WRITEs.
+    ("ib_read_bw", ["-x", "0", "-s", "16777216", "-n", "5"]),
+    ("ib_write_bw", ["-x", "0", "-s", "67108864", "-n", "5"]),
 ]
 
 
-@pytest.mark.parametrize("tool,args", PERFTEST, ids=[t for t, _ in PERFTEST])
+@pytest.mark.parametrize("tool,args", PERFTEST,
+                         ids=[t + ("-large" if "-s" in a else "") for t, a in PERFTEST])
 def test_perftest(pair, tool, args):
     port = str(19000 + os.getpid() % 1000)
     argv = [tool, "-d", "loop0", "-p", port] + args
@@ -271,7 +275,8 @@ r.ah_attr = AHAttr(port_num=1, is_global=1, gr=gr)
 qp.to_rtr(r)
 print(f"victim qpn {qp.qp_num:#x}", flush=True)
 time.sleep(seconds)
-print("victim done", flush=True)
+rss = [l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0].split()[1]
+print(f"victim done rss_kb={rss}", flush=True)
 """
 
 
@@ -302,7 +307,7 @@ def test_fuzzed_receive_path(pair):
         assert m, head
         fz = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "fuzz_wire.py"), pair.a.addr,
                                              pair.b.addr, "--qpn", m.group(1), "--count",
-                                             "60000"]),
+                                             "60000", "--flood", "100000"]),
                             capture_output=True, text=True, timeout=120)
         assert fz.returncode == 0 and "errors=0" in fz.stdout, fz.stdout + fz.stderr
         out = head + victim.communicate(timeout=60)[0]
@@ -310,6 +315,10 @@ def test_fuzzed_receive_path(pair):
         if victim.poll() is None:
             victim.kill()
     assert "victim done" in out and "victim=0" in out, out
+    # A SEND of 100000 packets (100 MB) from PSN 0 at a QP whose receive
+    # WQEs hold 4 KiB: nothing beyond the WQE is collected.
+    rss = int(re.search(r"rss_kb=(\d+)", out).group(1))
+    assert rss < 80 * 1024, out
     d = re.search(r"drops:\s+(\d+) bad ICRC, (\d+) malformed, (\d+) unknown QP, (\d+) other",
                   out)
     assert d, out
