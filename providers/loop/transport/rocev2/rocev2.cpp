@@ -194,7 +194,7 @@ struct wire {
 	uint64_t linger_until = 0;			 // Under lock
 	std::atomic<bool> exiting{false};
 	bool tried = false;
-	bool up = false;
+	std::atomic<bool> up{false};
 	// The host's UDP port (docs/rocev2.md, "Who owns the wire"): the
 	// process that holds it receives every packet to the host and
 	// forwards those for other processes' QPs to them.  Set by the
