@@ -239,8 +239,18 @@ void remote_fail(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p,
 		int err = t.move(qp, p, &m, 1, nullptr);
 		if (no_answer(err))
 			return step::unreachable;
+		if (err == EINVAL && p.remote) {
+			// A responder over the wire refused it as an invalid request.
+			remote_fail(t, qp, w, p, IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
+			return step::done;
+		}
+		if (err == EREMOTEIO) {
+			remote_fail(t, qp, w, p, IBV_WC_REM_OP_ERR, IBV_EVENT_QP_FATAL);
+			return step::done;
+		}
 		if (err) {
-			// The registered range is not mapped in the target any more.
+			// The registered range is not mapped in the target any more
+			// (over the wire: the responder's access error).
 			remote_fail(t, qp, w, p, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
 			return step::done;
 		}
@@ -282,6 +292,8 @@ step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, 
 		// range fault (or a target gone from under the key) an access error.
 		if (err == EINVAL)
 			remote_fail(t, qp, w, p, IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
+		else if (err == EREMOTEIO)
+			remote_fail(t, qp, w, p, IBV_WC_REM_OP_ERR, IBV_EVENT_QP_FATAL);
 		else
 			remote_fail(t, qp, w, p, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
 		return step::done;

@@ -157,11 +157,15 @@ struct transport_ops {
 	int (*invalidate)(loop_qp *qp, const peer &p, uint32_t rkey);
 	// Runs n copies in order, stopping at the first that fails; 0, ESRCH,
 	// ETIMEDOUT, or another errno (EFAULT: an address not mapped on one
-	// side), as that copy would have had alone.  *done (when not null)
+	// side; a remote peer's NAK: EACCES for a remote access error, EINVAL
+	// for an invalid request, EREMOTEIO for a remote operational error),
+	// as that copy would have had alone.  *done (when not null)
 	// receives how many copies before it finished: their bytes landed.
 	// A copy's bytes land in order with the others', never before them.
 	int (*move)(loop_qp *qp, const peer &p, const tp_move *ops, size_t n, size_t *done);
-	// 0, a key's errno (as resolve_key), EINVAL (misaligned), ESRCH, ETIMEDOUT.
+	// 0, a key's errno (as resolve_key), EINVAL (misaligned, or an invalid
+	// request NAK), EREMOTEIO (a remote operational error NAK), ESRCH,
+	// ETIMEDOUT.
 	int (*atomic)(loop_qp *qp, const peer &p, tp_atomic &op);
 	// Hands a request to the peer's responder and returns its answer.
 	tp_answer (*deliver)(loop_qp *qp, const peer &p, const tp_request &r);

@@ -804,12 +804,19 @@ tp_answer rv_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 	return {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
 }
 
-// An errno for the engine from a NAK's code (run_rdma and run_atomic turn
-// EINVAL into REM_INV_REQ_ERR where they can, anything else into
-// REM_ACCESS_ERR).
+// An errno for the engine from a NAK's code: run_rdma and run_atomic
+// complete EINVAL with REM_INV_REQ_ERR, EREMOTEIO with REM_OP_ERR, and
+// anything else with REM_ACCESS_ERR (transport.h).
 int nak_errno(uint8_t code)
 {
-	return code == static_cast<uint8_t>(rv::nak_code::invalid_request) ? EINVAL : EACCES;
+	switch (static_cast<rv::nak_code>(code)) {
+	case rv::nak_code::invalid_request:
+		return EINVAL;
+	case rv::nak_code::remote_access_error:
+		return EACCES;
+	default:
+		return EREMOTEIO;
+	}
 }
 
 uint64_t iov_bytes(const iovec *iov, int n)
