@@ -4,7 +4,7 @@
 #   normal  a -Werror build and every meson test suite (unit, abi, pyverbs,
 #           rocev2: two hosts in network namespaces,
 #           rdma-core)                                          build-ci
-#   asan    ASan+UBSan: the unit and pyverbs suites.  Every child that loads
+#   asan    ASan+UBSan: the unit, pyverbs and rocev2 suites.  Every child that loads
 #           our library has the runtime preloaded; a memory error, undefined
 #           behaviour, or a leak allocated inside our library by one of
 #           Debian's tools (the pingpong tools, perftest) fails its test
@@ -107,8 +107,8 @@ lane_asan() {
 	((full)) || addopts="-k '$asan_known_bad and $asan_ci_skip'"
 	PYTEST_ADDOPTS=$addopts UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		meson test -C "$asandir" --print-errorlogs --num-processes 2 --suite unit \
-		--suite pyverbs || status=1
-	/usr/bin/python3 scripts/test-summary.py "$asandir" unit pyverbs || status=1
+		--suite pyverbs --suite rocev2 || status=1
+	/usr/bin/python3 scripts/test-summary.py "$asandir" unit pyverbs rocev2 || status=1
 	return $status
 }
 
