@@ -391,3 +391,20 @@ def test_vanished_host_gives_retry_exceeded(pair, gid):
         timeout=90, settle=1.0)
     assert rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
     assert "mode=expect-retry-exc status=12" in co, co
+
+
+@pytest.mark.parametrize("mode", ["wait", "exc"])
+def test_rnr_across_hosts(pair, mode):
+    """No receive WQE at the responder: RNR NAKs carry its timer; with
+    rnr_retry 7 the SEND waits and lands whole once a WQE is posted, with
+    rnr_retry 2 it ends in IBV_WC_RNR_RETRY_EXC_ERR."""
+    script = str(HERE / "wire_check.py")
+    port = str(28000 + os.getpid() % 1000)
+    common = ["--port", port, "--gid-index", "0", "--timeout", "60"]
+    rs, so, rc, co = hosts.pair_run(
+        pair.a, pair.b, [PYTHON, script, "server", "--no-recv"] + common,
+        [PYTHON, script, "client", pair.a.addr, "--expect-rnr", mode] + common,
+        timeout=90, settle=1.0)
+    assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
+    want = "status=0" if mode == "wait" else "status=13"
+    assert f"mode=rnr-{mode} {want}" in co and "mode=rnr" in so, so + co

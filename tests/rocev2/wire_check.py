@@ -296,7 +296,7 @@ class Endpoint:
         self.qp.modify(a, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX |
                        e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
 
-    def connect(self, peer, timeout, retry_cnt):
+    def connect(self, peer, timeout, retry_cnt, rnr_retry=7, min_rnr_timer=1):
         """INIT -> RTR -> RTS towards the peer's QP."""
         port = self.args.ib_port
         a = QPAttr()
@@ -305,7 +305,7 @@ class Endpoint:
         a.dest_qp_num = peer['qpn']
         a.rq_psn = peer['psn']
         a.max_dest_rd_atomic = self.rd_atom
-        a.min_rnr_timer = 1
+        a.min_rnr_timer = min_rnr_timer
         gr = GlobalRoute(dgid=GID(peer['gid']), sgid_index=self.args.gid_index,
                          hop_limit=64)
         a.ah_attr = AHAttr(port_num=port, is_global=1, gr=gr)
@@ -316,7 +316,7 @@ class Endpoint:
         a.qp_state = e.IBV_QPS_RTS
         a.timeout = timeout
         a.retry_cnt = retry_cnt
-        a.rnr_retry = 7
+        a.rnr_retry = rnr_retry
         a.sq_psn = self.psn
         a.max_rd_atomic = self.rd_atom
         self.qp.modify(a, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT |
@@ -472,15 +472,23 @@ def run_server(args, clock):
     data = ep.mrs['data']
     init, _ = atomic_script(seed, iters)
     data.write(init.to_bytes(8, sys.byteorder), 8, COUNTER_OFF)
-    for s in range(RECV_DEPTH):
-        ep.post_recv(s)
-    ep.connect(hello, 14, 7)
+    if not args.no_recv:
+        for s in range(RECV_DEPTH):
+            ep.post_recv(s)
+    # RNR modes: a timer of 1.92 ms (code 14) between the requester's tries.
+    ep.connect(hello, 14, 7, min_rnr_timer=14 if args.no_recv else 1)
     reply = ep.info()
     reply.update(addr=data.buf, rkey=data.rkey, counter=data.buf + COUNTER_OFF)
     link.send(reply)
     if args.vanish:
         print('wire_check: server vanishing after the exchange', flush=True)
         os._exit(0)
+    if args.no_recv:
+        try:
+            return server_rnr(args, clock, link, ep, hello)
+        finally:
+            ep.close()
+            sock.close()
 
     try:
         return server_traffic(args, clock, link, ep, hello)
@@ -603,6 +611,8 @@ def run_client(args, clock):
         peer = link.recv('the server QP info')
         if args.expect_retry_exc:
             return client_retry_exc(args, clock, link, ep, peer)
+        if args.expect_rnr:
+            return client_rnr(args, clock, link, ep, peer)
         ep.connect(peer, 14, 7)
         return client_traffic(args, clock, link, ep, peer)
     except (Failure, Timeout) as ex:
@@ -614,6 +624,71 @@ def run_client(args, clock):
     finally:
         ep.close()
         sock.close()
+
+
+def server_rnr(args, clock, link, ep, hello):
+    """No receive WQE until the client says so; then the one message that
+    arrives must be the client's, whole."""
+    msg = link.recv('the client\'s word to post a receive, or its done')
+    if msg.get('post'):
+        ep.post_recv(0)
+        clock.waiting = 'the SEND that waited for a receive WQE'
+        while True:
+            n, wcs = ep.cq.poll(1)
+            if n:
+                break
+            clock.check()
+        wc = wcs[0]
+        want = make_msg(hello['seed'], 0, 0, 'c2s', 64, False)
+        got = ep.mrs['recv'].read(len(want), 0)
+        if wc.status != e.IBV_WC_SUCCESS or wc.byte_len != len(want) or got != want:
+            raise Failure(f'after RNR: status {wc.status} byte_len {wc.byte_len}, '
+                          f'payload {"intact" if got == want else "differs"}')
+        link.send({'ok': True})
+        msg = link.recv('the client done')
+    print('wire_check: OK role=server mode=rnr', flush=True)
+    return 0
+
+
+def client_rnr(args, clock, link, ep, peer):
+    """--expect-rnr wait: the SEND waits (RNR NAKs, rnr_retry 7) while the
+    server has no receive WQE, and completes whole once it posts one.
+    --expect-rnr exc: with rnr_retry 2 it fails with IBV_WC_RNR_RETRY_EXC_ERR."""
+    wait = args.expect_rnr == 'wait'
+    ep.connect(peer, 14, 7, rnr_retry=7 if wait else 2)
+    msg = make_msg(args.seed, 0, 0, 'c2s', 64, False)
+    ep.mrs['send'].write(msg, len(msg), 0)
+    ep.post(1, e.IBV_WR_SEND, ep.mrs['send'], 0, len(msg))
+
+    def completion(until):
+        while time.monotonic() < until:
+            n, wcs = ep.cq.poll(1)
+            if n and not wcs[0].wr_id & RECV_BIT:
+                return wcs[0]
+            clock.check()
+        return None
+    if wait:
+        wc = completion(time.monotonic() + 0.3)
+        if wc is not None:
+            raise Failure(f'the SEND completed (status {wc.status}) with no receive '
+                          f'WQE at the responder')
+        link.send({'post': True})
+        clock.waiting = 'the SEND to complete once a receive WQE is there'
+        wc = completion(time.monotonic() + clock.left())
+        if wc is None or wc.status != e.IBV_WC_SUCCESS:
+            raise Failure(f'after RNR waits: {wc and wc.status}')
+        if not link.recv('the server\'s check').get('ok'):
+            raise Failure('the server did not find the message')
+    else:
+        clock.waiting = 'the SEND to fail with IBV_WC_RNR_RETRY_EXC_ERR'
+        wc = completion(time.monotonic() + clock.left())
+        if wc is None or wc.status != e.IBV_WC_RNR_RETRY_EXC_ERR:
+            raise Failure(f'expected IBV_WC_RNR_RETRY_EXC_ERR (13), got '
+                          f'{wc and wc.status}')
+    link.send({'done': True})
+    print(f'wire_check: OK role=client mode=rnr-{args.expect_rnr} status={wc.status}',
+          flush=True)
+    return 0
 
 
 def client_retry_exc(args, clock, link, ep, peer):
@@ -815,6 +890,12 @@ def main(argv=None):
                    help='server: os._exit right after the QP exchange')
     p.add_argument('--expect-retry-exc', action='store_true',
                    help='client: first SEND must end in IBV_WC_RETRY_EXC_ERR')
+    p.add_argument('--no-recv', action='store_true',
+                   help='server: post no receive WQE until the client asks '
+                        '(with client --expect-rnr)')
+    p.add_argument('--expect-rnr', choices=['wait', 'exc'],
+                   help='client: with server --no-recv, the SEND waits out RNR '
+                        'NAKs (wait) or ends in IBV_WC_RNR_RETRY_EXC_ERR (exc)')
     args = p.parse_args(argv)
     if args.role == 'client' and not args.server:
         p.error('client needs SERVER_IP')
