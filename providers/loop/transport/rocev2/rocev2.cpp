@@ -145,6 +145,7 @@ struct qp_wire {
 	// responses were placed): a retry goes on from there.
 	uint32_t cur_done = 0;
 	uint32_t cur_asked = 0; // A READ's packets asked for so far
+	uint32_t cur_srqn = 0;	// XRC: the SRQ the request names
 	std::deque<std::vector<uint8_t>> inbox;
 	uint8_t rnr_timer = 0; // The last RNR NAK's
 	// Responder.
@@ -494,6 +495,26 @@ void scatter_at(const iovec *iov, int niov, uint64_t off, const uint8_t *src, si
 	}
 }
 
+// The transport service's opcode bits (BTH opcode's top 3): RC, UC, XRC.
+uint8_t service_of(ibv_qp_type t)
+{
+	switch (t) {
+	case IBV_QPT_UC:
+		return 0x20;
+	case IBV_QPT_XRC_SEND:
+	case IBV_QPT_XRC_RECV:
+		return 0xa0;
+	default:
+		return 0x00;
+	}
+}
+
+// Whether a QP of type t is reliable (acknowledged): RC and XRC.
+bool reliable(ibv_qp_type t)
+{
+	return t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND || t == IBV_QPT_XRC_RECV;
+}
+
 uint32_t packets_for(uint64_t len, uint32_t pmtu)
 {
 	return len ? static_cast<uint32_t>((len + pmtu - 1) / pmtu) : 1;
@@ -504,7 +525,8 @@ uint32_t packets_for(uint64_t len, uint32_t pmtu)
 
 // A SEND or WRITE message as its packets carry it.
 struct message {
-	uint8_t service; // 0x00 RC, 0x20 UC
+	uint8_t service;   // 0x00 RC, 0x20 UC, 0xa0 XRC
+	uint32_t xrc_srqn; // XRC: the SRQ every request packet names (XRCETH)
 	bool write;
 	bool imm;
 	bool inv;
@@ -562,6 +584,7 @@ void send_message(qp_wire &qw, const message &m, uint32_t first, uint32_t from, 
 		h.r = {m.va, m.rkey, static_cast<uint32_t>(m.len)};
 		h.imm_be = m.imm_be;
 		h.ieth_rkey = m.inv_rkey;
+		h.xrc_srqn = m.xrc_srqn;
 		uint64_t off = static_cast<uint64_t>(k) * qw.pmtu;
 		size_t chunk = static_cast<size_t>(std::min<uint64_t>(qw.pmtu, m.len - off));
 		size_t len = build_packet(buf, h, m.iov, m.niov, off, m.len ? chunk : 0);
@@ -708,8 +731,13 @@ int rv_resolve(loop_qp *qp, const tp_dest &d, peer &p)
 	p.qpn = d.qpn;
 	p.rec.in_use = 1;
 	p.rec.state = IBV_QPS_RTS;
-	p.rec.qp_type = static_cast<uint8_t>(qp->type);
+	p.rec.qp_type = static_cast<uint8_t>(qp->type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV
+									   : qp->type);
 	p.rec.access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+	// XRC: the SRQ number travels in every request (XRCETH); the
+	// responder checks it.
+	if (d.xrc_srqn != kNoXrcSrq)
+		p.xrc_srq = static_cast<int>(d.xrc_srqn & kPsn24);
 	return 0;
 }
 
@@ -770,7 +798,9 @@ tp_answer rv_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 		return ud_deliver(*qw, p, r);
 	const send_wr &w = *r.w;
 	message m{};
-	m.service = qw->type == IBV_QPT_UC ? 0x20 : 0x00;
+	m.service = service_of(qw->type);
+	qw->cur_srqn = p.xrc_srq >= 0 ? static_cast<uint32_t>(p.xrc_srq) : 0;
+	m.xrc_srqn = qw->cur_srqn;
 	m.write = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	m.imm = w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	m.inv = w.opcode == IBV_WR_SEND_WITH_INV;
@@ -830,7 +860,8 @@ uint64_t iov_bytes(const iovec *iov, int n)
 int rdma_write(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 {
 	message m{};
-	m.service = qw.type == IBV_QPT_UC ? 0x20 : 0x00;
+	m.service = service_of(qw.type);
+	m.xrc_srqn = qw.cur_srqn;
 	m.write = true;
 	m.va = reinterpret_cast<uint64_t>(op.remote[0].base);
 	m.rkey = op.remote[0].key;
@@ -860,7 +891,8 @@ void send_read_request(qp_wire &qw, uint32_t psn, uint64_t va, uint32_t rkey, ui
 {
 	uint8_t buf[kMaxPkt];
 	rv::pkt_hdrs h{};
-	h.b.opcode = rv::RC_RDMA_READ_REQUEST;
+	h.b.opcode = static_cast<uint8_t>(service_of(qw.type) | rv::RC_RDMA_READ_REQUEST);
+	h.xrc_srqn = qw.cur_srqn;
 	h.b.dqpn = qw.dqpn;
 	h.b.psn = psn;
 	h.b.ackreq = true;
@@ -926,6 +958,9 @@ int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 		if (k < 0 || k >= static_cast<int32_t>(n))
 			continue;
 		uint8_t opc = p.h.b.opcode;
+		if ((opc & 0xe0) != service_of(qw.type))
+			continue;
+		opc &= 0x1f;
 		if (opc == rv::RC_ACKNOWLEDGE) {
 			uint8_t syn = p.h.a.syndrome;
 			if (rv::aeth_kind_of(syn) != rv::aeth_kind::nak)
@@ -966,7 +1001,7 @@ int rdma_read(qp_wire &qw, std::unique_lock<std::mutex> &g, const tp_move &op)
 	return 0;
 }
 
-int rv_move(loop_qp *qp, const peer &, const tp_move *ops, size_t n, size_t *done)
+int rv_move(loop_qp *qp, const peer &p, const tp_move *ops, size_t n, size_t *done)
 {
 	if (done)
 		*done = 0;
@@ -974,6 +1009,7 @@ int rv_move(loop_qp *qp, const peer &, const tp_move *ops, size_t n, size_t *don
 	if (!qw)
 		return ESRCH;
 	std::unique_lock<std::mutex> g(qw->m);
+	qw->cur_srqn = p.xrc_srq >= 0 ? static_cast<uint32_t>(p.xrc_srq) : 0;
 	for (size_t i = 0; i < n; i++) {
 		const tp_move &op = ops[i];
 		if (op.nremote < 1 || op.remote[0].kind != seg_kind::wire)
@@ -987,7 +1023,7 @@ int rv_move(loop_qp *qp, const peer &, const tp_move *ops, size_t n, size_t *don
 	return 0;
 }
 
-int rv_atomic(loop_qp *qp, const peer &, tp_atomic &op)
+int rv_atomic(loop_qp *qp, const peer &peer_, tp_atomic &op)
 {
 	if (op.op == tp_atomic::kind::write)
 		return EINVAL; // ATOMIC WRITE does not go over the wire yet (docs/rocev2.md)
@@ -997,7 +1033,10 @@ int rv_atomic(loop_qp *qp, const peer &, tp_atomic &op)
 	std::unique_lock<std::mutex> g(qw->m);
 	uint32_t first = start_request(*qw, op.psn, 1);
 	rv::pkt_hdrs h{};
-	h.b.opcode = op.op == tp_atomic::kind::cmp_swap ? rv::RC_COMPARE_SWAP : rv::RC_FETCH_ADD;
+	h.b.opcode = static_cast<uint8_t>(
+		service_of(qw->type) |
+		(op.op == tp_atomic::kind::cmp_swap ? rv::RC_COMPARE_SWAP : rv::RC_FETCH_ADD));
+	h.xrc_srqn = peer_.xrc_srq >= 0 ? static_cast<uint32_t>(peer_.xrc_srq) : 0;
 	h.b.dqpn = qw->dqpn;
 	h.b.psn = first;
 	h.b.ackreq = true;
@@ -1018,11 +1057,13 @@ int rv_atomic(loop_qp *qp, const peer &, tp_atomic &op)
 		rv::parsed p;
 		if (rv::parse(pkt.data(), pkt.size(), p) != rv::parse_err::ok || p.h.b.psn != first)
 			continue;
-		if (p.h.b.opcode == rv::RC_ATOMIC_ACKNOWLEDGE) {
+		if ((p.h.b.opcode & 0xe0) != service_of(qw->type))
+			continue;
+		if ((p.h.b.opcode & 0x1f) == rv::RC_ATOMIC_ACKNOWLEDGE) {
 			op.old = p.h.atomic_ack_orig;
 			return 0;
 		}
-		if (p.h.b.opcode == rv::RC_ACKNOWLEDGE &&
+		if ((p.h.b.opcode & 0x1f) == rv::RC_ACKNOWLEDGE &&
 		    rv::aeth_kind_of(p.h.a.syndrome) == rv::aeth_kind::nak) {
 			count(&sv_wire_counters::naks_received);
 			uint8_t code = rv::aeth_value(p.h.a.syndrome);
@@ -1098,14 +1139,16 @@ void send_aeth_to(const host_addr &src, const host_addr &dst, uint32_t ifindex, 
 	send_packet(src, dst, ifindex, buf, len);
 }
 
+// An ACK, NAK or atomic ACK (opcode: the RC one; the QP's service is ORed in).
 void send_aeth(qp_wire &qw, uint8_t opcode, uint32_t psn, uint8_t syndrome, uint64_t orig = 0)
 {
-	send_aeth_to(qw.src, qw.dst, qw.ifindex, qw.dqpn, qw.msn, opcode, psn, syndrome, orig);
+	send_aeth_to(qw.src, qw.dst, qw.ifindex, qw.dqpn, qw.msn,
+		     static_cast<uint8_t>(service_of(qw.type) | opcode), psn, syndrome, orig);
 }
 
 void send_nak(qp_wire &qw, uint32_t psn, rv::nak_code code)
 {
-	if (qw.type != IBV_QPT_RC)
+	if (!reliable(qw.type))
 		return;
 	count(&sv_wire_counters::naks_sent);
 	send_aeth(qw, rv::RC_ACKNOWLEDGE, psn, rv::aeth_nak(code));
@@ -1113,7 +1156,7 @@ void send_nak(qp_wire &qw, uint32_t psn, rv::nak_code code)
 
 void send_ack(qp_wire &qw, uint32_t psn)
 {
-	if (qw.type != IBV_QPT_RC)
+	if (!reliable(qw.type))
 		return;
 	send_aeth(qw, rv::RC_ACKNOWLEDGE, psn, rv::aeth_ack(rv::kAethNoCredits));
 }
@@ -1156,7 +1199,7 @@ void fail(qp_wire &qw, const request &q, uint32_t psn, rv::nak_code code, ibv_ev
 {
 	qw.in_msg = false;
 	qw.reasm.clear();
-	if (qw.type != IBV_QPT_RC) {
+	if (!reliable(qw.type)) {
 		count(&sv_wire_counters::drop_other);
 		return;
 	}
@@ -1205,7 +1248,7 @@ void run_message(qp_wire &qw, const request &q, ibv_wr_opcode opcode)
 	case tp_answer::kind::rnr:
 		// No receive WQE: the requester sends the message again from its
 		// first packet after our RNR timer (UC: the message is dropped).
-		if (qw.type == IBV_QPT_RC) {
+		if (reliable(qw.type)) {
 			qw.epsn = qw.msg_first;
 			qw.nak_sent = false;
 			send_aeth(qw, rv::RC_ACKNOWLEDGE, qw.msg_first,
@@ -1310,10 +1353,11 @@ void run_read(qp_wire &qw, const request &q, bool fresh)
 			return;
 		}
 		rv::pkt_hdrs r{};
-		r.b.opcode = n == 1	     ? rv::RC_RDMA_READ_RESPONSE_ONLY
-			     : k == 0	     ? rv::RC_RDMA_READ_RESPONSE_FIRST
-			     : k + 1 == n ? rv::RC_RDMA_READ_RESPONSE_LAST
-					  : rv::RC_RDMA_READ_RESPONSE_MIDDLE;
+		r.b.opcode = static_cast<uint8_t>(
+			service_of(qw.type) | (n == 1	      ? rv::RC_RDMA_READ_RESPONSE_ONLY
+					       : k == 0	      ? rv::RC_RDMA_READ_RESPONSE_FIRST
+					       : k + 1 == n ? rv::RC_RDMA_READ_RESPONSE_LAST
+							    : rv::RC_RDMA_READ_RESPONSE_MIDDLE));
 		r.b.dqpn = qw.dqpn;
 		r.b.psn = psn_add(psn, k);
 		r.a.syndrome = rv::aeth_ack(rv::kAethNoCredits);
@@ -1387,17 +1431,26 @@ void duplicate(qp_wire &qw, const request &q)
 void respond_packet(qp_wire &qw, const rv::parsed &p)
 {
 	loop_qp *proxy = proxy_for(qw.ctx);
+	const rv::pkt_hdrs &h = p.h;
+	uint8_t op = h.b.opcode, low = op & 0x1f;
+	bool rc = reliable(qw.type);
+	bool xrc = qw.type == IBV_QPT_XRC_RECV;
 	peer tp;
-	if (loop_transport_ops.resolve(proxy, {qw.qpn, 0, true, kNoXrcSrq}, tp) || !tp.self ||
-	    !peer_receives(tp.rec)) {
+	int rerr = loop_transport_ops.resolve(proxy, {qw.qpn, 0, true,
+						      xrc ? h.xrc_srqn : kNoXrcSrq},
+					      tp);
+	if (rerr == EINVAL && xrc && peer_receives(tp.rec) && tp.self) {
+		// XRC: the SRQ named is not in the target's domain.
+		loop_transport_ops.responder_error(proxy, tp, IBV_EVENT_QP_REQ_ERR);
+		send_nak(qw, h.b.psn, rv::nak_code::invalid_request);
+		return;
+	}
+	if (rerr || !tp.self || !peer_receives(tp.rec)) {
 		count(&sv_wire_counters::drop_other); // Not a QP of ours that receives (RESET, INIT, ERR)
 		return;
 	}
 	request q{p, proxy, tp};
-	const rv::pkt_hdrs &h = p.h;
-	uint8_t op = h.b.opcode, low = op & 0x1f;
-	bool rc = qw.type == IBV_QPT_RC;
-	if ((op & 0xe0) != (rc ? 0x00 : 0x20)) {
+	if ((op & 0xe0) != service_of(qw.type)) {
 		count(&sv_wire_counters::drop_other); // Another service's packet
 		return;
 	}
@@ -1624,7 +1677,9 @@ void respond_datagram(qp_wire &qw, const rv::parsed &p, const host_addr &from,
 
 bool is_answer(uint8_t op)
 {
-	return (op >= rv::RC_RDMA_READ_RESPONSE_FIRST && op <= rv::RC_ATOMIC_ACKNOWLEDGE);
+	uint8_t service = op & 0xe0, low = op & 0x1f;
+	return (service == 0x00 || service == 0xa0) && low >= rv::RC_RDMA_READ_RESPONSE_FIRST &&
+	       low <= rv::RC_ATOMIC_ACKNOWLEDGE;
 }
 
 // A request for a QP destroyed lately: a duplicate of one it executed gets
@@ -2105,7 +2160,8 @@ void rocev2_qp_modified(loop_qp *qp, int mask)
 {
 	const device_config &cfg = qp->ctx->ldev->cfg;
 	if (!cfg.rocev2 || cfg.link_layer != IBV_LINK_LAYER_ETHERNET ||
-	    (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC && qp->type != IBV_QPT_UD))
+	    (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC && qp->type != IBV_QPT_UD &&
+	     qp->type != IBV_QPT_XRC_SEND && qp->type != IBV_QPT_XRC_RECV))
 		return;
 	wire &w = W();
 	const ibv_qp_attr &a = qp->attr;
@@ -2221,10 +2277,11 @@ void rocev2_qp_destroyed(loop_qp *qp)
 	qw->cv.notify_all();
 	if (qw->type != IBV_QPT_RC || !qw->remote)
 		return;
-	// Its grave lasts two of its timeouts (the peer's is likely the same),
-	// at most a second; at exit the process waits for the last one.
+	// Its grave lasts four of its timeouts (the peer's is likely the same:
+	// three of its retries, on a loaded machine too), at most a second; at
+	// exit the process waits for the last one.
 	uint64_t now = now_ns();
-	uint64_t until = now + std::min<uint64_t>(2 * timeout_ns(qw->timeout), kTimeoutCapNs);
+	uint64_t until = now + std::min<uint64_t>(4 * timeout_ns(qw->timeout), kTimeoutCapNs);
 	std::lock_guard<std::mutex> wg(w.lock);
 	std::erase_if(w.graves, [&](const auto &e) { return e.second.until_ns < now; });
 	if (w.graves.size() < 4096) {
