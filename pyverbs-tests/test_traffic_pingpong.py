@@ -183,3 +183,36 @@ def test_rc_across_devices_events_and_size(env):
     c, _ = pingpong(env, "ibv_rc_pingpong", ["-e", "-s", "100000", "-n", "50"],
                     server_dev="loop1", client_dev="loop0")
     assert f"{2 * 100000 * 50} bytes in" in c, c
+
+
+@pytest.mark.parametrize("clients", [2, 3])
+def test_xsrq_several_clients(env, clients):
+    """ibv_xsrq_pingpong -c N: every process opens the XRC domain by one file
+    (/tmp/xrc_domain), so all share it, and the server sends each client's
+    messages round robin over the send QPs connected to *other* clients'
+    target QPs: a receive lands in the SRQ owner's memory, not the target
+    QP owner's (it completed with IBV_WC_LOC_PROT_ERR before)."""
+    port = free_port()
+    common = ["-d", "loop0", "-p", str(port), "-n", "20", "-s", "300"]
+    srv = subprocess.Popen(["ibv_xsrq_pingpong", "-c", str(clients)] + common, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    clis = []
+    try:
+        end = time.monotonic() + 20
+        while not listening(port):
+            assert srv.poll() is None, srv.communicate()
+            assert time.monotonic() < end, "server never listened"
+            time.sleep(0.02)
+        clis = [subprocess.Popen(["ibv_xsrq_pingpong"] + common + ["127.0.0.1"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for _ in range(clients)]
+        outs = [c.communicate(timeout=60)[0] for c in clis]
+        sout = srv.communicate(timeout=30)[0]
+    finally:
+        for p in [srv] + clis:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert srv.returncode == 0 and "success" in sout, sout
+    for c, out in zip(clis, outs):
+        assert c.returncode == 0 and "success" in out, out

@@ -107,6 +107,22 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 	p.xrc_srq = static_cast<int>(srq_slot);
 	// An XRC target QP has no PD: keys are checked against the SRQ's.
 	p.rec.pdn = reg->objs[srq_slot].pdn;
+	// Processes that open one XRC domain (by its file) share it: the SRQ
+	// may be another's than the target QP's owner, and the receive lands
+	// in the SRQ owner's memory, under its keys.
+	const sv_obj_rec &so = reg->objs[srq_slot];
+	if (so.owner_lease != p.rec.owner_lease) {
+		uint32_t lease = so.owner_lease;
+		if (lease >= SV_MAX_PROCS || reg->leases[lease].generation != so.owner_gen)
+			return ENOENT;
+		auto pid = static_cast<pid_t>(reg->leases[lease].pid);
+		if (pid <= 0 || pid >= static_cast<pid_t>(kPidMaxLimit))
+			return ENOENT;
+		p.rec.owner_lease = lease;
+		p.rec.owner_gen = so.owner_gen;
+		p.pid = pid;
+		p.self = lease == static_cast<uint32_t>(qp->ctx->lease) && pid == getpid();
+	}
 	return 0;
 }
 

@@ -1439,13 +1439,15 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 	int rerr = loop_transport_ops.resolve(proxy, {qw.qpn, 0, true,
 						      xrc ? h.xrc_srqn : kNoXrcSrq},
 					      tp);
-	if (rerr == EINVAL && xrc && peer_receives(tp.rec) && tp.self) {
+	if (rerr == EINVAL && xrc && peer_receives(tp.rec)) {
 		// XRC: the SRQ named is not in the target's domain.
 		loop_transport_ops.responder_error(proxy, tp, IBV_EVENT_QP_REQ_ERR);
 		send_nak(qw, h.b.psn, rv::nak_code::invalid_request);
 		return;
 	}
-	if (rerr || !tp.self || !peer_receives(tp.rec)) {
+	// The QP is ours (it has a qp_wire here); an XRC target's SRQ may be
+	// another process's of the domain (the loop transport copies to it).
+	if (rerr || (!tp.self && !xrc) || !peer_receives(tp.rec)) {
 		count(&sv_wire_counters::drop_other); // Not a QP of ours that receives (RESET, INIT, ERR)
 		return;
 	}
