@@ -302,6 +302,10 @@ struct loop_qp {
 	bool agent = false;
 	uint64_t sq_bad_db = 0;
 	bool in_progress_list;
+	// book_retry's last liveness check of an RNR-waiting peer (under sq_lock).
+	uint64_t rnr_checked_ns = 0;
+	uint8_t rnr_timer = 0;
+	bool rnr_peer_alive = true;
 	// SENDs whose data waits in the peer's CQE payload for the peer to
 	// place it.  Anything this QP moves later places them first, so that
 	// bytes still land in the order the QP sent them.  Under sq_lock.

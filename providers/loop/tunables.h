@@ -55,6 +55,10 @@ inline constexpr long kEngineShortSleepNs = 200 * 1000;
 // A backlog that could not be run for want of memory is tried again after
 // this long.
 inline constexpr uint64_t kProgressRetryNs = 1000 * 1000;
+// How often an RNR-waiting requester asks whether its responder still
+// lives (engine/completer.cpp: book_retry): the check takes the registry
+// lock and reads /proc, too much for every try of a 10 us RNR timer.
+inline constexpr uint64_t kRnrAliveEveryNs = 50 * 1000 * 1000;
 
 // ---- Queue pairs (loop.h, transport/loop/loop_transport.cpp) ----
 // Deferred SENDs a QP remembers (note_deferred) before it places them all

@@ -124,8 +124,20 @@ uint64_t book_retry(loop_qp *qp, send_wr &w, step s, uint64_t now)
 	tp_liveness live{};
 	if (s == step::rnr) {
 		// An RNR wait on a dead responder would last forever with
-		// rnr_retry 7: a dead peer counts as unreachable instead.
-		live = t.alive(qp, qp->attr.dest_qp_num, false);
+		// rnr_retry 7: a dead peer counts as unreachable instead.  The
+		// check takes the registry's lock and reads /proc, so it is made
+		// at most every kRnrAliveEveryNs per QP: with an RNR timer of
+		// 10 us, checking on every try kept the progress threads of three
+		// processes fighting for that lock while holding their QPs' send
+		// locks, and their posting threads (which would have reposted the
+		// receives the RNR waited for) starved: sv_xrc -p 3 hung.
+		if (!qp->rnr_checked_ns || now - qp->rnr_checked_ns >= kRnrAliveEveryNs) {
+			live = t.alive(qp, qp->attr.dest_qp_num, false);
+			qp->rnr_checked_ns = now;
+			qp->rnr_timer = live.min_rnr_timer;
+			qp->rnr_peer_alive = live.alive;
+		}
+		live = {qp->rnr_peer_alive, qp->rnr_timer};
 		if (!live.alive)
 			s = step::unreachable;
 	}
