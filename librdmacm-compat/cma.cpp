@@ -17,9 +17,12 @@
 #include <infiniband/verbs.h>
 
 #include "../providers/loop/config.h"
+#include "../providers/loop/transport/rocev2/cm_mad.h"
+#include "../providers/loop/transport/rocev2/wire.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -108,6 +111,11 @@ struct dev_entry {
 	ibv_pd *pd = nullptr; // rdma_create_qp's default PD
 	std::string name;
 	ibv_device_attr attr{};
+	// RoCE v2 to other hosts (the device's rocev2 key): connections to an
+	// address of another host go over the wire, the CM's messages as MADs.
+	bool wire = false;
+	uint16_t udp_port = 4791;
+	uint32_t ifindex = 0; // The netdev's, for IPv6 link-local peers
 };
 
 struct channel_priv;
@@ -194,6 +202,24 @@ struct cm_id {
 		bool attached;
 	};
 	std::vector<mcast> mcs;
+	// Over the wire (a peer on another host; docs/rdmacm.md, "Across
+	// hosts"): the messages are IB CM MADs in RoCE v2 packets to the peer's
+	// QP1, and conn_fd is a datagram socket named after lcomm, to which the
+	// port's owner hands the MADs for this communication (cm_mad.h).  A
+	// listener's gsi_fd, named after its service ID, gets the REQs.
+	bool wire = false;
+	int gsi_fd = -1;
+	uint32_t lcomm = 0, rcomm = 0;
+	uint64_t tid = 0;
+	bool peer_v4 = false;
+	uint8_t peer_ip[16] = {}, my_ip[16] = {};
+	uint16_t udp_port = 4791;
+	uint32_t ifindex = 0;
+	// The message that waits for an answer (REQ, REP, DREQ), sent again
+	// every resend interval until the answer or the deadline; and the last
+	// answer sent (RTU, DREP), sent again when the peer repeats itself.
+	std::vector<uint8_t> resend, answer;
+	int64_t resend_ms = 0;
 };
 
 struct global {
@@ -209,6 +235,11 @@ struct global {
 	// Marks of listeners destroyed lately (fd, when it goes): see
 	// connect_listener.
 	std::vector<std::pair<int, int64_t>> tombs;
+	// The CM's own UDP sockets for MADs to other hosts (any source port).
+	int udp4 = -1, udp6 = -1;
+	uint16_t uport4 = 0, uport6 = 0;
+	double drop_pct = 0; // SOFTVERBS_ROCEV2_DROP applies to MADs too
+	bool any_wire = false;
 };
 
 global &G()
@@ -377,7 +408,8 @@ int fabric_init_locked()
 	loop::config cfg;
 	std::string err;
 	std::string fab = "default";
-	if (loop::load_config(cfg, err))
+	bool have_cfg = loop::load_config(cfg, err);
+	if (have_cfg)
 		fab = cfg.fabric;
 	else if (const char *e = getenv("SOFTVERBS_FABRIC"))
 		fab = e;
@@ -397,9 +429,20 @@ int fabric_init_locked()
 		d->name = ibv_get_device_name(list[i]);
 		if (ibv_query_device(ctx, &d->attr))
 			memset(&d->attr, 0, sizeof(d->attr));
+		if (have_cfg)
+			for (const loop::device_config &dc : cfg.devices)
+				if (dc.name == d->name && dc.rocev2 &&
+				    dc.link_layer == IBV_LINK_LAYER_ETHERNET) {
+					d->wire = true;
+					d->udp_port = dc.udp_port;
+					d->ifindex = if_nametoindex(dc.netdev.c_str());
+					g.any_wire = true;
+				}
 		g.devs.push_back(d);
 	}
 	ibv_free_device_list(list);
+	if (const char *d = getenv("SOFTVERBS_ROCEV2_DROP"))
+		g.drop_pct = std::clamp(atof(d), 0.0, 100.0);
 	if (g.devs.empty())
 		g.init_err = ENODEV;
 	return g.init_err;
@@ -624,6 +667,12 @@ wire_msg base_msg(cm_id *p, uint8_t type)
 	return m;
 }
 
+// Over the wire (see "across hosts" below) or the local socket.
+bool send_peer(cm_id *p, wire_msg &m);
+void on_wire_conn(cm_id *p);
+void on_gsi_listener(cm_id *l);
+void close_wire(cm_id *p);
+
 void epoll_add(int fd, uint64_t key)
 {
 	epoll_event ev{};
@@ -634,6 +683,13 @@ void epoll_add(int fd, uint64_t key)
 
 void close_conn(cm_id *p)
 {
+	if (p->wire) {
+		// The socket stays until the id goes: a peer that missed our
+		// last answer repeats itself and hears it again.
+		p->resend.clear();
+		p->resend_ms = 0;
+		return;
+	}
 	if (p->conn_fd >= 0) {
 		epoll_ctl(G().ep, EPOLL_CTL_DEL, p->conn_fd, nullptr);
 		close(p->conn_fd);
@@ -763,7 +819,7 @@ void on_request(cm_id *p, const wire_msg &m)
 	    !fill_port(d, m.port, pk)) {
 		wire_msg r = base_msg(p, m.type == M_REQ ? M_REJ : M_SIDR_REP);
 		r.status = m.type == M_REQ ? kRejInvalidServiceId : 2;
-		send_msg(p->conn_fd, r);
+		send_peer(p, r);
 		destroy_locked(p);
 		return;
 	}
@@ -867,7 +923,7 @@ void on_message(cm_id *p, const wire_msg &m)
 		return;
 	case M_DREQ: {
 		wire_msg r = base_msg(p, M_DREP);
-		send_msg(p->conn_fd, r);
+		send_peer(p, r);
 		if (p->state == st::accepted) // DREQ overtook nothing: RTU came first
 			p->state = st::established;
 		p->state = st::disconnected;
@@ -885,6 +941,30 @@ void on_message(cm_id *p, const wire_msg &m)
 	}
 }
 
+cm_id *new_child(cm_id *l)
+{
+	auto *c = new cm_id;
+	memset(&c->id, 0, sizeof(c->id));
+	c->serial = G().next_serial++;
+	c->state = st::pending_req;
+	c->listener = l;
+	c->sync = l->sync;
+	c->id.context = l->id.context;
+	c->id.ps = l->id.ps;
+	c->tos = l->tos;
+	if (l->sync) {
+		auto *ch = new channel_priv;
+		ch->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+		c->chan = ch;
+	} else {
+		c->chan = l->chan;
+	}
+	c->id.channel = &c->chan->ch;
+	l->children.push_back(c);
+	G().ids[c->serial] = c;
+	return c;
+}
+
 void on_listener(cm_id *l)
 {
 	for (;;) {
@@ -898,32 +978,664 @@ void on_listener(cm_id *l)
 			close(fd);
 			continue;
 		}
-		auto *c = new cm_id;
-		memset(&c->id, 0, sizeof(c->id));
-		c->serial = G().next_serial++;
-		c->state = st::pending_req;
-		c->listener = l;
-		c->sync = l->sync;
-		c->id.context = l->id.context;
-		c->id.ps = l->id.ps;
-		c->tos = l->tos;
-		if (l->sync) {
-			auto *ch = new channel_priv;
-			ch->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
-			c->chan = ch;
-		} else {
-			c->chan = l->chan;
-		}
-		c->id.channel = &c->chan->ch;
+		cm_id *c = new_child(l);
 		c->conn_fd = fd;
-		l->children.push_back(c);
-		G().ids[c->serial] = c;
-		epoll_add(fd, c->serial << 1 | 1);
+		epoll_add(fd, c->serial << 2 | 1);
 	}
+}
+
+// ------------------------------------------------------ across hosts ---
+// A peer on another host (docs/rdmacm.md, "Across hosts"): the messages
+// are the IB CM's MADs (cm_mad.h) in RoCE v2 packets to the peer's QP1,
+// sent from a UDP socket of our own; the host's port owner (the provider's
+// receive thread) hands those for us to the datagram socket named after
+// the communication (conn_fd) or, for a REQ, the listener's service ID
+// (gsi_fd).  A datagram may be lost: a REQ, REP or DREQ goes again until
+// its answer comes or the CM timeout runs out, and a repeated REQ, REP or
+// DREQ gets the answer it had again.
+
+namespace cmw = loop::rocev2::cm;
+namespace rv = loop::rocev2;
+
+int64_t resend_interval_ms()
+{
+	return std::clamp<int64_t>(cm_timeout_ms() / 16, 100, 1000);
+}
+
+uint64_t rand64()
+{
+	uint64_t v = 0;
+	if (getrandom(&v, sizeof(v), 0) != sizeof(v))
+		v = static_cast<uint64_t>(random()) << 32 | static_cast<uint64_t>(random());
+	return v;
+}
+
+// The IP address of a RoCE v2 GID: 16 bytes, IPv4 in the first 4.
+void gid_ip(const ibv_gid &g, bool &v4, uint8_t ip[16])
+{
+	static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	memset(ip, 0, 16);
+	v4 = memcmp(g.raw, mapped, sizeof(mapped)) == 0;
+	if (v4)
+		memcpy(ip, g.raw + 12, 4);
+	else
+		memcpy(ip, g.raw, 16);
+}
+
+// The CM's UDP socket of a family (opened at first use): DF set, so that
+// the IPv4 identification is 0 as the ICRC assumes (wire.h).
+int wire_socket(bool v4, uint16_t &port)
+{
+	global &g = G();
+	int &fd = v4 ? g.udp4 : g.udp6;
+	uint16_t &bound = v4 ? g.uport4 : g.uport6;
+	if (fd < 0) {
+		int s = raw_socket(v4 ? AF_INET : AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		if (s < 0)
+			return -1;
+		int one = 1;
+		if (v4) {
+			int pm = IP_PMTUDISC_DO;
+			setsockopt(s, IPPROTO_IP, IP_MTU_DISCOVER, &pm, sizeof(pm));
+		} else {
+			int pm = IPV6_PMTUDISC_DO;
+			setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+			setsockopt(s, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pm, sizeof(pm));
+		}
+		sockaddr_storage ss{};
+		ss.ss_family = static_cast<sa_family_t>(v4 ? AF_INET : AF_INET6);
+		socklen_t sl = v4 ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+		if (bind(s, reinterpret_cast<sockaddr *>(&ss), sl) ||
+		    getsockname(s, reinterpret_cast<sockaddr *>(&ss), &sl)) {
+			close(s);
+			return -1;
+		}
+		bound = get_port(reinterpret_cast<sockaddr *>(&ss));
+		fd = s;
+	}
+	port = bound;
+	return fd;
+}
+
+// Sends a MAD to p's peer's QP1.  A packet the loss knob takes counts as
+// sent (lost on the wire).
+bool wire_send_mad(cm_id *p, const uint8_t *mad)
+{
+	uint16_t sport = 0;
+	int fd = wire_socket(p->peer_v4, sport);
+	if (fd < 0)
+		return false;
+	uint8_t pkt[cmw::kMadLen + 64];
+	size_t n = cmw::build_gsi_packet(pkt, mad, rand24());
+	rv::ip_info ip;
+	ip.v6 = !p->peer_v4;
+	memcpy(ip.src, p->my_ip, 16);
+	memcpy(ip.dst, p->peer_ip, 16);
+	ip.sport = sport;
+	ip.dport = p->udp_port;
+	rv::put_icrc(pkt + n, rv::icrc(ip, pkt, n));
+	n += rv::kIcrcLen;
+	double pct = G().drop_pct;
+	if (pct > 0 && rand24() % 1000000 < static_cast<uint32_t>(pct * 10000))
+		return true;
+	iovec iov{pkt, n};
+	msghdr mh{};
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(in6_pktinfo))] = {};
+	mh.msg_control = cbuf;
+	sockaddr_in sa4{};
+	sockaddr_in6 sa6{};
+	if (p->peer_v4) {
+		sa4.sin_family = AF_INET;
+		sa4.sin_port = htons(p->udp_port);
+		memcpy(&sa4.sin_addr, p->peer_ip, 4);
+		mh.msg_name = &sa4;
+		mh.msg_namelen = sizeof(sa4);
+		mh.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo));
+		cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = IPPROTO_IP;
+		c->cmsg_type = IP_PKTINFO;
+		c->cmsg_len = CMSG_LEN(sizeof(in_pktinfo));
+		in_pktinfo pi{};
+		memcpy(&pi.ipi_spec_dst, p->my_ip, 4);
+		memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+	} else {
+		bool ll = p->peer_ip[0] == 0xfe && (p->peer_ip[1] & 0xc0) == 0x80;
+		sa6.sin6_family = AF_INET6;
+		sa6.sin6_port = htons(p->udp_port);
+		memcpy(&sa6.sin6_addr, p->peer_ip, 16);
+		if (ll)
+			sa6.sin6_scope_id = p->ifindex;
+		mh.msg_name = &sa6;
+		mh.msg_namelen = sizeof(sa6);
+		mh.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo));
+		cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = IPPROTO_IPV6;
+		c->cmsg_type = IPV6_PKTINFO;
+		c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
+		in6_pktinfo pi{};
+		memcpy(&pi.ipi6_addr, p->my_ip, 16);
+		pi.ipi6_ifindex = ll ? p->ifindex : 0;
+		memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+	}
+	return sendmsg(fd, &mh, MSG_DONTWAIT) >= 0 || errno == EAGAIN || errno == ENOBUFS;
+}
+
+uint16_t attr_of(uint8_t type)
+{
+	switch (type) {
+	case M_REQ: return cmw::REQ;
+	case M_REP: return cmw::REP;
+	case M_RTU: return cmw::RTU;
+	case M_REJ: return cmw::REJ;
+	case M_DREQ: return cmw::DREQ;
+	case M_DREP: return cmw::DREP;
+	case M_SIDR_REQ: return cmw::SIDR_REQ;
+	default: return cmw::SIDR_REP;
+	}
+}
+
+// The address bytes of a socket address (IPv4: the first 4 of 16).
+void sa_ip(const sockaddr *a, uint8_t ip[16])
+{
+	memset(ip, 0, 16);
+	if (a->sa_family == AF_INET)
+		memcpy(ip, &reinterpret_cast<const sockaddr_in *>(a)->sin_addr, 4);
+	else if (a->sa_family == AF_INET6)
+		memcpy(ip, &reinterpret_cast<const sockaddr_in6 *>(a)->sin6_addr, 16);
+}
+
+// m (what the local protocol would carry) as p's MAD.
+void encode_mad(cm_id *p, const wire_msg &m, uint8_t *mad)
+{
+	memset(mad, 0, cmw::kMadLen);
+	cmw::mad_hdr h;
+	h.tid = p->tid;
+	h.attr_id = attr_of(m.type);
+	cmw::put_hdr(mad, h);
+	int plen = m.pdata_len;
+	switch (m.type) {
+	case M_REQ: {
+		cmw::req q;
+		q.local_comm_id = p->lcomm;
+		q.service_id = cmw::service_id(p->id.ps, get_port(&p->id.route.addr.dst_addr));
+		q.local_ca_guid = be64toh(p->dev->attr.node_guid);
+		q.local_qpn = m.qpn & 0xffffff;
+		q.responder_resources = m.resp_res;
+		q.initiator_depth = m.init_depth;
+		q.end_to_end_flow_control = m.flow_control;
+		q.starting_psn = m.psn & 0xffffff;
+		q.retry_count = m.retry_count & 7;
+		q.rnr_retry_count = m.rnr_retry & 7;
+		q.path_mtu = m.mtu;
+		q.srq = m.srq;
+		memcpy(q.primary_local_gid, p->gid.raw, 16);
+		memcpy(q.primary_remote_gid, p->rgid.raw, 16);
+		// Routed (hop limit above 1): permissive LIDs, not subnet local,
+		// as the kernel's CM fills a RoCE path.
+		q.primary_subnet_local = false;
+		q.primary_traffic_class = p->tos;
+		q.primary_hop_limit = 64;
+		q.primary_packet_rate = p->path.rate;
+		q.primary_local_ack_timeout = std::min<uint8_t>(p->ack_timeout, 31);
+		cmw::cma_hdr c;
+		const sockaddr *src = &p->id.route.addr.src_addr;
+		c.ip_version = src->sa_family == AF_INET ? 4 : 6;
+		c.src_port = get_port(src);
+		sa_ip(src, c.src);
+		sa_ip(&p->id.route.addr.dst_addr, c.dst);
+		cmw::put_cma_hdr(q.private_data, c);
+		memcpy(q.private_data + cmw::kCmaHdrLen, m.pdata, std::min(plen, kReqPdata));
+		cmw::put_req(mad, q);
+		return;
+	}
+	case M_REP: {
+		cmw::rep r;
+		r.local_comm_id = p->lcomm;
+		r.remote_comm_id = p->rcomm;
+		r.local_qpn = m.qpn & 0xffffff;
+		r.starting_psn = m.psn & 0xffffff;
+		r.responder_resources = m.resp_res;
+		r.initiator_depth = m.init_depth;
+		r.target_ack_delay = 15;
+		r.end_to_end_flow_control = m.flow_control;
+		r.rnr_retry_count = m.rnr_retry & 7;
+		r.srq = m.srq;
+		r.local_ca_guid = be64toh(p->dev->attr.node_guid);
+		memcpy(r.private_data, m.pdata, std::min(plen, kRepPdata));
+		cmw::put_rep(mad, r);
+		return;
+	}
+	case M_REJ: {
+		cmw::rej r;
+		r.local_comm_id = p->lcomm;
+		r.remote_comm_id = p->rcomm;
+		r.message_rejected = p->state == st::rep_rcvd ? cmw::kRejectedRep : cmw::kRejectedReq;
+		r.reason = static_cast<uint16_t>(m.status);
+		memcpy(r.private_data, m.pdata, std::min(plen, kRejPdata));
+		cmw::put_rej(mad, r);
+		return;
+	}
+	default: { // RTU, DREQ, DREP
+		cmw::short_msg s;
+		s.local_comm_id = p->lcomm;
+		s.remote_comm_id = p->rcomm;
+		s.remote_qpn = p->rqpn;
+		cmw::put_short(mad, h.attr_id, s);
+		return;
+	}
+	}
+}
+
+// A MAD for connection p as the message on_message reads; false when it
+// is not one for p (another communication's, or a kind not served).
+bool decode_mad(cm_id *p, const uint8_t *mad, wire_msg &m)
+{
+	cmw::mad_hdr h;
+	cmw::get_hdr(mad, h);
+	memset(&m, 0, sizeof(m));
+	memcpy(m.sgid, p->rgid.raw, 16);
+	m.mtu = static_cast<uint8_t>(p->mtu);
+	m.eth = 1;
+	m.port = p->id.port_num;
+	m.retry_count = p->retry;
+	switch (h.attr_id) {
+	case cmw::REP: {
+		cmw::rep r;
+		cmw::get_rep(mad, r);
+		if (r.remote_comm_id != p->lcomm || !r.local_comm_id)
+			return false;
+		m.type = M_REP;
+		m.qpn = r.local_qpn;
+		m.psn = r.starting_psn;
+		m.qkey = r.local_qkey;
+		m.resp_res = r.responder_resources;
+		m.init_depth = r.initiator_depth;
+		m.flow_control = r.end_to_end_flow_control;
+		m.rnr_retry = r.rnr_retry_count;
+		m.srq = r.srq;
+		memcpy(m.pdata, r.private_data, kRepPdata);
+		m.pdata_len = kRepPdata;
+		if (p->state == st::connect)
+			p->rcomm = r.local_comm_id;
+		return true;
+	}
+	case cmw::REJ: {
+		cmw::rej r;
+		cmw::get_rej(mad, r);
+		if (r.remote_comm_id != p->lcomm)
+			return false;
+		m.type = M_REJ;
+		m.status = r.reason;
+		memcpy(m.pdata, r.private_data, kRejPdata);
+		m.pdata_len = kRejPdata;
+		return true;
+	}
+	case cmw::RTU:
+	case cmw::DREQ:
+	case cmw::DREP: {
+		cmw::short_msg s;
+		cmw::get_short(mad, h.attr_id, s);
+		if (s.remote_comm_id != p->lcomm || s.local_comm_id != p->rcomm)
+			return false;
+		m.type = h.attr_id == cmw::RTU ? M_RTU : h.attr_id == cmw::DREQ ? M_DREQ : M_DREP;
+		return true;
+	}
+	default:
+		return false;
+	}
+}
+
+// Sends m to p's peer over the wire; a REQ, REP or DREQ is kept to be sent
+// again until its answer, an RTU or DREP to answer a repeat with.
+bool wire_send(cm_id *p, const wire_msg &m)
+{
+	uint8_t mad[cmw::kMadLen];
+	encode_mad(p, m, mad);
+	if (!wire_send_mad(p, mad))
+		return false;
+	if (m.type == M_REQ || m.type == M_REP || m.type == M_DREQ) {
+		p->resend.assign(mad, mad + cmw::kMadLen);
+		p->resend_ms = now_ms() + resend_interval_ms();
+	} else if (m.type == M_RTU || m.type == M_DREP) {
+		p->answer.assign(mad, mad + cmw::kMadLen);
+	}
+	return true;
+}
+
+// A datagram socket named for the GSI's hand-over (cm_mad.h): of a
+// connection (by_service false: a fresh local comm ID, free on this host)
+// or of a listener (its service ID).  -1 with errno.
+int gsi_socket(uint16_t udp_port, bool by_service, uint64_t &key)
+{
+	int fd = raw_socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -1;
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+	for (int tries = 0; tries < 64; tries++) {
+		if (!by_service) {
+			key = static_cast<uint32_t>(rand64());
+			if (!key)
+				continue;
+		}
+		sockaddr_un un{};
+		un.sun_family = AF_UNIX;
+		size_t n = cmw::gsi_socket_name(un.sun_path + 1, sizeof(un.sun_path) - 1, getuid(),
+						 udp_port, by_service, key);
+		if (!bind(fd, reinterpret_cast<sockaddr *>(&un),
+			  static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n)))
+			return fd;
+		if (by_service || errno != EADDRINUSE)
+			break;
+	}
+	int e = errno;
+	close(fd);
+	errno = e;
+	return -1;
+}
+
+// p's connection socket and local comm ID.
+bool open_comm(cm_id *p)
+{
+	uint64_t key = 0;
+	int fd = gsi_socket(p->udp_port, false, key);
+	if (fd < 0)
+		return false;
+	p->lcomm = static_cast<uint32_t>(key);
+	p->conn_fd = fd;
+	epoll_add(fd, p->serial << 2 | 1);
+	return true;
+}
+
+// Reads one MAD the port's owner handed over: 1, 0 for a datagram that is
+// not one (dropped), -1 when none is left.
+int recv_gsi(int fd, cmw::gsi_fwd &f, uint8_t *mad)
+{
+	uint8_t buf[sizeof(cmw::gsi_fwd) + cmw::kMadLen + 1];
+	iovec iov{buf, sizeof(buf)};
+	alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(ucred))];
+	msghdr mh{};
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	mh.msg_control = cbuf;
+	mh.msg_controllen = sizeof(cbuf);
+	ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT);
+	if (n < 0)
+		return -1;
+	bool ours = false;
+	for (cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+			ucred cr;
+			memcpy(&cr, CMSG_DATA(c), sizeof(cr));
+			ours = cr.uid == getuid();
+		}
+	if (!ours || static_cast<size_t>(n) != sizeof(buf) - 1)
+		return 0;
+	memcpy(&f, buf, sizeof(f));
+	if (memcmp(f.magic, "SVGM", 4))
+		return 0;
+	memcpy(mad, buf + sizeof(f), cmw::kMadLen);
+	return cmw::is_cm_mad(mad, cmw::kMadLen) ? 1 : 0;
+}
+
+void on_wire_conn(cm_id *p)
+{
+	for (;;) {
+		if (p->conn_fd < 0)
+			return;
+		cmw::gsi_fwd f;
+		uint8_t mad[cmw::kMadLen];
+		int r = recv_gsi(p->conn_fd, f, mad);
+		if (r < 0)
+			return;
+		if (!r || memcmp(f.from, p->peer_ip, 16))
+			continue; // Not a MAD, or not from our peer
+		cmw::mad_hdr h;
+		cmw::get_hdr(mad, h);
+		// The peer repeats itself: it did not hear our answer.
+		if ((h.attr_id == cmw::REP && p->state == st::established) ||
+		    (h.attr_id == cmw::DREQ && p->state == st::disconnected)) {
+			if (!p->answer.empty())
+				wire_send_mad(p, p->answer.data());
+			continue;
+		}
+		if (h.attr_id == cmw::MRA) { // "Wait longer": the peer is alive
+			if (p->deadline_ms)
+				p->deadline_ms = now_ms() + cm_timeout_ms();
+			continue;
+		}
+		wire_msg m;
+		if (!decode_mad(p, mad, m) || !valid_type_for(p->state, m.type))
+			continue; // Stray or late: a datagram tears nothing down
+		p->resend.clear();
+		p->resend_ms = 0;
+		on_message(p, m);
+	}
+}
+
+// Whether listener l takes a connection to dst.
+bool listener_takes(const cm_id *l, const sockaddr *dst)
+{
+	const sockaddr *la = &l->id.route.addr.src_addr;
+	if (is_any(la))
+		return la->sa_family == dst->sa_family ||
+		       (la->sa_family == AF_INET6 && dst->sa_family == AF_INET);
+	if (la->sa_family != dst->sa_family)
+		return false;
+	uint8_t a[16], b[16];
+	sa_ip(la, a);
+	sa_ip(dst, b);
+	return memcmp(a, b, 16) == 0;
+}
+
+// A REQ from another host to listener l: a new id, as a connection
+// accepted on the local socket makes, and the request through on_request.
+void on_gsi_listener(cm_id *l)
+{
+	for (;;) {
+		if (l->gsi_fd < 0 || l->state != st::listen)
+			return;
+		cmw::gsi_fwd f;
+		uint8_t mad[cmw::kMadLen];
+		int r = recv_gsi(l->gsi_fd, f, mad);
+		if (r < 0)
+			return;
+		cmw::mad_hdr h;
+		cmw::get_hdr(mad, h);
+		if (!r || h.attr_id != cmw::REQ)
+			continue; // SIDR across hosts is not served (docs/rdmacm.md)
+		cmw::req q;
+		cmw::get_req(mad, q);
+		// A repeat of a REQ one of our ids has: its REP again, if sent.
+		bool repeat = false;
+		for (cm_id *c : l->children)
+			if (c->wire && c->rcomm == q.local_comm_id && !memcmp(c->peer_ip, f.from, 16)) {
+				repeat = true;
+				if (c->state == st::accepted && !c->resend.empty())
+					wire_send_mad(c, c->resend.data());
+			}
+		if (repeat)
+			continue;
+		// The device: the wire port whose GID the REQ names as its peer's.
+		dev_entry *dev = nullptr;
+		uint8_t port = 0;
+		ibv_gid want;
+		memcpy(want.raw, q.primary_remote_gid, 16);
+		for (dev_entry *d : G().devs)
+			for (uint8_t pn = 1; d->wire && !dev && pn <= d->attr.phys_port_cnt; pn++)
+				if (gid_index_of(d, pn, want) >= 0) {
+					dev = d;
+					port = pn;
+				}
+		cm_id *c = new_child(l);
+		c->wire = true;
+		c->peer_v4 = f.v4 != 0;
+		memcpy(c->peer_ip, f.from, 16);
+		memcpy(c->my_ip, f.to, 16);
+		c->tid = h.tid;
+		c->rcomm = q.local_comm_id;
+		c->udp_port = dev ? dev->udp_port : l->udp_port;
+		c->ifindex = dev ? dev->ifindex : 0;
+		if (!open_comm(c)) {
+			destroy_locked(c);
+			continue;
+		}
+		wire_msg m;
+		memset(&m, 0, sizeof(m));
+		m.type = M_REQ;
+		m.qpn = q.local_qpn;
+		m.psn = q.starting_psn;
+		m.qkey = q.local_qkey;
+		m.resp_res = q.responder_resources;
+		m.init_depth = q.initiator_depth;
+		m.flow_control = q.end_to_end_flow_control;
+		m.retry_count = q.retry_count;
+		m.rnr_retry = q.rnr_retry_count;
+		m.srq = q.srq;
+		m.mtu = q.path_mtu;
+		m.port = port;
+		m.eth = 1;
+		memcpy(m.sgid, q.primary_local_gid, 16);
+		memcpy(m.dgid, q.primary_remote_gid, 16);
+		cmw::cma_hdr ch;
+		bool ok = dev && cmw::get_cma_hdr(q.private_data, ch) &&
+			  (q.service_id >> 16) == static_cast<uint64_t>(l->id.ps);
+		if (ok) {
+			auto put = [](sockaddr_storage &ss, const cmw::cma_hdr &h, const uint8_t *ip,
+				      uint16_t port) {
+				if (h.ip_version == 4) {
+					auto &s4 = reinterpret_cast<sockaddr_in &>(ss);
+					s4.sin_family = AF_INET;
+					memcpy(&s4.sin_addr, ip, 4);
+					s4.sin_port = htons(port);
+				} else {
+					auto &s6 = reinterpret_cast<sockaddr_in6 &>(ss);
+					s6.sin6_family = AF_INET6;
+					memcpy(&s6.sin6_addr, ip, 16);
+					s6.sin6_port = htons(port);
+				}
+			};
+			put(m.src, ch, ch.src, ch.src_port);
+			put(m.dst, ch, ch.dst, static_cast<uint16_t>(q.service_id & 0xffff));
+			ok = listener_takes(l, reinterpret_cast<sockaddr *>(&m.dst));
+		}
+		if (ok)
+			snprintf(m.dev, sizeof(m.dev), "%s", dev->name.c_str());
+		memcpy(m.pdata, q.private_data + cmw::kCmaHdrLen, kReqPdata);
+		m.pdata_len = kReqPdata;
+		// A REQ for no device of ours, another port space or an address
+		// this listener does not take: on_request rejects it (invalid
+		// service ID), as it does a local one.
+		on_request(c, m);
+	}
+}
+
+// The listener's socket for REQs from other hosts: taken by the first of
+// this user's processes to listen on the port (the port's rules make that
+// the only one but for REUSEADDR twins and addresses of one port).
+void open_listener_gsi(cm_id *l)
+{
+	if (l->gsi_fd >= 0)
+		return;
+	dev_entry *dev = nullptr;
+	for (dev_entry *d : G().devs)
+		if (d->wire && (!dev || d == l->dev))
+			dev = d;
+	if (!dev)
+		return;
+	l->udp_port = dev->udp_port;
+	uint64_t sid = cmw::service_id(l->id.ps, get_port(&l->id.route.addr.src_addr));
+	int fd = gsi_socket(l->udp_port, true, sid);
+	if (fd < 0) {
+		if (errno == EADDRINUSE)
+			log_msg("%s", "another listener of this user has this port over RoCE v2: "
+				      "requests from other hosts go to it");
+		return;
+	}
+	l->gsi_fd = fd;
+	epoll_add(fd, l->serial << 2 | 2);
+}
+
+// Closes what p holds of the wire, telling its peer first, as the IB CM
+// does when an id goes mid-connection: a DREQ for a connection, a REJ for
+// a request not answered.
+void close_wire(cm_id *p)
+{
+	if (p->gsi_fd >= 0) {
+		epoll_ctl(G().ep, EPOLL_CTL_DEL, p->gsi_fd, nullptr);
+		close(p->gsi_fd);
+		p->gsi_fd = -1;
+	}
+	if (!p->wire)
+		return;
+	if (p->conn_fd >= 0 && p->dev) {
+		wire_msg m;
+		memset(&m, 0, sizeof(m));
+		switch (p->state) {
+		case st::rep_rcvd:
+		case st::accepted:
+		case st::established:
+			m.type = M_DREQ;
+			wire_send(p, m);
+			break;
+		case st::req_rcvd:
+		case st::connect:
+			m.type = M_REJ;
+			m.status = p->state == st::connect ? cmw::kRejTimeout : kRejConsumer;
+			wire_send(p, m);
+			break;
+		default:
+			break;
+		}
+	}
+	if (p->conn_fd >= 0) {
+		epoll_ctl(G().ep, EPOLL_CTL_DEL, p->conn_fd, nullptr);
+		close(p->conn_fd);
+		p->conn_fd = -1;
+	}
+	p->resend.clear();
+	p->resend_ms = 0;
+}
+
+bool send_peer(cm_id *p, wire_msg &m)
+{
+	if (p->wire)
+		return wire_send(p, m);
+	return send_msg(p->conn_fd, m);
+}
+
+// A destination on another host: the port of a RoCE v2 device whose
+// address the host's route to dst leaves from (the source address a UDP
+// socket connected to dst gets); src receives that address.
+bool resolve_wire(const sockaddr *dst, port_pick &out, sockaddr_storage &src)
+{
+	if ((dst->sa_family != AF_INET && dst->sa_family != AF_INET6) || is_mcast(dst))
+		return false;
+	int s = raw_socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return false;
+	sockaddr_storage d{};
+	memcpy(&d, dst, addr_len(dst));
+	set_port(reinterpret_cast<sockaddr *>(&d), 4791);
+	socklen_t sl = sizeof(src);
+	bool ok = connect(s, reinterpret_cast<sockaddr *>(&d), addr_len(dst)) == 0 &&
+		  getsockname(s, reinterpret_cast<sockaddr *>(&src), &sl) == 0;
+	close(s);
+	port_pick pk;
+	if (!ok || !resolve_local(reinterpret_cast<sockaddr *>(&src), pk) || !pk.dev->wire || !pk.eth)
+		return false;
+	out = pk;
+	return true;
 }
 
 void on_conn(cm_id *p)
 {
+	if (p->wire) {
+		on_wire_conn(p);
+		return;
+	}
 	wire_msg m;
 	for (;;) {
 		if (p->conn_fd < 0)
@@ -977,6 +1689,26 @@ void cm_thread()
 			} else if (p->timewait_ms && (next < 0 || p->timewait_ms < next)) {
 				next = p->timewait_ms;
 			}
+			if (p->wire && p->resend_ms && !p->resend.empty()) {
+				if (p->resend_ms <= now) {
+					wire_send_mad(p, p->resend.data());
+					p->resend_ms = now + resend_interval_ms();
+				}
+				if (next < 0 || p->resend_ms < next)
+					next = p->resend_ms;
+			}
+			if (p->wire && p->state == st::disc_sent && p->deadline_ms) {
+				// No DREP: the peer is gone, and so is the connection.
+				if (p->deadline_ms <= now) {
+					p->deadline_ms = 0;
+					close_conn(p);
+					p->state = st::disconnected;
+					push_disconnected(p);
+				} else if (next < 0 || p->deadline_ms < next) {
+					next = p->deadline_ms;
+				}
+				continue;
+			}
 			if ((p->state != st::connect && p->state != st::accepted) || !p->deadline_ms ||
 			    p->conn_fd < 0)
 				continue;
@@ -991,12 +1723,14 @@ void cm_thread()
 		wait_ms = next < 0 ? 1000 : static_cast<int>(std::min<int64_t>(next - now, 1000));
 		for (int i = 0; i < n; i++) {
 			uint64_t key = evs[i].data.u64;
-			auto it = G().ids.find(key >> 1);
+			auto it = G().ids.find(key >> 2);
 			if (it == G().ids.end())
 				continue;
 			cm_id *p = it->second;
-			if (key & 1)
+			if ((key & 3) == 1)
 				on_conn(p);
+			else if ((key & 3) == 2)
+				on_gsi_listener(p);
 			else if (p->state == st::listen)
 				on_listener(p);
 		}
@@ -1111,6 +1845,7 @@ void destroy_locked(cm_id *p)
 	global &g = G();
 	g.ids.erase(p->serial);
 	close_conn(p);
+	close_wire(p);
 	if (p->state == st::listen)
 		tomb_listener(p);
 	if (p->bind_fd >= 0) {
@@ -1745,7 +2480,8 @@ SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_a
 		memset(&p->id.route.addr.dst_storage, 0, sizeof(p->id.route.addr.dst_storage));
 		memcpy(&p->id.route.addr.dst_storage, dst_addr, addr_len(dst_addr));
 		port_pick pk;
-		bool ok;
+		bool ok, wire = false;
+		sockaddr_storage wsrc{}; // Over the wire: the address we leave from
 		if (is_mcast(dst_addr)) {
 			// A group: the port of the source, bound or given, else the
 			// first port of the first device.
@@ -1761,6 +2497,9 @@ SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_a
 			}
 		} else {
 			ok = resolve_local(dst_addr, pk);
+			// Not this host's: another's, reached by RoCE v2.
+			if (!ok && G().any_wire && resolve_wire(dst_addr, pk, wsrc))
+				ok = wire = true;
 		}
 		if (!ok) {
 			push(p, RDMA_CM_EVENT_ADDR_ERROR, -EHOSTUNREACH);
@@ -1773,6 +2512,9 @@ SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_a
 					memcpy(&ss, src_addr, addr_len(src_addr));
 				else if (is_mcast(dst_addr)) {
 					ss.ss_family = dst_addr->sa_family; // the wildcard
+				} else if (wire) {
+					memcpy(&ss, &wsrc, sizeof(ss));
+					set_port(reinterpret_cast<sockaddr *>(&ss), 0);
 				} else {
 					memcpy(&ss, dst_addr, addr_len(dst_addr));
 					set_port(reinterpret_cast<sockaddr *>(&ss), 0);
@@ -1783,12 +2525,28 @@ SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_a
 			apply_pick(p, pk);
 			p->rgid = pk.gid;
 			p->rlid = pk.lid;
+			p->wire = wire;
+			if (wire) {
+				addr_gid(dst_addr, p->rgid);
+				p->rlid = 0;
+				gid_ip(p->rgid, p->peer_v4, p->peer_ip);
+				bool v4;
+				gid_ip(p->gid, v4, p->my_ip);
+				p->udp_port = pk.dev->udp_port;
+				p->ifindex = pk.dev->ifindex;
+				if (dst_addr->sa_family == AF_INET6 &&
+				    reinterpret_cast<const sockaddr_in6 *>(dst_addr)->sin6_scope_id)
+					p->ifindex = reinterpret_cast<const sockaddr_in6 *>(dst_addr)->sin6_scope_id;
+			}
 			// Bound to a wildcard: the source address is the one the
 			// destination is reached from, on one host the destination's.
 			auto *src = &p->id.route.addr.src_addr;
 			if (is_any(src) && src->sa_family == dst_addr->sa_family && !is_mcast(dst_addr)) {
 				uint16_t port = get_port(src);
-				memcpy(&p->id.route.addr.src_storage, dst_addr, addr_len(dst_addr));
+				if (wire)
+					memcpy(&p->id.route.addr.src_storage, &wsrc, sizeof(wsrc));
+				else
+					memcpy(&p->id.route.addr.src_storage, dst_addr, addr_len(dst_addr));
 				set_port(src, port);
 			}
 			p->state = st::addr_resolved;
@@ -2025,6 +2783,26 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 		m.rnr_retry = p->rnr_retry;
 		memcpy(&dst, &p->id.route.addr.dst_storage, sizeof(dst));
 		p->state = st::connect; // further calls see a connecting id
+		if (p->wire) {
+			// To another host: the REQ as a MAD, sent again until the REP.
+			if (ud) {
+				p->state = st::error; // SIDR across hosts: docs/rdmacm.md
+				push(p, RDMA_CM_EVENT_UNREACHABLE, -EPROTONOSUPPORT);
+			} else {
+				p->tid = rand64();
+				if (!open_comm(p) || !wire_send(p, m)) {
+					p->state = st::error;
+					push(p, RDMA_CM_EVENT_UNREACHABLE, -EHOSTUNREACH);
+				} else {
+					p->deadline_ms = now_ms() + cm_timeout_ms();
+				}
+			}
+		}
+	}
+	if (p->wire) {
+		if (p->sync)
+			return sync_wait(p, RDMA_CM_EVENT_ESTABLISHED);
+		return 0;
 	}
 	// Without the lock: a refused REQ is retried for a while (see
 	// docs/rdmacm.md, "Known differences").
@@ -2047,7 +2825,7 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 				     ud ? -ECONNREFUSED : kRejInvalidServiceId);
 			} else {
 				p->deadline_ms = now_ms() + cm_timeout_ms();
-				epoll_add(fd, p->serial << 1 | 1);
+				epoll_add(fd, p->serial << 2 | 1);
 			}
 		}
 	}
@@ -2065,7 +2843,7 @@ SV_API int rdma_establish(rdma_cm_id *id)
 	if (p->state != st::rep_rcvd)
 		return fail(EINVAL);
 	wire_msg m = base_msg(p, M_RTU);
-	if (!send_msg(p->conn_fd, m))
+	if (!send_peer(p, m))
 		return fail(ECONNRESET);
 	p->state = st::established;
 	return 0;
@@ -2108,7 +2886,9 @@ SV_API int rdma_listen(rdma_cm_id *id, int backlog)
 	if (listen(p->bind_fd, backlog > 0 ? backlog : 128))
 		return -1;
 	p->state = st::listen;
-	epoll_add(p->bind_fd, p->serial << 1);
+	epoll_add(p->bind_fd, p->serial << 2);
+	if (G().any_wire)
+		open_listener_gsi(p);
 	return 0;
 }
 
@@ -2202,7 +2982,7 @@ SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 			m.resp_res = p->resp_res;
 			m.init_depth = p->init_depth;
 			m.rnr_retry = p->rnr_retry;
-			if (!send_msg(p->conn_fd, m)) {
+			if (!send_peer(p, m)) {
 				close_conn(p);
 				if (ud)
 					return fail(ECONNRESET);
@@ -2237,7 +3017,7 @@ int reject_with(rdma_cm_id *id, const void *private_data, uint8_t private_data_l
 	wire_msg m = base_msg(p, ud ? M_SIDR_REP : M_REJ);
 	m.status = ud ? 1 : reason;
 	put_pdata(m, private_data, private_data_len);
-	send_msg(p->conn_fd, m);
+	send_peer(p, m);
 	close_conn(p);
 	p->state = st::rejected;
 	return 0;
@@ -2285,12 +3065,14 @@ SV_API int rdma_disconnect(rdma_cm_id *id)
 	case st::established: {
 		qp_to_err(p);
 		wire_msg m = base_msg(p, M_DREQ);
-		if (!send_msg(p->conn_fd, m)) {
+		if (!send_peer(p, m)) {
 			close_conn(p);
 			p->state = st::disconnected;
 			push_disconnected(p);
 		} else {
 			p->state = st::disc_sent;
+			if (p->wire)
+				p->deadline_ms = now_ms() + cm_timeout_ms();
 		}
 		return 0;
 	}
@@ -2345,12 +3127,12 @@ SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
 				err = modify_locked(p, IBV_QPS_RTS);
 			wire_msg m = base_msg(p, err ? M_REJ : M_RTU);
 			m.status = kRejConsumer;
-			if (!err && send_msg(p->conn_fd, m)) {
+			if (!err && send_peer(p, m)) {
 				p->state = st::established;
 				e->ev.event = RDMA_CM_EVENT_ESTABLISHED;
 			} else {
 				if (err)
-					send_msg(p->conn_fd, m);
+					send_peer(p, m);
 				close_conn(p);
 				p->state = st::error;
 				e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;

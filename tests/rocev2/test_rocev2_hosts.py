@@ -437,3 +437,156 @@ def test_xrc_across_hosts(pair, gid):
     assert srv.returncode == 0 and "success" in sout, sout
     for p, out in zip(clients, outs):
         assert p.returncode == 0 and "success" in out, out
+
+
+# ------------------------------------------------------------- rdma_cm ---
+# rping across the hosts: the connection manager's REQ, REP, RTU, DREQ and
+# DREP go as IB CM MADs to QP1 in RoCE v2 packets (librdmacm builds them,
+# the port's owner on the other host hands them to the process they are
+# for), and the data as RDMA READ and WRITE; -V compares every ping.
+
+def rping_argv(pair, gid, server):
+    port = str(19000 + os.getpid() % 1000)
+    if gid == 0:
+        addr = pair.a.addr
+    else:
+        addr = f"{pair.a.ipv6_link_local()}%{(pair.a if server else pair.b).dev}"
+    return ["rping", "-s" if server else "-c", "-a", addr, "-p", port]
+
+
+def run_rping(pair, gid, count, size, env=None, timeout=90):
+    extra = ["-C", str(count), "-V", "-S", str(size)]
+    rs, so, rc, co = hosts.pair_run(pair.a, pair.b, rping_argv(pair, gid, True) + extra,
+                                    rping_argv(pair, gid, False) + extra, env=env,
+                                    timeout=timeout)
+    assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
+    assert "mismatch" not in so + co, so + co
+    return so, co
+
+
+@pytest.mark.parametrize("gid", [0, 1], ids=["ipv4", "ipv6"])
+def test_rping(pair, gid):
+    run_rping(pair, gid, 500, 4000)
+
+
+@pytest.mark.parametrize("pct", ["1", "5"])
+def test_rping_under_loss(pair, pct):
+    # The knob drops MADs too: a lost REQ, REP or DREQ goes again.
+    run_rping(pair, 0, 300, 4000, env={"SOFTVERBS_ROCEV2_DROP": pct,
+                                       "SOFTVERBS_CM_TIMEOUT_MS": "20000"}, timeout=150)
+
+
+def test_rping_to_a_port_nobody_listens_on(pair, tmp_path):
+    """The other host has softverbs up (a listener on another port) but no
+    listener on this one: its port owner answers the REQ with a REJ,
+    "invalid service ID" (8), as an IB CM does, not with silence; tshark
+    reads the REJ the client's host received as one rejecting a REQ."""
+    port = str(19500 + os.getpid() % 400)
+    other = str(int(port) + 1)
+    srv = ["rping", "-s", "-a", pair.a.addr, "-p", other, "-C", "1"]
+    cli = ["rping", "-c", "-a", pair.a.addr, "-p", port, "-C", "1"]
+    cap = tmp_path / "b.pcap"
+    server = pair.a.popen(srv)
+    try:
+        import time
+        time.sleep(1)
+        c = subprocess.run(pair.b.argv(cli, {"SOFTVERBS_PCAP": str(cap)}), capture_output=True,
+                           text=True, timeout=60, env=pair.environ())
+        out = c.stdout + c.stderr
+        assert c.returncode != 0, out
+        assert "RDMA_CM_EVENT_REJECTED, error 8" in out, out
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    if shutil.which("tshark"):
+        import sys
+        sys.path.insert(0, str(HERE.parent.parent / "pyverbs-tests"))
+        from test_rocev2_wire import _tshark_fields  # noqa: E402
+        rows = [r for r in _tshark_fields(cap, ["infiniband.mad.attributeid",
+                                                "infiniband.cm.rej.reason",
+                                                "infiniband.cm.rej.msgrej", "_ws.malformed"])
+                if r["infiniband.mad.attributeid"]]
+        assert rows and all(int(r["infiniband.mad.attributeid"], 0) == 0x12 for r in rows), rows
+        assert all(int(r["infiniband.cm.rej.reason"], 0) == 8 and
+                   int(r["infiniband.cm.rej.msgrej"], 0) == 0 and not r["_ws.malformed"]
+                   for r in rows), rows
+
+
+def test_cm_mads_on_the_wire(pair, tmp_path):
+    """The CM's packets, as the receiving hosts captured them: RoCE v2 UD
+    SENDs to QP1 with the GSI's Q_Key, ICRCs the independent implementation
+    computes alike, and MADs that tshark's InfiniBand dissector reads as
+    the rdma_cm exchange: the REQ's service ID names port space TCP and the
+    port, its IP CM header the two addresses, the REP answers the REQ's
+    comm ID and the RTU, DREQ and DREP carry both."""
+    import sys
+    sys.path.insert(0, str(HERE.parent.parent / "pyverbs-tests"))
+    from test_rocev2_wire import split_ip, icrc_of, _tshark_fields  # noqa: E402
+    from test_rocev2_wire import read_pcap  # noqa: E402
+    port = int(rping_argv(pair, 0, True)[-1])
+    files = {h.name: tmp_path / f"{h.name}.pcap" for h in pair.hosts}
+    extra = ["-C", "5", "-V"]
+    rs, so, rc, co = hosts.pair_run(pair.a, pair.b, rping_argv(pair, 0, True) + extra,
+                                    rping_argv(pair, 0, False) + extra,
+                                    server_env={"SOFTVERBS_PCAP": str(files["a"])},
+                                    client_env={"SOFTVERBS_PCAP": str(files["b"])})
+    assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
+    caps = {name: (path, read_pcap(path)) for name, path in files.items()}
+    seen = {}
+    for name, (path, pkts) in caps.items():
+        mads = []
+        for i, (_, _, pkt) in enumerate(pkts):
+            iph, udp, payload = split_ip(pkt)
+            if struct.unpack("!I", payload[4:8])[0] & 0xffffff != 1:
+                continue
+            assert payload[0] == 0x64, f"{name} #{i}: opcode {payload[0]:#x}"
+            assert struct.unpack("!I", payload[12:16])[0] == 0x80010000, f"{name} #{i}: Q_Key"
+            assert struct.unpack("!I", payload[16:20])[0] & 0xffffff == 1, f"{name} #{i}"
+            assert len(payload) == 12 + 8 + 256 + 4, f"{name} #{i}: {len(payload)} bytes"
+            want = icrc_of(iph, udp, payload)
+            assert struct.unpack("<I", payload[-4:])[0] == want, f"{name} #{i}: ICRC"
+            mads.append(i + 1)
+        assert mads, f"{name}: no CM packet"
+        if not shutil.which("tshark"):
+            continue
+        fields = ["frame.number", "_ws.malformed", "infiniband.mad.mgmtclass",
+                  "infiniband.mad.classversion", "infiniband.mad.attributeid",
+                  "infiniband.cm.req.serviceid", "infiniband.cm.req.localqpn",
+                  "infiniband.cm.req.ip_cm.sip4", "infiniband.cm.req.ip_cm.dip4",
+                  "infiniband.cm.req.prim_localgid_ipv4", "infiniband.cm.req.pkey",
+                  "infiniband.cm.rep.remotecommid", "infiniband.cm.rep.localqpn",
+                  "infiniband.cm.rtu.localcommid", "infiniband.cm.rtu.remotecommid",
+                  "infiniband.cm.dreq.localcommid", "infiniband.cm.dreq.remotecommid",
+                  "infiniband.cm.drsp.localcommid", "infiniband.cm.drsp.remotecommid"]
+        rows = {int(r["frame.number"]): r for r in _tshark_fields(path, fields)}
+        for n in mads:
+            r = rows[n]
+            assert r["_ws.malformed"] == "", r
+            assert int(r["infiniband.mad.mgmtclass"], 0) == 7, r
+            assert int(r["infiniband.mad.classversion"], 0) == 2, r
+            attr = int(r["infiniband.mad.attributeid"], 0)
+            seen.setdefault(attr, []).append((name, r))
+    if not shutil.which("tshark"):
+        return
+    # Host a got the REQ, the RTU, and one of DREQ/DREP; b the REP.
+    assert {0x10, 0x13, 0x14} <= set(seen), sorted(seen)
+    assert 0x15 in seen and 0x16 in seen, sorted(seen)
+    req = seen[0x10][0][1]
+    assert seen[0x10][0][0] == "a"
+    assert int(req["infiniband.cm.req.serviceid"], 0) == 0x01060000 | port, req
+    assert req["infiniband.cm.req.ip_cm.sip4"] == pair.b.addr, req
+    assert req["infiniband.cm.req.ip_cm.dip4"] == pair.a.addr, req
+    assert req["infiniband.cm.req.prim_localgid_ipv4"] == pair.b.addr, req
+    assert int(req["infiniband.cm.req.pkey"], 0) == 0xffff, req
+    rep = seen[0x13][0][1]
+    assert seen[0x13][0][0] == "b"
+    rtu = seen[0x14][0][1]
+    a_id = int(rtu["infiniband.cm.rtu.localcommid"], 0)   # the client's (b's) ID
+    b_id = int(rtu["infiniband.cm.rtu.remotecommid"], 0)  # the server's
+    assert int(rep["infiniband.cm.rep.remotecommid"], 0) == a_id, (rep, rtu)
+    assert a_id and b_id and a_id != b_id
+    ids = {(int(r["infiniband.cm.dreq.localcommid"], 0), int(r["infiniband.cm.dreq.remotecommid"], 0))
+           for _, r in seen[0x15]}
+    ids |= {(int(r["infiniband.cm.drsp.localcommid"], 0), int(r["infiniband.cm.drsp.remotecommid"], 0))
+            for _, r in seen[0x16]}
+    assert ids <= {(a_id, b_id), (b_id, a_id)}, ids

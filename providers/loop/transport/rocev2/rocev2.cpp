@@ -21,6 +21,7 @@
 // READ responses go out segmented; atomics keep a replay cache by PSN.
 #include "rocev2.h"
 
+#include "cm_mad.h"
 #include "engine.h"
 #include "fabric.h"
 #include "loop.h"
@@ -1793,6 +1794,71 @@ bool forward(const uint8_t *buf, size_t len, const host_addr &from, uint16_t fro
 	return sendmsg(w.ufd, &mh, MSG_DONTWAIT) >= 0;
 }
 
+// A REQ no process of this host listens for: a REJ with "invalid service
+// ID", as the IB CM of a host without the service answers.
+void reject_unlistened(const uint8_t *mad, const host_addr &from, const host_addr &to)
+{
+	namespace cm = rv::cm;
+	cm::req q;
+	cm::get_req(mad, q);
+	cm::mad_hdr h;
+	cm::get_hdr(mad, h);
+	h.attr_id = cm::REJ;
+	h.status = 0;
+	h.attr_mod = 0;
+	cm::rej r;
+	r.remote_comm_id = q.local_comm_id;
+	r.message_rejected = cm::kRejectedReq;
+	r.reason = cm::kRejInvalidServiceId;
+	uint8_t out[cm::kMadLen];
+	cm::put_hdr(out, h);
+	cm::put_rej(out, r);
+	uint8_t pkt[cm::kMadLen + 64];
+	size_t n = cm::build_gsi_packet(pkt, out, 0);
+	send_packet(to, from, W().ifindex, pkt, n);
+}
+
+// A MAD for the GSI (QP1): the CM's go to the process that listens on the
+// REQ's service ID or holds the communication the message names
+// (cm_mad.h, gsi_socket_name); other classes are not served.
+void gsi_packet(const rv::parsed &p, const host_addr &from, uint16_t from_port,
+		const host_addr &to)
+{
+	namespace cm = rv::cm;
+	wire &w = W();
+	bool by_service = false;
+	uint64_t key = 0;
+	if (p.h.b.opcode != rv::UD_SEND_ONLY || p.h.d.qkey != cm::kGsiQkey ||
+	    p.payload_len < cm::kMadLen || !cm::route_of(p.payload, p.payload_len, by_service, key) ||
+	    w.ufd < 0) {
+		count(&sv_wire_counters::drop_other);
+		return;
+	}
+	cm::gsi_fwd h{};
+	memcpy(h.magic, "SVGM", 4);
+	h.v4 = from.v4;
+	h.from_port = from_port;
+	memcpy(h.from, from.ip, 16);
+	memcpy(h.to, to.ip, 16);
+	sockaddr_un sa{};
+	sa.sun_family = AF_UNIX;
+	size_t n = cm::gsi_socket_name(sa.sun_path + 1, sizeof(sa.sun_path) - 1, getuid(), w.port,
+				       by_service, key);
+	auto sl = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+	iovec iov[2] = {{&h, sizeof(h)}, {const_cast<uint8_t *>(p.payload), cm::kMadLen}};
+	msghdr mh{};
+	mh.msg_name = &sa;
+	mh.msg_namelen = sl;
+	mh.msg_iov = iov;
+	mh.msg_iovlen = 2;
+	if (sendmsg(w.ufd, &mh, MSG_DONTWAIT) >= 0)
+		return;
+	count(&sv_wire_counters::drop_unknown_qp);
+	if (by_service && (errno == ECONNREFUSED || errno == ENOENT) &&
+	    (p.payload[16] << 8 | p.payload[17]) == cm::REQ)
+		reject_unlistened(p.payload, from, to);
+}
+
 void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16_t from_port,
 		   const host_addr &to, bool forwarded)
 {
@@ -1819,6 +1885,11 @@ void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16
 		return; // Congestion notification: nothing to slow down here
 	if (p.h.b.pkey != rv::kDefaultPkey) {
 		count(&sv_wire_counters::drop_other); // P_Key table: the default key only
+		return;
+	}
+	if (p.h.b.dqpn == rv::cm::kGsiQpn) {
+		if (!forwarded)
+			gsi_packet(p, from, from_port, to);
 		return;
 	}
 	std::shared_ptr<qp_wire> qw = w.exiting ? nullptr : find_wire(p.h.b.dqpn);
