@@ -10,7 +10,9 @@
 // as end-of-file.  One thread per process (started by the first id) waits on
 // every socket with epoll and turns messages into events; an event channel
 // is an eventfd (EFD_SEMAPHORE) counting queued events, so poll/epoll and
-// O_NONBLOCK work on channel->fd as they do on the kernel's.
+// O_NONBLOCK work on channel->fd as they do on the kernel's.  To another
+// host (a device with RoCE v2 on), the messages are the IB CM's own MADs
+// on QP1 instead ("across hosts" below).
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 #include <infiniband/ib.h>
