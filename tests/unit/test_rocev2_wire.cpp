@@ -7,6 +7,7 @@
 // checksums computed with Python's zlib.crc32 and a ones-complement sum of
 // its own), and the fuzz test feeds parse() every kind of damaged packet,
 // each in a heap block of its exact size so that ASan sees any over-read.
+#include "providers/loop/transport/rocev2/cm_mad.h"
 #include "providers/loop/transport/rocev2/pcap.h"
 #include "providers/loop/transport/rocev2/wire.h"
 
@@ -719,6 +720,39 @@ TEST(Rocev2Icrc, Crc32CheckValues)
 		  0xcbf43926u);
 }
 
+// The CRC one bit at a time, straight from the polynomial: what the
+// folding (PCLMULQDQ) and table paths of crc32() must both give, at every
+// length (the folding path takes 64 bytes and more in 16-byte steps, the
+// tables the rest) and alignment.
+static uint32_t crc32_bitwise(uint32_t crc, const uint8_t *p, size_t len)
+{
+	crc = ~crc;
+	for (size_t i = 0; i < len; i++) {
+		crc ^= p[i];
+		for (int k = 0; k < 8; k++)
+			crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1)));
+	}
+	return ~crc;
+}
+
+TEST(Rocev2Icrc, Crc32EveryLengthAndAlignment)
+{
+	std::vector<uint8_t> buf(4300 + 16);
+	uint32_t x = 2463534242u;
+	for (uint8_t &b : buf) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		b = static_cast<uint8_t>(x);
+	}
+	for (size_t len = 0; len <= 4300; len++)
+		for (size_t off : {0, 1, 5, 15}) {
+			uint32_t want = crc32_bitwise(0x5a5a5a5au, buf.data() + off, len);
+			ASSERT_EQ(crc32(0x5a5a5a5au, buf.data() + off, len), want)
+				<< "length " << len << " offset " << off;
+		}
+}
+
 TEST(Rocev2Icrc, KnownAnswers)
 {
 	for (bool v6 : {false, true}) {
@@ -1108,4 +1142,175 @@ TEST(Rocev2Parse, Fuzz)
 		EXPECT_GT(seen[e], 100) << parse_err_name(e);
 	for (auto &[e, n] : seen)
 		std::printf("fuzz: %s %ld\n", parse_err_name(e), n);
+}
+
+// CM MADs (cm_mad.h): the fields at the byte and bit positions of the
+// spec's tables 106, 108, 110 and 112, read back here by hand.
+TEST(Rocev2CmMad, ReqFieldPlacement)
+{
+	namespace cm = loop::rocev2::cm;
+	uint8_t mad[cm::kMadLen];
+	memset(mad, 0xee, sizeof(mad));
+	cm::mad_hdr h;
+	h.tid = 0x0102030405060708ull;
+	h.attr_id = cm::REQ;
+	cm::put_hdr(mad, h);
+	cm::req q;
+	q.local_comm_id = 0xa1b2c3d4;
+	q.service_id = cm::service_id(0x0106, 7174);
+	q.local_qpn = 0x123456;
+	q.responder_resources = 4;
+	q.initiator_depth = 3;
+	q.starting_psn = 0xabcdef;
+	q.retry_count = 6;
+	q.rnr_retry_count = 5;
+	q.path_mtu = 5;
+	q.srq = true;
+	q.primary_local_gid[15] = 0x11;
+	q.primary_remote_gid[15] = 0x22;
+	q.primary_local_ack_timeout = 18;
+	q.private_data[0] = 0x77;
+	cm::put_req(mad, q);
+	const uint8_t *d = mad + 24;
+	EXPECT_EQ(mad[0], 1);
+	EXPECT_EQ(mad[1], 0x07);
+	EXPECT_EQ(mad[2], 2);
+	EXPECT_EQ(mad[3], 0x03);
+	EXPECT_EQ(mad[16], 0x00);
+	EXPECT_EQ(mad[17], 0x10);
+	EXPECT_EQ(mad[8], 0x01);
+	EXPECT_EQ(mad[15], 0x08);
+	EXPECT_EQ(d[0], 0xa1);
+	EXPECT_EQ(d[3], 0xd4);
+	// Service ID 0x0000000001061c06 at 8.
+	EXPECT_EQ(d[12], 0x01);
+	EXPECT_EQ(d[13], 0x06);
+	EXPECT_EQ(d[14], 0x1c);
+	EXPECT_EQ(d[15], 0x06);
+	EXPECT_EQ(d[32], 0x12);
+	EXPECT_EQ(d[33], 0x34);
+	EXPECT_EQ(d[34], 0x56);
+	EXPECT_EQ(d[35], 4);
+	EXPECT_EQ(d[39], 3);
+	EXPECT_EQ(d[44], 0xab);
+	EXPECT_EQ(d[46], 0xef);
+	EXPECT_EQ(d[47] & 7, 6);     // retry count: low 3 bits
+	EXPECT_EQ(d[48], 0xff);      // P_Key
+	EXPECT_EQ(d[50] >> 4, 5);    // path MTU: high nibble
+	EXPECT_EQ(d[50] & 7, 5);     // RNR retry count: low 3 bits
+	EXPECT_EQ((d[51] >> 3) & 1, 1); // SRQ
+	EXPECT_EQ(d[71], 0x11);
+	EXPECT_EQ(d[87], 0x22);
+	EXPECT_EQ(d[95] >> 3, 18);   // local ACK timeout: high 5 bits
+	EXPECT_EQ(d[140], 0x77);
+	cm::req back;
+	cm::get_req(mad, back);
+	EXPECT_EQ(back.local_qpn, q.local_qpn);
+	EXPECT_EQ(back.starting_psn, q.starting_psn);
+	EXPECT_EQ(back.rnr_retry_count, 5);
+	EXPECT_EQ(back.retry_count, 6);
+	EXPECT_EQ(back.path_mtu, 5);
+	EXPECT_TRUE(back.srq);
+	bool by_service = false;
+	uint64_t key = 0;
+	ASSERT_TRUE(cm::route_of(mad, sizeof(mad), by_service, key));
+	EXPECT_TRUE(by_service);
+	EXPECT_EQ(key, 0x01061c06u);
+	EXPECT_FALSE(cm::route_of(mad, sizeof(mad) - 1, by_service, key));
+	mad[1] = 0x03; // Another class (SA)
+	EXPECT_FALSE(cm::route_of(mad, sizeof(mad), by_service, key));
+}
+
+TEST(Rocev2CmMad, RepRejDreqAndRouting)
+{
+	namespace cm = loop::rocev2::cm;
+	uint8_t mad[cm::kMadLen] = {};
+	cm::mad_hdr h;
+	h.attr_id = cm::REP;
+	cm::put_hdr(mad, h);
+	cm::rep r;
+	r.local_comm_id = 0x11111111;
+	r.remote_comm_id = 0x22222222;
+	r.local_qpn = 0x654321;
+	r.starting_psn = 0x000102;
+	r.rnr_retry_count = 7;
+	r.srq = true;
+	cm::put_rep(mad, r);
+	const uint8_t *d = mad + 24;
+	EXPECT_EQ(d[12], 0x65);
+	EXPECT_EQ(d[14], 0x21);
+	EXPECT_EQ(d[22], 0x02);
+	EXPECT_EQ(d[27] >> 5, 7);	 // RNR retry count: high 3 bits
+	EXPECT_EQ((d[27] >> 4) & 1, 1); // SRQ
+	bool by_service = true;
+	uint64_t key = 0;
+	ASSERT_TRUE(cm::route_of(mad, sizeof(mad), by_service, key));
+	EXPECT_FALSE(by_service);
+	EXPECT_EQ(key, 0x22222222u);
+	h.attr_id = cm::REJ;
+	cm::put_hdr(mad, h);
+	cm::rej j;
+	j.remote_comm_id = 0x33333333;
+	j.message_rejected = cm::kRejectedRep;
+	j.reason = 8;
+	cm::put_rej(mad, j);
+	EXPECT_EQ(d[8] >> 6, 1);
+	EXPECT_EQ(d[10], 0);
+	EXPECT_EQ(d[11], 8);
+	ASSERT_TRUE(cm::route_of(mad, sizeof(mad), by_service, key));
+	EXPECT_EQ(key, 0x33333333u);
+	h.attr_id = cm::DREQ;
+	cm::put_hdr(mad, h);
+	cm::short_msg s;
+	s.local_comm_id = 1;
+	s.remote_comm_id = 2;
+	s.remote_qpn = 0xabcdef;
+	cm::put_short(mad, cm::DREQ, s);
+	EXPECT_EQ(d[8], 0xab);
+	EXPECT_EQ(d[10], 0xef);
+	cm::short_msg back;
+	cm::get_short(mad, cm::DREQ, back);
+	EXPECT_EQ(back.remote_qpn, 0xabcdefu);
+	// A message naming no receiver (remote comm ID 0) goes nowhere.
+	s.remote_comm_id = 0;
+	cm::put_short(mad, cm::DREQ, s);
+	EXPECT_FALSE(cm::route_of(mad, sizeof(mad), by_service, key));
+}
+
+TEST(Rocev2CmMad, CmaHeaderAndGsiPacket)
+{
+	namespace cm = loop::rocev2::cm;
+	uint8_t pd[cm::kCmaHdrLen];
+	cm::cma_hdr c;
+	c.ip_version = 4;
+	c.src_port = 0x1234;
+	const uint8_t s4[4] = {10, 1, 2, 3}, d4[4] = {10, 1, 2, 4};
+	memcpy(c.src, s4, 4);
+	memcpy(c.dst, d4, 4);
+	cm::put_cma_hdr(pd, c);
+	EXPECT_EQ(pd[0], 0);
+	EXPECT_EQ(pd[1], 0x40);
+	EXPECT_EQ(pd[2], 0x12);
+	EXPECT_EQ(pd[19], 3);	// IPv4 source: the last 4 of its 16 bytes
+	EXPECT_EQ(pd[35], 4);
+	cm::cma_hdr back;
+	ASSERT_TRUE(cm::get_cma_hdr(pd, back));
+	EXPECT_EQ(back.src_port, 0x1234);
+	EXPECT_EQ(0, memcmp(back.dst, d4, 4));
+	pd[1] = 0x50; // IP version 5
+	EXPECT_FALSE(cm::get_cma_hdr(pd, back));
+	uint8_t mad[cm::kMadLen] = {};
+	uint8_t pkt[cm::kMadLen + 64];
+	size_t n = cm::build_gsi_packet(pkt, mad, 0x123);
+	ASSERT_EQ(n, 12u + 8 + 256);
+	parsed p;
+	uint8_t full[cm::kMadLen + 64];
+	memcpy(full, pkt, n);
+	put_icrc(full + n, 0);
+	ASSERT_EQ(parse(full, n + 4, p), parse_err::ok);
+	EXPECT_EQ(p.h.b.opcode, UD_SEND_ONLY);
+	EXPECT_EQ(p.h.b.dqpn, 1u);
+	EXPECT_EQ(p.h.d.qkey, 0x80010000u);
+	EXPECT_EQ(p.h.d.sqpn, 1u);
+	EXPECT_EQ(p.payload_len, 256u);
 }
