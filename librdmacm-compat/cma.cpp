@@ -222,6 +222,7 @@ struct cm_id {
 	// answer sent (RTU, DREP), sent again when the peer repeats itself.
 	std::vector<uint8_t> resend, answer;
 	int64_t resend_ms = 0;
+	int backlog = 128; // A listener's: requests from other hosts not yet accepted
 };
 
 struct global {
@@ -242,6 +243,9 @@ struct global {
 	uint16_t uport4 = 0, uport6 = 0;
 	double drop_pct = 0; // SOFTVERBS_ROCEV2_DROP applies to MADs too
 	bool any_wire = false;
+	// Ids over the wire destroyed lately, by their socket (their time
+	// wait): their socket and last answer stay, for a peer that missed it.
+	std::map<int, cm_id *> lingers;
 };
 
 global &G()
@@ -1300,7 +1304,7 @@ bool wire_send(cm_id *p, const wire_msg &m)
 	if (m.type == M_REQ || m.type == M_REP || m.type == M_DREQ) {
 		p->resend.assign(mad, mad + cmw::kMadLen);
 		p->resend_ms = now_ms() + resend_interval_ms();
-	} else if (m.type == M_RTU || m.type == M_DREP) {
+	} else if (m.type == M_RTU || m.type == M_DREP || m.type == M_REJ) {
 		p->answer.assign(mad, mad + cmw::kMadLen);
 	}
 	return true;
@@ -1382,6 +1386,64 @@ int recv_gsi(int fd, cmw::gsi_fwd &f, uint8_t *mad)
 	return cmw::is_cm_mad(mad, cmw::kMadLen) ? 1 : 0;
 }
 
+// Sends p's last answer again to a peer that repeated the message it
+// answered (REP: our RTU; DREQ: our DREP; REQ: our REP or REJ).
+void answer_repeat(cm_id *p, uint16_t repeated)
+{
+	const std::vector<uint8_t> &a = p->state == st::accepted && repeated == cmw::REQ
+						? p->resend
+						: p->answer;
+	if (a.size() != cmw::kMadLen)
+		return;
+	uint16_t kind = static_cast<uint16_t>(a[16] << 8 | a[17]);
+	bool fits = (repeated == cmw::REP && kind == cmw::RTU) ||
+		    (repeated == cmw::DREQ && kind == cmw::DREP) ||
+		    (repeated == cmw::REQ && (kind == cmw::REP || kind == cmw::REJ));
+	if (fits)
+		wire_send_mad(p, a.data());
+}
+
+// How long an id over the wire lingers after its destruction.
+int64_t linger_ms()
+{
+	return std::min<int64_t>(cm_timeout_ms(), 5000);
+}
+
+// A lingering id's socket got a MAD: a repeat gets the answer again.
+void on_linger(int fd)
+{
+	auto it = G().lingers.find(fd);
+	if (it == G().lingers.end())
+		return;
+	cm_id *g = it->second;
+	for (;;) {
+		cmw::gsi_fwd f;
+		uint8_t mad[cmw::kMadLen];
+		int r = recv_gsi(fd, f, mad);
+		if (r < 0)
+			return;
+		if (r && !memcmp(f.from, g->peer_ip, 16))
+			answer_repeat(g, static_cast<uint16_t>(mad[16] << 8 | mad[17]));
+	}
+}
+
+void expire_lingers(int64_t now, int64_t &next)
+{
+	for (auto it = G().lingers.begin(); it != G().lingers.end();) {
+		cm_id *g = it->second;
+		if (g->timewait_ms <= now) {
+			epoll_ctl(G().ep, EPOLL_CTL_DEL, it->first, nullptr);
+			close(it->first);
+			delete g;
+			it = G().lingers.erase(it);
+			continue;
+		}
+		if (next < 0 || g->timewait_ms < next)
+			next = g->timewait_ms;
+		++it;
+	}
+}
+
 void on_wire_conn(cm_id *p)
 {
 	for (;;) {
@@ -1399,17 +1461,20 @@ void on_wire_conn(cm_id *p)
 		// The peer repeats itself: it did not hear our answer.
 		if ((h.attr_id == cmw::REP && p->state == st::established) ||
 		    (h.attr_id == cmw::DREQ && p->state == st::disconnected)) {
-			if (!p->answer.empty())
-				wire_send_mad(p, p->answer.data());
+			answer_repeat(p, h.attr_id);
 			continue;
 		}
 		if (h.attr_id == cmw::MRA) { // "Wait longer": the peer is alive
-			if (p->deadline_ms)
+			if (p->deadline_ms && (p->state == st::connect || p->state == st::accepted))
 				p->deadline_ms = now_ms() + cm_timeout_ms();
 			continue;
 		}
 		wire_msg m;
-		if (!decode_mad(p, mad, m) || !valid_type_for(p->state, m.type))
+		if (!decode_mad(p, mad, m))
+			continue;
+		// A REJ may answer our REP too (the peer could not use it).
+		bool rej_of_rep = m.type == M_REJ && p->state == st::accepted;
+		if (!rej_of_rep && !valid_type_for(p->state, m.type))
 			continue; // Stray or late: a datagram tears nothing down
 		p->resend.clear();
 		p->resend_ms = 0;
@@ -1455,11 +1520,23 @@ void on_gsi_listener(cm_id *l)
 		for (cm_id *c : l->children)
 			if (c->wire && c->rcomm == q.local_comm_id && !memcmp(c->peer_ip, f.from, 16)) {
 				repeat = true;
-				if (c->state == st::accepted && !c->resend.empty())
-					wire_send_mad(c, c->resend.data());
+				answer_repeat(c, cmw::REQ); // Our REP or REJ again, if sent
 			}
+		for (auto &kv : G().lingers) {
+			cm_id *g = kv.second;
+			if (g->rcomm == q.local_comm_id && !memcmp(g->peer_ip, f.from, 16)) {
+				repeat = true;
+				answer_repeat(g, cmw::REQ); // Our REJ (or REP) again
+			}
+		}
 		if (repeat)
 			continue;
+		// Requests not accepted yet, at most the listen backlog: beyond it
+		// a REQ gets REJ "no resources" (a flood of forged REQs takes no
+		// more than that many sockets).
+		int pending = 0;
+		for (cm_id *c : l->children)
+			pending += c->wire && (c->state == st::pending_req || c->state == st::req_rcvd);
 		// The device: the wire port whose GID the REQ names as its peer's.
 		dev_entry *dev = nullptr;
 		uint8_t port = 0;
@@ -1481,6 +1558,16 @@ void on_gsi_listener(cm_id *l)
 		c->udp_port = dev ? dev->udp_port : l->udp_port;
 		c->ifindex = dev ? dev->ifindex : 0;
 		if (!open_comm(c)) {
+			destroy_locked(c);
+			continue;
+		}
+		if (pending >= l->backlog) {
+			wire_msg r;
+			memset(&r, 0, sizeof(r));
+			r.type = M_REJ;
+			r.status = cmw::kRejNoResources;
+			wire_send(c, r);
+			c->answer.clear(); // No time wait: the name goes at once
 			destroy_locked(c);
 			continue;
 		}
@@ -1592,6 +1679,26 @@ void close_wire(cm_id *p)
 			break;
 		}
 	}
+	if (p->conn_fd >= 0 && !p->answer.empty()) {
+		// Its time wait: the socket and the last answer stay a while.
+		auto *g = new cm_id;
+		memset(&g->id, 0, sizeof(g->id));
+		g->wire = true;
+		g->state = st::disconnected;
+		g->peer_v4 = p->peer_v4;
+		memcpy(g->peer_ip, p->peer_ip, 16);
+		memcpy(g->my_ip, p->my_ip, 16);
+		g->udp_port = p->udp_port;
+		g->ifindex = p->ifindex;
+		g->lcomm = p->lcomm;
+		g->rcomm = p->rcomm;
+		g->answer = p->answer;
+		g->timewait_ms = now_ms() + linger_ms();
+		epoll_ctl(G().ep, EPOLL_CTL_DEL, p->conn_fd, nullptr);
+		G().lingers[p->conn_fd] = g;
+		epoll_add(p->conn_fd, static_cast<uint64_t>(p->conn_fd) << 2 | 3);
+		p->conn_fd = -1;
+	}
 	if (p->conn_fd >= 0) {
 		epoll_ctl(G().ep, EPOLL_CTL_DEL, p->conn_fd, nullptr);
 		close(p->conn_fd);
@@ -1683,6 +1790,7 @@ void cm_thread()
 		// Setups that ran out of time, and when the next one does.
 		int64_t now = now_ms(), next = -1;
 		expire_tombs(now);
+		expire_lingers(now, next);
 		for (auto &kv : G().ids) {
 			cm_id *p = kv.second;
 			if (p->timewait_ms && p->timewait_ms <= now) {
@@ -1690,6 +1798,11 @@ void cm_thread()
 				push(p, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
 			} else if (p->timewait_ms && (next < 0 || p->timewait_ms < next)) {
 				next = p->timewait_ms;
+			}
+			if (p->wire && p->resend_ms && p->state != st::connect &&
+			    p->state != st::accepted && p->state != st::disc_sent) {
+				p->resend.clear(); // Nothing is awaited any more
+				p->resend_ms = 0;
 			}
 			if (p->wire && p->resend_ms && !p->resend.empty()) {
 				if (p->resend_ms <= now) {
@@ -1725,6 +1838,10 @@ void cm_thread()
 		wait_ms = next < 0 ? 1000 : static_cast<int>(std::min<int64_t>(next - now, 1000));
 		for (int i = 0; i < n; i++) {
 			uint64_t key = evs[i].data.u64;
+			if ((key & 3) == 3) {
+				on_linger(static_cast<int>(key >> 2));
+				continue;
+			}
 			auto it = G().ids.find(key >> 2);
 			if (it == G().ids.end())
 				continue;
@@ -2885,6 +3002,7 @@ SV_API int rdma_listen(rdma_cm_id *id, int backlog)
 		if (int e = publish_owner(p, sa, false))
 			return fail(e);
 	}
+	p->backlog = backlog > 0 ? backlog : 128;
 	if (listen(p->bind_fd, backlog > 0 ? backlog : 128))
 		return -1;
 	p->state = st::listen;
@@ -3049,6 +3167,8 @@ SV_API int rdma_notify(rdma_cm_id *id, ibv_event_type event)
 	// Communication established before the RTU: the RTU is as good as here.
 	if (event == IBV_EVENT_COMM_EST && p->state == st::accepted) {
 		p->state = st::established;
+		p->resend.clear(); // The REP needs no more sending
+		p->resend_ms = 0;
 		push(p, RDMA_CM_EVENT_ESTABLISHED, 0);
 	}
 	return 0;

@@ -331,6 +331,10 @@ struct loop_qp {
 	// vector's GID, rocev2/rocev2.cpp): its requests go over RoCE v2.
 	// Under sq_lock.
 	bool wire_remote = false;
+	// The first send-queue index not handed to the wire (rocev2_write_start):
+	// WRs in [sq_cons, wire_next) are in flight there, and the receive
+	// thread completes them.  Under sq_lock.
+	uint64_t wire_next = 0;
 	struct wr_builder *builder; // ibv_wr_* state (loop_qp_ex.cpp); null without send_ops_flags
 	obj_life life{kLifeQp};
 	parent_refs parents; // Its PD, CQs, SRQ, XRC domain

@@ -55,6 +55,9 @@ inline constexpr long kEngineShortSleepNs = 200 * 1000;
 // A backlog that could not be run for want of memory is tried again after
 // this long.
 inline constexpr uint64_t kProgressRetryNs = 1000 * 1000;
+// How often the progress thread looks at a send queue whose head is an
+// RDMA WRITE on the wire (rocev2) with WRs waiting behind it.
+inline constexpr uint64_t kWireWaitNs = 1000 * 1000;
 // How often an RNR-waiting requester asks whether its responder still
 // lives (engine/completer.cpp: book_retry): the check takes the registry
 // lock and reads /proc, too much for every try of a 10 us RNR timer.

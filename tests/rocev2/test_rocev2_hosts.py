@@ -378,16 +378,20 @@ def test_several_processes_per_host(pair):
 
 
 @pytest.mark.parametrize("gid", [0, 1], ids=["ipv4", "ipv6"])
-def test_vanished_host_gives_retry_exceeded(pair, gid):
+@pytest.mark.parametrize("op", ["send", "write"])
+def test_vanished_host_gives_retry_exceeded(pair, gid, op):
     """The server's process is gone right after the connection: the
-    client's first SEND completes with IBV_WC_RETRY_EXC_ERR once its
-    retries (timeout 10, retry_cnt 3) are spent, not success, not a hang."""
+    client's first SEND (or the first of four RDMA WRITEs in flight at
+    once) completes with IBV_WC_RETRY_EXC_ERR once its retries (timeout 10,
+    retry_cnt 3) are spent, not success, not a hang; the other WRITEs are
+    flushed."""
     script = str(HERE / "wire_check.py")
     port = str(26000 + os.getpid() % 1000)
     common = ["--port", port, "--gid-index", str(gid)]
     rs, so, rc, co = hosts.pair_run(
         pair.a, pair.b, [PYTHON, script, "server", "--vanish"] + common,
-        [PYTHON, script, "client", pair.a.addr, "--expect-retry-exc", "--timeout", "60"] + common,
+        [PYTHON, script, "client", pair.a.addr, "--expect-retry-exc", "--retry-op", op,
+         "--timeout", "60"] + common,
         timeout=90, settle=1.0)
     assert rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
     assert "mode=expect-retry-exc status=12" in co, co
@@ -590,3 +594,45 @@ def test_cm_mads_on_the_wire(pair, tmp_path):
     ids |= {(int(r["infiniband.cm.drsp.localcommid"], 0), int(r["infiniband.cm.drsp.remotecommid"], 0))
             for _, r in seen[0x16]}
     assert ids <= {(a_id, b_id), (b_id, a_id)}, ids
+
+
+def _rping_server_with_peer(pair, peer_args, seconds=20):
+    """rping -s on host a, cm_peer.py on host b (which runs no softverbs):
+    the peer's report, and rping's output and open descriptors."""
+    import time
+    port = str(19900 + os.getpid() % 90)
+    srv = pair.a.popen(["rping", "-s", "-a", pair.a.addr, "-p", port, "-C", "1"])
+    try:
+        time.sleep(1)
+        peer = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "cm_peer.py"), peer_args[0],
+                                               pair.a.addr, pair.b.addr, port] + peer_args[1:]),
+                              capture_output=True, text=True, timeout=seconds + 30)
+        fds = len(os.listdir(f"/proc/{srv.pid}/fd")) if srv.poll() is None else -1
+    finally:
+        if srv.poll() is None:
+            os.killpg(srv.pid, signal.SIGKILL)
+        out = srv.communicate()[0]
+    return peer.stdout + peer.stderr, out, fds
+
+
+def test_forged_req_flood_is_bounded(pair):
+    """200 REQs with distinct comm IDs at a listener (rping's backlog is 3):
+    each takes a socket only while it waits to be accepted, at most the
+    backlog at once; the rest get REJ "no resources" (3), not descriptors
+    without end."""
+    peer, out, fds = _rping_server_with_peer(pair, ["flood", "200"])
+    m = re.search(r"cm_peer: sent 200 reps (\d+) rejs \[(.*)\]", peer)
+    assert m, peer + out
+    assert "(3, " in m.group(2), peer
+    assert 0 <= fds < 40, f"rping holds {fds} descriptors\n{out}"
+
+
+def test_rej_of_our_rep(pair):
+    """A peer that rejects our REP: the server hears REJECTED (reason 28)
+    and stops sending the REP, instead of resending it until the CM
+    timeout and reporting UNREACHABLE."""
+    peer, out, _ = _rping_server_with_peer(pair, ["rej-rep"])
+    m = re.search(r"cm_peer: REPs after our REJ (\d+)", peer)
+    assert m, peer + out
+    assert int(m.group(1)) <= 1, peer  # One may have crossed the REJ
+    assert "RDMA_CM_EVENT_REJECTED" in out, out

@@ -697,20 +697,35 @@ def client_retry_exc(args, clock, link, ep, peer):
     msg = make_msg(args.seed, 0, 0, 'c2s', 64, False)
     ep.mrs['send'].write(msg, len(msg), 0)
     t0 = time.monotonic()
-    ep.post(1, e.IBV_WR_SEND, ep.mrs['send'], 0, len(msg))
-    clock.waiting = 'the first SEND to fail with IBV_WC_RETRY_EXC_ERR'
-    while True:
+    if args.retry_op == 'write':
+        # Several WRITEs in flight at once (the wire's pipelined path): the
+        # first fails with RETRY_EXC_ERR, the others are flushed after it.
+        for i in range(1, 5):
+            ep.post(i, e.IBV_WR_RDMA_WRITE, ep.mrs['send'], 0, len(msg),
+                    remote=(peer['addr'], peer['rkey']))
+        want = 4
+    else:
+        ep.post(1, e.IBV_WR_SEND, ep.mrs['send'], 0, len(msg))
+        want = 1
+    clock.waiting = f'the first {args.retry_op.upper()} to fail with IBV_WC_RETRY_EXC_ERR'
+    got = []
+    while len(got) < want:
         n, wcs = ep.cq.poll(1)
         if n:
-            wc = wcs[0]
-            if wc.wr_id & RECV_BIT:
+            if wcs[0].wr_id & RECV_BIT:
                 continue
-            break
+            got.append(wcs[0])
+            continue
         clock.check()
+    wc = got[0]
     dt = (time.monotonic() - t0) * 1000
     if wc.status != e.IBV_WC_RETRY_EXC_ERR or wc.wr_id != 1:
         raise Failure(f'expected IBV_WC_RETRY_EXC_ERR (12) on wr_id 1, got '
                       f'status {wc.status} wr_id {wc.wr_id} after {dt:.0f} ms')
+    for i, w in enumerate(got[1:], 2):
+        if w.status != e.IBV_WC_WR_FLUSH_ERR or w.wr_id != i:
+            raise Failure(f'expected IBV_WC_WR_FLUSH_ERR (5) on wr_id {i}, got '
+                          f'status {w.status} wr_id {w.wr_id}')
     print(f'wire_check: OK role=client mode=expect-retry-exc status={wc.status}'
           f' after {dt:.0f} ms', flush=True)
     return 0
@@ -888,6 +903,8 @@ def main(argv=None):
     p.add_argument('--bind', default='0.0.0.0', help='server TCP address')
     p.add_argument('--vanish', action='store_true',
                    help='server: os._exit right after the QP exchange')
+    p.add_argument('--retry-op', choices=['send', 'write'], default='send',
+                   help='with --expect-retry-exc: one SEND, or four RDMA WRITEs')
     p.add_argument('--expect-retry-exc', action='store_true',
                    help='client: first SEND must end in IBV_WC_RETRY_EXC_ERR')
     p.add_argument('--no-recv', action='store_true',

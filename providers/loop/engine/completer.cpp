@@ -8,6 +8,7 @@
 // runs one WQE at a time).  Caller holds sq_lock, but for push_own.
 #include "c_boundary.h"
 #include "engine.h"
+#include "rocev2.h"
 
 #include <cerrno>
 #include <algorithm>
@@ -99,6 +100,8 @@ int push_own(loop_cq *cq, sv_cqe &e)
 // Caller holds sq_lock.
 void flush_backlog(loop_qp *qp)
 {
+	if (qp->wire_next > qp->sq_cons)
+		rocev2_drop_flights(qp); // No packet reads their buffers from now on
 	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
 	thread_local send_wr w;
 	for (uint64_t i = qp->sq_cons; i != posted; i++) {
@@ -177,6 +180,10 @@ uint64_t drain(loop_qp *qp)
 			flush_backlog(qp);
 			return 0;
 		}
+		// The head is on the wire (rocev2_write_start), completed from
+		// there: what waits behind it runs once it is done.
+		if (qp->wire_next > qp->sq_cons)
+			return qp->wire_next >= posted ? 0 : now_ns() + kWireWaitNs;
 		send_wr &w = qp->sq_head;
 		if (!qp->sq_head_valid) {
 			ibv_wc_status st = wqe_read(qp, qp->sq_cons, w);

@@ -58,6 +58,17 @@ bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b)
 // bytes did not all land completes as it would have alone, and the WRs
 // behind it run as the send queue's backlog.  Caller holds sq_lock.
 void rdma_flush(loop_qp *qp, rdma_batch &b);
+// Over RoCE v2: hands the RDMA WRITE w (just posted at index posted, its
+// inline bytes at inline_copy) to the wire when every WR before it is
+// done or handed over too; it completes from the receive thread.  False:
+// the requester runs it as any other WR.
+bool wire_handoff(loop_qp *qp, send_wr &w, uint64_t posted, const void *inline_copy);
+// The first send-queue index the requester runs itself: the ones before
+// it are done or on the wire.
+inline uint64_t backlog_start(const loop_qp *qp)
+{
+	return qp->wire_next > qp->sq_cons ? qp->wire_next : qp->sq_cons;
+}
 
 // responder.cpp
 // Runs request r at the responder of p, through t's responder calls.

@@ -8,6 +8,7 @@
 // invalidate, fast-register) run here, in WR order.  Caller holds sq_lock.
 #include "c_boundary.h"
 #include "engine.h"
+#include "rocev2.h"
 
 #include <cerrno>
 #include <cstring>
@@ -449,6 +450,24 @@ step run_ud(loop_qp *qp, send_wr &w)
 	if (qp->type == IBV_QPT_UD)
 		return run_ud(qp, w);
 	return run_connected(qp, w);
+}
+
+bool wire_handoff(loop_qp *qp, send_wr &w, uint64_t posted, const void *inline_copy)
+{
+	if (!qp->wire_remote || qp->type != IBV_QPT_RC || w.opcode != IBV_WR_RDMA_WRITE ||
+	    backlog_start(qp) != posted)
+		return false;
+	local_buf lb;
+	if (gather_local(qp, w, false, lb) != IBV_WC_SUCCESS || lb.checked || !lb.len)
+		return false; // The requester runs it: its error, or nothing to send
+	if (w.is_inline) // w is the caller's scratch: the WQE's copy stays
+		lb.iov[0].iov_base = const_cast<void *>(inline_copy);
+	w.psn = (qp->attr.sq_psn + qp->req_psn) & kPsnMask;
+	if (!rocev2_write_start(qp, w, lb.iov.data(), static_cast<int>(lb.iov.size()), lb.len))
+		return false;
+	qp->req_psn++; // Its sequence number, as run_connected gives it
+	qp->wire_next = posted + 1;
+	return true;
 }
 
 bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b)

@@ -451,8 +451,20 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 		flush_backlog(qp);
 		return 0;
 	}
+	// Over RoCE v2 an RDMA WRITE goes out now and completes from the wire,
+	// with others in flight behind it (docs/rocev2.md).
+	if (qp->wire_remote && state == IBV_QPS_RTS) {
+		try { // c_boundary.h: out of memory runs it the usual way
+			if (wire_handoff(qp, w, posted,
+					 reinterpret_cast<char *>(sq_slot(qp, posted)) + SV_WQE_HDR_SIZE))
+				return 0;
+		} catch (abi::__forced_unwind &) {
+			throw;
+		} catch (...) {
+		}
+	}
 	if (qp->sq_cons != posted)
-		return 0; // Waits behind the backlog
+		return 0; // Waits behind the backlog (or the wire's WRITEs)
 	// The requester allocates (iovecs) before it moves a byte: out of
 	// memory fails this WR with ENOMEM and gives its slot back; no
 	// exception leaves through the C caller (c_boundary.h).
@@ -553,7 +565,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 			}
 		}
 		flush_batch(qp, b, state);
-		need_progress |= qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
+		need_progress |= backlog_start(qp) != qp->sq_posted.load(std::memory_order_relaxed);
 	}
 	if (need_progress)
 		progress_add(qp);
@@ -605,7 +617,7 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 			ret = submit(qp, w, state, need_progress, b, i + 1 < n);
 		}
 		flush_batch(qp, b, state);
-		need_progress |= qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
+		need_progress |= backlog_start(qp) != qp->sq_posted.load(std::memory_order_relaxed);
 	}
 	if (need_progress)
 		progress_add(qp);

@@ -46,7 +46,8 @@ inline constexpr size_t kDreqPdata = 220, kDrepPdata = 224;
 inline constexpr size_t kSidrReqPdata = 216, kSidrRepPdata = 136;
 
 // REJ reasons (table 109) this code uses.
-inline constexpr uint16_t kRejTimeout = 1;
+inline constexpr uint16_t kRejNoResources = 3;
+inline constexpr uint16_t kRejTimeout = 4;
 inline constexpr uint16_t kRejInvalidServiceId = 8;
 inline constexpr uint16_t kRejConsumer = 28;
 // REJ's "message rejected" (2 bits).

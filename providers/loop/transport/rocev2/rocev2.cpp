@@ -34,6 +34,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -51,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -121,6 +123,23 @@ bool link_local(const host_addr &a)
 	return !a.v4 && a.ip[0] == 0xfe && (a.ip[1] & 0xc0) == 0x80;
 }
 
+// A SEND or WRITE message as its packets carry it.
+struct message {
+	uint8_t service;   // 0x00 RC, 0x20 UC, 0xa0 XRC
+	uint32_t xrc_srqn; // XRC: the SRQ every request packet names (XRCETH)
+	bool write;
+	bool imm;
+	bool inv;
+	bool se;
+	uint32_t imm_be;
+	uint32_t inv_rkey;
+	uint64_t va;
+	uint32_t rkey;
+	const iovec *iov;
+	int niov;
+	uint64_t len;
+};
+
 // What one QP keeps of the wire.  Its requester's calls and the receive
 // thread meet under m.
 struct qp_wire {
@@ -177,6 +196,35 @@ struct qp_wire {
 	};
 	replay atomics[16] = {};
 	unsigned atomic_next = 0;
+	// Pipelined RDMA WRITEs (rocev2_write_start): an RC QP's WRITEs go out
+	// as they are posted, several in flight, their PSNs contiguous from
+	// the oldest's; the receive thread sends on as ACKs open the window,
+	// sends again from a sequence NAK's PSN or after a timeout (retry_cnt
+	// timeouts without progress fail the oldest with RETRY_EXC_ERR), and
+	// completes them in order under the QP's sq_lock.
+	struct flight {
+		uint64_t sq_index = 0;
+		uint64_t wr_id = 0;
+		unsigned flags = 0;
+		uint32_t first = 0, n = 0; // Its PSNs: [first, first + n)
+		message m{};
+		std::vector<iovec> iov; // m.iov: the WR's gather list
+	};
+	struct settled {
+		uint64_t sq_index, wr_id;
+		unsigned flags;
+		uint32_t len;
+		ibv_wc_status st;
+	};
+	loop_qp *lqp = nullptr; // For completions; valid while !dead
+	std::deque<flight> flights;
+	uint32_t snd_una = 0; // The first PSN not acknowledged
+	uint32_t snd_nxt = 0; // The next PSN to send (back at snd_una after a loss)
+	uint32_t snd_max = 0; // One past the highest PSN sent
+	uint64_t fl_deadline = 0;
+	uint8_t fl_retries = 7;
+	uint8_t retry_cnt = 7;
+	std::vector<settled> to_complete; // Answered, waiting for sq_lock
 };
 
 
@@ -213,6 +261,11 @@ struct wire {
 	unsigned netdev_mtu = 1500;
 	uint32_t ifindex = 0;
 	std::unordered_map<uint32_t, std::shared_ptr<qp_wire>> qps;
+	// QPs with WRITEs in flight or completions to make (under lock, taken
+	// after a qp_wire's m): the receive thread wakes every millisecond
+	// while there are any, for their timers.
+	std::set<std::shared_ptr<qp_wire>> flying;
+	int wake_fd = -1; // An eventfd: the first flight wakes the receive thread
 	// The port's counters in the fabric's registry (sv_wire_counters),
 	// shared by the host's processes; a private block until a device opens.
 	sv_wire_counters own{};
@@ -524,22 +577,6 @@ uint32_t packets_for(uint64_t len, uint32_t pmtu)
 // ---------------------------------------------------------------------------
 // Requester
 
-// A SEND or WRITE message as its packets carry it.
-struct message {
-	uint8_t service;   // 0x00 RC, 0x20 UC, 0xa0 XRC
-	uint32_t xrc_srqn; // XRC: the SRQ every request packet names (XRCETH)
-	bool write;
-	bool imm;
-	bool inv;
-	bool se;
-	uint32_t imm_be;
-	uint32_t inv_rkey;
-	uint64_t va;
-	uint32_t rkey;
-	const iovec *iov;
-	int niov;
-	uint64_t len;
-};
 
 uint8_t message_opcode(const message &m, uint32_t k, uint32_t n)
 {
@@ -718,6 +755,181 @@ outcome send_and_await(qp_wire &qw, std::unique_lock<std::mutex> &g, const messa
 			return outcome::nak;
 		default:
 			continue;
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Pipelined WRITEs (qp_wire::flight)
+
+// Packets of flights in flight beyond the first unacknowledged one: the
+// receiver's socket buffer holds them (8 MiB: 2000 packets of 4 KiB).
+constexpr uint32_t kFlightWindow = 2 * kWindow;
+
+// Set while the receive thread completes flights: flush_backlog, which it
+// calls on an error, must not take the qp_wire's lock it holds.
+thread_local bool tl_settling = false;
+
+// Sends flight packets from snd_nxt on while the window allows; the last
+// packet of a message, and the last one the window lets go, ask for an
+// ACK.  Caller holds qw.m.
+void flights_send(qp_wire &qw)
+{
+	uint32_t end = psn_add(qw.snd_una, kFlightWindow);
+	for (qp_wire::flight &f : qw.flights) {
+		int32_t from = psn_diff(qw.snd_nxt, f.first);
+		if (from >= static_cast<int32_t>(f.n))
+			continue; // All of it out
+		if (from < 0)
+			from = 0;
+		int32_t room = psn_diff(end, psn_add(f.first, static_cast<uint32_t>(from)));
+		if (room <= 0)
+			return;
+		uint32_t to = std::min<uint32_t>(f.n, static_cast<uint32_t>(from + room));
+		send_message(qw, f.m, f.first, static_cast<uint32_t>(from), to);
+		qw.snd_nxt = psn_add(f.first, to);
+		if (psn_diff(qw.snd_nxt, qw.snd_max) > 0)
+			qw.snd_max = qw.snd_nxt;
+		if (to < f.n)
+			return;
+	}
+}
+
+// Everything before PSN una is acknowledged: the flights it covers are
+// done (in order), and the retries start over (progress).
+void flights_acked(qp_wire &qw, uint32_t una)
+{
+	if (psn_diff(una, qw.snd_una) <= 0)
+		return;
+	qw.snd_una = una;
+	if (psn_diff(qw.snd_nxt, una) < 0)
+		qw.snd_nxt = una;
+	qw.fl_retries = qw.retry_cnt;
+	qw.fl_deadline = now_ns() + timeout_ns(qw.timeout);
+	while (!qw.flights.empty()) {
+		qp_wire::flight &f = qw.flights.front();
+		if (psn_diff(una, psn_add(f.first, f.n)) < 0)
+			break;
+		qw.to_complete.push_back({f.sq_index, f.wr_id, f.flags, static_cast<uint32_t>(f.m.len),
+					  IBV_WC_SUCCESS});
+		qw.flights.pop_front();
+	}
+}
+
+// The oldest flight fails with st (and the QP with it: the others are
+// flushed when it completes).
+void flights_fail(qp_wire &qw, ibv_wc_status st)
+{
+	if (qw.flights.empty())
+		return;
+	qp_wire::flight &f = qw.flights.front();
+	qw.to_complete.push_back({f.sq_index, f.wr_id, f.flags, 0, st});
+	qw.flights.clear();
+}
+
+// An ACK or NAK for a QP with flights (the receive thread, qw.m held).
+void flights_answer(qp_wire &qw, const rv::parsed &p)
+{
+	if ((p.h.b.opcode & 0x1f) != rv::RC_ACKNOWLEDGE || (p.h.b.opcode & 0xe0) != service_of(qw.type))
+		return;
+	uint32_t q = p.h.b.psn;
+	// Only PSNs we sent count: [snd_una, snd_max).
+	if (psn_diff(q, qw.snd_una) < 0 || psn_diff(q, qw.snd_max) >= 0)
+		return;
+	uint8_t syn = p.h.a.syndrome;
+	switch (rv::aeth_kind_of(syn)) {
+	case rv::aeth_kind::ack: // Cumulative: q and everything before it
+		flights_acked(qw, psn_add(q, 1));
+		break;
+	case rv::aeth_kind::nak:
+		count(&sv_wire_counters::naks_received);
+		flights_acked(qw, q); // Everything before the PSN it names arrived
+		if (rv::aeth_value(syn) == static_cast<uint8_t>(rv::nak_code::psn_seq_error)) {
+			count(&sv_wire_counters::retransmits);
+			qw.snd_nxt = q; // Go back to it
+		} else {
+			flights_fail(qw, nak_status(rv::aeth_value(syn)));
+		}
+		break;
+	default: // RNR: a plain WRITE takes no receive WQE
+		break;
+	}
+	flights_send(qw);
+}
+
+// The timer: no ACK for a timeout sends again from the first packet not
+// acknowledged, retry_cnt times; then the oldest fails.
+void flights_tick(qp_wire &qw, uint64_t now)
+{
+	if (qw.flights.empty() || now < qw.fl_deadline)
+		return;
+	if (!qw.fl_retries) {
+		flights_fail(qw, IBV_WC_RETRY_EXC_ERR);
+		return;
+	}
+	qw.fl_retries--;
+	count(&sv_wire_counters::retransmits);
+	qw.snd_nxt = qw.snd_una;
+	qw.fl_deadline = now + timeout_ns(qw.timeout);
+	flights_send(qw);
+}
+
+// Completes the answered flights in order, if the QP's sq_lock is free
+// (never waited for: the QP's owner may hold it while it waits for this
+// thread); else the receive thread tries again within a millisecond.
+void flights_settle(qp_wire &qw)
+{
+	if (qw.to_complete.empty())
+		return;
+	loop_qp *qp = qw.lqp;
+	if (qw.dead || !qp) {
+		qw.to_complete.clear();
+		return;
+	}
+	std::unique_lock<std::mutex> sl(qp->sq_lock, std::try_to_lock);
+	if (!sl.owns_lock())
+		return;
+	tl_settling = true;
+	for (const qp_wire::settled &c : qw.to_complete) {
+		if (c.sq_index != qp->sq_cons)
+			continue; // Flushed meanwhile
+		send_wr w{};
+		w.wr_id = c.wr_id;
+		w.flags = c.flags;
+		w.opcode = IBV_WR_RDMA_WRITE;
+		w.sq_index = c.sq_index;
+		complete(qp, w, c.st, c.len);
+		sq_set_cons(qp, c.sq_index + 1);
+		if (c.st != IBV_WC_SUCCESS) {
+			// The QP is in ERR (complete): the rest completes flushed.
+			qw.flights.clear();
+			flush_backlog(qp);
+			break;
+		}
+	}
+	tl_settling = false;
+	qw.to_complete.clear();
+}
+
+// The receive thread's round of the QPs with flights: their timers and
+// the completions sq_lock held up.
+void flights_service()
+{
+	wire &w = W();
+	std::vector<std::shared_ptr<qp_wire>> list;
+	{
+		std::lock_guard<std::mutex> g(w.lock);
+		list.assign(w.flying.begin(), w.flying.end());
+	}
+	uint64_t now = now_ns();
+	for (const std::shared_ptr<qp_wire> &qw : list) {
+		std::lock_guard<std::mutex> g(qw->m);
+		if (!qw->dead)
+			flights_tick(*qw, now);
+		flights_settle(*qw);
+		if (qw->dead || (qw->flights.empty() && qw->to_complete.empty())) {
+			std::lock_guard<std::mutex> wg(w.lock);
+			w.flying.erase(qw);
 		}
 	}
 }
@@ -1920,6 +2132,11 @@ void handle_packet(const uint8_t *buf, size_t len, const host_addr &from, uint16
 		return;
 	}
 	if (is_answer(p.h.b.opcode)) {
+		if (!qw->flights.empty()) {
+			flights_answer(*qw, p);
+			flights_settle(*qw);
+			return;
+		}
 		if (qw->inbox.size() >= kInboxMax)
 			qw->inbox.pop_front();
 		qw->inbox.emplace_back(buf, buf + len);
@@ -2009,15 +2226,20 @@ void receive_loop()
 	wire &w = W();
 	std::vector<uint8_t> buf(65536);
 	for (;;) {
-		pollfd fds[3];
+		pollfd fds[4];
 		int nfds = 0;
-		for (int fd : {w.fd4, w.fd6, w.ufd})
+		for (int fd : {w.fd4, w.fd6, w.ufd, w.wake_fd})
 			if (fd >= 0)
 				fds[nfds++] = {fd, POLLIN, 0};
 		// A packet the reorder knob holds goes out within 2 ms; a process
 		// without the port looks for it every 100 ms.
 		bool owner = (w.efd4 < 0 || w.fd4 >= 0) && (w.efd6 < 0 || w.fd6 >= 0);
-		int tmo = w.reorder_pct > 0 ? 1 : owner ? -1 : 100;
+		bool flying;
+		{
+			std::lock_guard<std::mutex> g(w.lock);
+			flying = !w.flying.empty();
+		}
+		int tmo = w.reorder_pct > 0 || flying ? 1 : owner ? -1 : 100;
 		int ready = poll(fds, static_cast<nfds_t>(nfds), tmo);
 		if (ready < 0 && errno != EINTR)
 			return;
@@ -2025,11 +2247,19 @@ void receive_loop()
 			release_held(2000000);
 		if (!owner && !w.exiting)
 			try_take_port();
+		if (flying)
+			flights_service();
 		for (int i = 0; i < nfds; i++) {
 			if (!(fds[i].revents & POLLIN))
 				continue;
 			if (fds[i].fd == w.ufd) {
 				receive_forwarded(buf);
+				continue;
+			}
+			if (fds[i].fd == w.wake_fd) {
+				uint64_t v;
+				if (read(w.wake_fd, &v, sizeof(v)) < 0)
+					count(&sv_wire_counters::drop_other);
 				continue;
 			}
 			for (;;) {
@@ -2223,6 +2453,7 @@ void rocev2_device_open(loop_context *lctx)
 			w.port, strerror(e4));
 		return;
 	}
+	w.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	w.up = true;
 	w.n = &lctx->fab->reg()->wire[lctx->dev->index][0];
 	std::thread(receive_loop).detach();
@@ -2260,6 +2491,7 @@ void rocev2_qp_modified(loop_qp *qp, int mask)
 	qw->type = qp->type;
 	qw->dead = false;
 	qw->timeout = a.timeout;
+	qw->retry_cnt = a.retry_cnt;
 	if (a.qp_state == IBV_QPS_RTR) {
 		qw->epsn = a.rq_psn & kPsn24;
 		qw->msn = 0;
@@ -2333,6 +2565,70 @@ uint8_t rocev2_port_mtu(loop_context *lctx)
 	return e;
 }
 
+bool rocev2_write_start(loop_qp *qp, const send_wr &wr, const iovec *iov, int niov, uint64_t len)
+{
+	wire &w = W();
+	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
+	if (!qw || !w.up || len > kMaxMessage || !len)
+		return false;
+	std::lock_guard<std::mutex> g(qw->m);
+	if (qw->dead || !qw->remote || qw->type != IBV_QPT_RC)
+		return false;
+	uint64_t now = now_ns();
+	if (qw->flights.empty()) {
+		// Nothing in flight: no synchronous request is either (the engine
+		// hands a WRITE over only when every WR before it is done or
+		// handed over too).
+		qw->inbox.clear();
+		qw->cur_engine = UINT32_MAX;
+		qw->snd_una = qw->snd_nxt = qw->snd_max = qw->next_psn;
+		qw->fl_retries = qw->retry_cnt;
+		qw->fl_deadline = now + timeout_ns(qw->timeout);
+	}
+	qp_wire::flight &f = qw->flights.emplace_back();
+	f.sq_index = wr.sq_index;
+	f.wr_id = wr.wr_id;
+	f.flags = wr.flags;
+	f.iov.assign(iov, iov + niov);
+	f.n = packets_for(len, qw->pmtu);
+	f.first = qw->next_psn;
+	qw->next_psn = psn_add(qw->next_psn, f.n);
+	f.m.service = service_of(qw->type);
+	f.m.write = true;
+	f.m.va = wr.remote_addr;
+	f.m.rkey = wr.rkey;
+	f.m.iov = f.iov.data();
+	f.m.niov = niov;
+	f.m.len = len;
+	qw->lqp = qp;
+	bool first;
+	{
+		std::lock_guard<std::mutex> wg(w.lock);
+		first = w.flying.empty();
+		w.flying.insert(qw);
+	}
+	if (first && w.wake_fd >= 0) {
+		// The receive thread may sleep with no timer: it has one now.
+		uint64_t one = 1;
+		if (write(w.wake_fd, &one, sizeof(one)) < 0)
+			count(&sv_wire_counters::drop_other);
+	}
+	flights_send(*qw);
+	return true;
+}
+
+void rocev2_drop_flights(loop_qp *qp)
+{
+	if (tl_settling)
+		return; // The receive thread, completing them: it dropped them
+	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
+	if (!qw)
+		return;
+	std::lock_guard<std::mutex> g(qw->m);
+	qw->flights.clear();
+	qw->to_complete.clear();
+}
+
 void rocev2_qp_destroyed(loop_qp *qp)
 {
 	wire &w = W();
@@ -2347,6 +2643,9 @@ void rocev2_qp_destroyed(loop_qp *qp)
 	}
 	std::lock_guard<std::mutex> g(qw->m); // The receive thread is done with it
 	qw->dead = true;
+	qw->flights.clear();
+	qw->to_complete.clear();
+	qw->lqp = nullptr;
 	qw->cv.notify_all();
 	if (qw->type != IBV_QPT_RC || !qw->remote)
 		return;

@@ -13,6 +13,7 @@ namespace loop {
 
 struct loop_context;
 struct loop_qp;
+struct send_wr;
 
 extern const transport_ops rocev2_transport_ops;
 
@@ -25,6 +26,16 @@ void rocev2_device_open(loop_context *lctx);
 // another host (loop_qp::wire_remote); at RTS its requester starts at
 // sq_psn; RESET forgets both.
 void rocev2_qp_modified(loop_qp *qp, int mask);
+// An RC QP's RDMA WRITE (wr, its gather list iov, len bytes), handed over
+// by the engine under sq_lock when every WR before it is done or handed
+// over too: its packets go out now and the receive thread completes it
+// when its ACK comes (or fails it), several in flight at once.  False
+// when the QP cannot (the engine then runs it itself).
+bool rocev2_write_start(loop_qp *qp, const send_wr &wr, const iovec *iov, int niov, uint64_t len);
+// The engine flushes the QP's send queue (caller holds sq_lock): its
+// WRITEs in flight are dropped first, so that no packet reads their
+// buffers once their completions are out.
+void rocev2_drop_flights(loop_qp *qp);
 // Before a QP's memory goes: packets for it are dropped from now on.
 void rocev2_qp_destroyed(loop_qp *qp);
 // Whether dgid is an address of another host (none of the port's GIDs).
