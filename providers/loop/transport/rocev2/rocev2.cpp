@@ -434,36 +434,26 @@ void send_packet(const host_addr &src, const host_addr &dst, uint32_t ifindex, u
 	release_held();
 }
 
-// One datagram on the wire (and in the capture: a packet the knob dropped
-// never went out).
-void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, const uint8_t *buf,
-	      size_t len)
-{
-	wire &w = W();
-	if (w.pcap) {
-		rv::ip_info ip;
-		ip.v6 = !dst.v4;
-		memcpy(ip.src, src.ip, 16);
-		memcpy(ip.dst, dst.ip, 16);
-		ip.sport = tx_port(dst.v4);
-		ip.dport = w.port;
-		rv::pcap_write(w.pcap, ip, buf, len, wall_ns());
-	}
-	iovec iov{const_cast<uint8_t *>(buf), len};
-	msghdr mh{};
-	mh.msg_iov = &iov;
-	mh.msg_iovlen = 1;
-	alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(in6_pktinfo))] = {};
-	mh.msg_control = cbuf;
-	int fd;
+// Where a datagram from src to dst goes: the destination and the source
+// address (IP_PKTINFO / IPV6_PKTINFO) in mh, which points into sa4, sa6
+// and cbuf; the socket to send it from (-1: none).
+struct dest_msg {
 	sockaddr_in sa4{};
 	sockaddr_in6 sa6{};
+	alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(in6_pktinfo))] = {};
+};
+
+int address_msg(msghdr &mh, dest_msg &d, const host_addr &src, const host_addr &dst,
+		uint32_t ifindex)
+{
+	wire &w = W();
+	mh.msg_control = d.cbuf;
 	if (dst.v4) {
-		sa4.sin_family = AF_INET;
-		sa4.sin_port = htons(w.port);
-		memcpy(&sa4.sin_addr, dst.ip, 4);
-		mh.msg_name = &sa4;
-		mh.msg_namelen = sizeof(sa4);
+		d.sa4.sin_family = AF_INET;
+		d.sa4.sin_port = htons(w.port);
+		memcpy(&d.sa4.sin_addr, dst.ip, 4);
+		mh.msg_name = &d.sa4;
+		mh.msg_namelen = sizeof(d.sa4);
 		mh.msg_controllen = CMSG_SPACE(sizeof(in_pktinfo));
 		cmsghdr *c = CMSG_FIRSTHDR(&mh);
 		c->cmsg_level = IPPROTO_IP;
@@ -472,26 +462,53 @@ void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, cons
 		in_pktinfo pi{};
 		memcpy(&pi.ipi_spec_dst, src.ip, 4);
 		memcpy(CMSG_DATA(c), &pi, sizeof(pi));
-		fd = w.efd4 >= 0 ? w.efd4 : w.fd4;
-	} else {
-		sa6.sin6_family = AF_INET6;
-		sa6.sin6_port = htons(w.port);
-		memcpy(&sa6.sin6_addr, dst.ip, 16);
-		if (link_local(dst))
-			sa6.sin6_scope_id = ifindex;
-		mh.msg_name = &sa6;
-		mh.msg_namelen = sizeof(sa6);
-		mh.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo));
-		cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = IPPROTO_IPV6;
-		c->cmsg_type = IPV6_PKTINFO;
-		c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
-		in6_pktinfo pi{};
-		memcpy(&pi.ipi6_addr, src.ip, 16);
-		pi.ipi6_ifindex = link_local(dst) ? ifindex : 0;
-		memcpy(CMSG_DATA(c), &pi, sizeof(pi));
-		fd = w.efd6 >= 0 ? w.efd6 : w.fd6;
+		return w.efd4 >= 0 ? w.efd4 : w.fd4;
 	}
+	d.sa6.sin6_family = AF_INET6;
+	d.sa6.sin6_port = htons(w.port);
+	memcpy(&d.sa6.sin6_addr, dst.ip, 16);
+	if (link_local(dst))
+		d.sa6.sin6_scope_id = ifindex;
+	mh.msg_name = &d.sa6;
+	mh.msg_namelen = sizeof(d.sa6);
+	mh.msg_controllen = CMSG_SPACE(sizeof(in6_pktinfo));
+	cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = IPPROTO_IPV6;
+	c->cmsg_type = IPV6_PKTINFO;
+	c->cmsg_len = CMSG_LEN(sizeof(in6_pktinfo));
+	in6_pktinfo pi{};
+	memcpy(&pi.ipi6_addr, src.ip, 16);
+	pi.ipi6_ifindex = link_local(dst) ? ifindex : 0;
+	memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+	return w.efd6 >= 0 ? w.efd6 : w.fd6;
+}
+
+void capture(const host_addr &src, const host_addr &dst, const uint8_t *buf, size_t len)
+{
+	wire &w = W();
+	rv::ip_info ip;
+	ip.v6 = !dst.v4;
+	memcpy(ip.src, src.ip, 16);
+	memcpy(ip.dst, dst.ip, 16);
+	ip.sport = tx_port(dst.v4);
+	ip.dport = w.port;
+	rv::pcap_write(w.pcap, ip, buf, len, wall_ns());
+}
+
+// One datagram on the wire (and in the capture: a packet the knob dropped
+// never went out).
+void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, const uint8_t *buf,
+	      size_t len)
+{
+	wire &w = W();
+	if (w.pcap)
+		capture(src, dst, buf, len);
+	iovec iov{const_cast<uint8_t *>(buf), len};
+	msghdr mh{};
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	dest_msg d;
+	int fd = address_msg(mh, d, src, dst, ifindex);
 	if (fd < 0)
 		return;
 	for (int tries = 0; tries < 1000; tries++) {
@@ -504,6 +521,50 @@ void transmit(const host_addr &src, const host_addr &dst, uint32_t ifindex, cons
 		sched_yield(); // The device queue is full: wait for room
 	}
 	count(&sv_wire_counters::drop_other);
+}
+
+// n packets (each with its ICRC) from src to dst in one system call
+// (sendmmsg), as far as the socket takes them; the loss knobs are off.
+void transmit_burst(const host_addr &src, const host_addr &dst, uint32_t ifindex,
+		    uint8_t *const *bufs, const size_t *lens, unsigned n)
+{
+	wire &w = W();
+	if (w.pcap)
+		for (unsigned i = 0; i < n; i++)
+			capture(src, dst, bufs[i], lens[i]);
+	constexpr unsigned kMax = 32;
+	mmsghdr mm[kMax];
+	iovec iov[kMax];
+	dest_msg d;
+	msghdr proto{};
+	int fd = address_msg(proto, d, src, dst, ifindex);
+	if (fd < 0)
+		return;
+	unsigned done = 0;
+	int tries = 0;
+	while (done < n) {
+		unsigned k = std::min(n - done, kMax);
+		for (unsigned i = 0; i < k; i++) {
+			iov[i] = {bufs[done + i], lens[done + i]};
+			mm[i].msg_hdr = proto;
+			mm[i].msg_hdr.msg_iov = &iov[i];
+			mm[i].msg_hdr.msg_iovlen = 1;
+			mm[i].msg_len = 0;
+		}
+		int r = sendmmsg(fd, mm, k, 0);
+		if (r > 0) {
+			done += static_cast<unsigned>(r);
+			for (int i = 0; i < r; i++)
+				count(&sv_wire_counters::tx_packets);
+			tries = 0;
+			continue;
+		}
+		if ((r < 0 && errno != ENOBUFS && errno != EAGAIN && errno != EINTR) || ++tries > 1000)
+			break;
+		sched_yield(); // The device queue is full: wait for room
+	}
+	for (; done < n; done++)
+		count(&sv_wire_counters::drop_other);
 }
 
 // Writes h's headers, the payload (from a gather list at byte offset off,
@@ -607,25 +668,59 @@ uint8_t message_opcode(const message &m, uint32_t k, uint32_t n)
 
 // Sends packets from..to-1 of message m, whose first PSN is first; the
 // last one sent asks for an ACK (the spec lets any packet ask).
+// Packet k of the n of message m (first PSN first; the burst being sent
+// ends at to) into buf: its length without the ICRC.
+size_t message_packet(const qp_wire &qw, const message &m, uint32_t first, uint32_t k, uint32_t n,
+		      uint32_t to, uint8_t *buf)
+{
+	rv::pkt_hdrs h{};
+	h.b.opcode = message_opcode(m, k, n);
+	h.b.dqpn = qw.dqpn;
+	h.b.psn = psn_add(first, k);
+	h.b.ackreq = k + 1 == to;
+	h.b.se = m.se && k + 1 == n;
+	h.r = {m.va, m.rkey, static_cast<uint32_t>(m.len)};
+	h.imm_be = m.imm_be;
+	h.ieth_rkey = m.inv_rkey;
+	h.xrc_srqn = m.xrc_srqn;
+	uint64_t off = static_cast<uint64_t>(k) * qw.pmtu;
+	size_t chunk = static_cast<size_t>(std::min<uint64_t>(qw.pmtu, m.len - off));
+	return build_packet(buf, h, m.iov, m.niov, off, m.len ? chunk : 0);
+}
+
 void send_message(qp_wire &qw, const message &m, uint32_t first, uint32_t from, uint32_t to)
 {
 	uint32_t n = packets_for(m.len, qw.pmtu);
 	to = std::min(to, n);
+	wire &w = W();
+	if (from + 1 < to && w.drop_pct <= 0 && w.dup_pct <= 0 && w.reorder_pct <= 0) {
+		// Without the loss knobs, 16 packets at a time in one sendmmsg.
+		constexpr unsigned kBurst = 16;
+		thread_local std::vector<uint8_t> room(kBurst * kMaxPkt);
+		uint8_t *bufs[kBurst];
+		size_t lens[kBurst];
+		rv::ip_info ip;
+		ip.v6 = !qw.dst.v4;
+		memcpy(ip.src, qw.src.ip, 16);
+		memcpy(ip.dst, qw.dst.ip, 16);
+		ip.sport = tx_port(qw.dst.v4);
+		ip.dport = w.port;
+		for (uint32_t k = from; k < to;) {
+			unsigned c = 0;
+			for (; c < kBurst && k < to; c++, k++) {
+				uint8_t *buf = room.data() + c * kMaxPkt;
+				size_t len = message_packet(qw, m, first, k, n, to, buf);
+				rv::put_icrc(buf + len, rv::icrc(ip, buf, len));
+				bufs[c] = buf;
+				lens[c] = len + rv::kIcrcLen;
+			}
+			transmit_burst(qw.src, qw.dst, qw.ifindex, bufs, lens, c);
+		}
+		return;
+	}
 	uint8_t buf[kMaxPkt];
 	for (uint32_t k = from; k < to; k++) {
-		rv::pkt_hdrs h{};
-		h.b.opcode = message_opcode(m, k, n);
-		h.b.dqpn = qw.dqpn;
-		h.b.psn = psn_add(first, k);
-		h.b.ackreq = k + 1 == to;
-		h.b.se = m.se && k + 1 == n;
-		h.r = {m.va, m.rkey, static_cast<uint32_t>(m.len)};
-		h.imm_be = m.imm_be;
-		h.ieth_rkey = m.inv_rkey;
-		h.xrc_srqn = m.xrc_srqn;
-		uint64_t off = static_cast<uint64_t>(k) * qw.pmtu;
-		size_t chunk = static_cast<size_t>(std::min<uint64_t>(qw.pmtu, m.len - off));
-		size_t len = build_packet(buf, h, m.iov, m.niov, off, m.len ? chunk : 0);
+		size_t len = message_packet(qw, m, first, k, n, to, buf);
 		send_packet(qw.src, qw.dst, qw.ifindex, buf, len);
 	}
 }
@@ -2221,6 +2316,72 @@ void try_take_port()
 		w.fd6 = open_socket(AF_INET6, w.port);
 }
 
+// What the port's socket holds, 16 datagrams per system call (recvmmsg).
+void receive_port(int fd)
+{
+	constexpr unsigned kBatch = 16;
+	constexpr size_t kRoom = 16384; // Larger than any packet we send
+	struct slot {
+		sockaddr_storage from;
+		iovec iov;
+		alignas(cmsghdr) char cbuf[256];
+	};
+	thread_local std::vector<uint8_t> room(kBatch * kRoom);
+	thread_local std::vector<slot> slots(kBatch);
+	mmsghdr mm[kBatch];
+	for (;;) {
+		for (unsigned i = 0; i < kBatch; i++) {
+			slots[i].iov = {room.data() + i * kRoom, kRoom};
+			msghdr &mh = mm[i].msg_hdr;
+			mh = {};
+			mh.msg_name = &slots[i].from;
+			mh.msg_namelen = sizeof(slots[i].from);
+			mh.msg_iov = &slots[i].iov;
+			mh.msg_iovlen = 1;
+			mh.msg_control = slots[i].cbuf;
+			mh.msg_controllen = sizeof(slots[i].cbuf);
+			mm[i].msg_len = 0;
+		}
+		int got = recvmmsg(fd, mm, kBatch, MSG_DONTWAIT, nullptr);
+		if (got <= 0)
+			return;
+		for (int i = 0; i < got; i++) {
+			msghdr &mh = mm[i].msg_hdr;
+			const sockaddr_storage &from = slots[i].from;
+			host_addr to;
+			to.v4 = from.ss_family == AF_INET;
+			bool have_to = false;
+			for (cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+				if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+					in_pktinfo pi;
+					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+					memcpy(to.ip, &pi.ipi_addr, 4);
+					have_to = true;
+				} else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+					in6_pktinfo pi;
+					memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+					memcpy(to.ip, &pi.ipi6_addr, 16);
+					have_to = true;
+				}
+			}
+			if (!have_to || (mh.msg_flags & MSG_TRUNC)) {
+				count(&sv_wire_counters::drop_other);
+				continue;
+			}
+			uint16_t port = 0;
+			host_addr src = addr_of(from, port);
+			try {
+				handle_packet(static_cast<const uint8_t *>(slots[i].iov.iov_base), mm[i].msg_len,
+					      src, port, to, false);
+			} catch (...) {
+				count(&sv_wire_counters::drop_other); // Out of memory: as if lost on the wire
+			}
+		}
+		if (static_cast<unsigned>(got) < kBatch)
+			return;
+	}
+}
+
 void receive_loop()
 {
 	wire &w = W();
@@ -2262,50 +2423,7 @@ void receive_loop()
 					count(&sv_wire_counters::drop_other);
 				continue;
 			}
-			for (;;) {
-				sockaddr_storage from{};
-				iovec iov{buf.data(), buf.size()};
-				alignas(cmsghdr) char cbuf[256];
-				msghdr mh{};
-				mh.msg_name = &from;
-				mh.msg_namelen = sizeof(from);
-				mh.msg_iov = &iov;
-				mh.msg_iovlen = 1;
-				mh.msg_control = cbuf;
-				mh.msg_controllen = sizeof(cbuf);
-				ssize_t n = recvmsg(fds[i].fd, &mh, MSG_DONTWAIT);
-				if (n < 0)
-					break;
-				host_addr to;
-				to.v4 = from.ss_family == AF_INET;
-				bool have_to = false;
-				for (cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-					if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
-						in_pktinfo pi;
-						memcpy(&pi, CMSG_DATA(c), sizeof(pi));
-						memcpy(to.ip, &pi.ipi_addr, 4);
-						have_to = true;
-					} else if (c->cmsg_level == IPPROTO_IPV6 &&
-						   c->cmsg_type == IPV6_PKTINFO) {
-						in6_pktinfo pi;
-						memcpy(&pi, CMSG_DATA(c), sizeof(pi));
-						memcpy(to.ip, &pi.ipi6_addr, 16);
-						have_to = true;
-					}
-				}
-				if (!have_to) {
-					count(&sv_wire_counters::drop_other);
-					continue;
-				}
-				uint16_t port = 0;
-				host_addr src = addr_of(from, port);
-				try {
-					handle_packet(buf.data(), static_cast<size_t>(n), src, port, to,
-						      false);
-				} catch (...) {
-					count(&sv_wire_counters::drop_other); // Out of memory: as if lost on the wire
-				}
-			}
+			receive_port(fds[i].fd);
 		}
 	}
 }
