@@ -647,6 +647,9 @@ bool mcast_attached(loop_qp *qp, bool detach);
 
 // loop_progress.cpp
 void progress_add(loop_qp *qp);
+// Wakes the progress thread to look at its QPs now (no lock taken: a
+// wakeup lost to a race costs at most its 1 ms look).
+void progress_kick();
 void progress_remove(loop_qp *qp);
 
 } // namespace loop

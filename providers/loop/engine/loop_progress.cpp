@@ -95,4 +95,9 @@ void progress_remove(loop_qp *qp)
 	qp->in_progress_list = false;
 }
 
+void progress_kick()
+{
+	eng().wake.notify_all();
+}
+
 } // namespace loop

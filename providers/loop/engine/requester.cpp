@@ -95,6 +95,7 @@ void add_null(small_vec<iovec, 16> &v, uint64_t len)
 	b.len = 0;
 	// Inline data is in the WR: never on demand, whatever the last WR had.
 	b.checked = false;
+	b.mapped = false;
 	if (w.is_inline) {
 		b.iov.push_back({w.inline_data, w.inline_len});
 		b.len = w.inline_len;
@@ -116,6 +117,7 @@ void add_null(small_vec<iovec, 16> &v, uint64_t len)
 			else
 				b.iov.push_back({g.base, g.len});
 			b.checked |= g.kind == seg_kind::peer_checked;
+			b.mapped |= g.kind == seg_kind::mapped || g.kind == seg_kind::mapped_direct;
 		}
 		b.len += s.length;
 	}
@@ -458,8 +460,11 @@ bool wire_handoff(loop_qp *qp, send_wr &w, uint64_t posted, const void *inline_c
 	    backlog_start(qp) != posted)
 		return false;
 	local_buf lb;
-	if (gather_local(qp, w, false, lb) != IBV_WC_SUCCESS || lb.checked || !lb.len)
-		return false; // The requester runs it: its error, or nothing to send
+	// Memory the provider maps (fd-backed MRs, device memory) may be
+	// unmapped by a dereg once post_send returns: such a WRITE, and one
+	// with an error or nothing to send, the requester runs itself.
+	if (gather_local(qp, w, false, lb) != IBV_WC_SUCCESS || lb.checked || lb.mapped || !lb.len)
+		return false;
 	if (w.is_inline) // w is the caller's scratch: the WQE's copy stays
 		lb.iov[0].iov_base = const_cast<void *>(inline_copy);
 	w.psn = (qp->attr.sq_psn + qp->req_psn) & kPsnMask;

@@ -10,6 +10,7 @@
 // the agent, whose doorbell the engine thread serves (sq_serve_doorbell).
 #include "c_boundary.h"
 #include "engine.h"
+#include "rocev2.h"
 
 #include <cerrno>
 #include <cstring>
@@ -565,6 +566,9 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 			}
 		}
 		flush_batch(qp, b, state);
+		// WRITEs the wire answered while we held sq_lock: completed now.
+		if (qp->wire_next > qp->sq_cons)
+			rocev2_settle(qp);
 		need_progress |= backlog_start(qp) != qp->sq_posted.load(std::memory_order_relaxed);
 	}
 	if (need_progress)
@@ -617,6 +621,9 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 			ret = submit(qp, w, state, need_progress, b, i + 1 < n);
 		}
 		flush_batch(qp, b, state);
+		// WRITEs the wire answered while we held sq_lock: completed now.
+		if (qp->wire_next > qp->sq_cons)
+			rocev2_settle(qp);
 		need_progress |= backlog_start(qp) != qp->sq_posted.load(std::memory_order_relaxed);
 	}
 	if (need_progress)

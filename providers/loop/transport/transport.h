@@ -65,6 +65,7 @@ struct local_buf {
 	small_vec<iovec, 16> iov; // On the requester's stack (small_vec.h)
 	uint64_t len = 0;
 	bool checked = false; // Some local memory is on demand: copy with checked calls
+	bool mapped = false;  // Some is an fd-backed mapping, which dereg may unmap
 };
 
 // One copy between local iovecs and a peer's segments.

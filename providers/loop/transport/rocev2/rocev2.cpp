@@ -225,6 +225,10 @@ struct qp_wire {
 	uint8_t fl_retries = 7;
 	uint8_t retry_cnt = 7;
 	std::vector<settled> to_complete; // Answered, waiting for sq_lock
+	// The QP went to ERR with WRITEs on the wire (not under sq_lock: a CQ
+	// overflow, a responder error): they were dropped, the flush waits
+	// for sq_lock.
+	bool need_flush = false;
 };
 
 
@@ -946,7 +950,7 @@ void flights_answer(qp_wire &qw, const rv::parsed &p)
 			flights_fail(qw, nak_status(rv::aeth_value(syn)));
 		}
 		break;
-	default: // RNR: a plain WRITE takes no receive WQE
+	default: // RNR: a plain WRITE takes no receive WQE; ignored, as a stray
 		break;
 	}
 	flights_send(qw);
@@ -969,21 +973,18 @@ void flights_tick(qp_wire &qw, uint64_t now)
 	flights_send(qw);
 }
 
-// Completes the answered flights in order, if the QP's sq_lock is free
-// (never waited for: the QP's owner may hold it while it waits for this
-// thread); else the receive thread tries again within a millisecond.
-void flights_settle(qp_wire &qw)
+bool qp_in_error(const loop_qp *qp)
 {
-	if (qw.to_complete.empty())
-		return;
-	loop_qp *qp = qw.lqp;
-	if (qw.dead || !qp) {
-		qw.to_complete.clear();
-		return;
-	}
-	std::unique_lock<std::mutex> sl(qp->sq_lock, std::try_to_lock);
-	if (!sl.owns_lock())
-		return;
+	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
+	return std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire) == IBV_QPS_ERR;
+}
+
+// Completes the answered flights in order; the caller holds qw.m and the
+// QP's sq_lock.  A QP in ERR (now, or since a completion here overflowed
+// its CQ) flushes what is left.  WRs waiting behind the flights get the
+// progress thread.
+void settle_locked(qp_wire &qw, loop_qp *qp)
+{
 	tl_settling = true;
 	for (const qp_wire::settled &c : qw.to_complete) {
 		if (c.sq_index != qp->sq_cons)
@@ -995,15 +996,41 @@ void flights_settle(qp_wire &qw)
 		w.sq_index = c.sq_index;
 		complete(qp, w, c.st, c.len);
 		sq_set_cons(qp, c.sq_index + 1);
-		if (c.st != IBV_WC_SUCCESS) {
-			// The QP is in ERR (complete): the rest completes flushed.
-			qw.flights.clear();
-			flush_backlog(qp);
+		if (c.st != IBV_WC_SUCCESS || qp_in_error(qp)) {
+			qw.need_flush = true;
 			break;
 		}
 	}
-	tl_settling = false;
 	qw.to_complete.clear();
+	if (qw.need_flush || qp_in_error(qp)) {
+		// The QP is in ERR (complete() took it there on an error): the
+		// rest completes flushed, and nothing more goes out.
+		qw.flights.clear();
+		qw.need_flush = false;
+		flush_backlog(qp);
+	}
+	tl_settling = false;
+	if (backlog_start(qp) != qp->sq_posted.load(std::memory_order_relaxed))
+		progress_kick();
+}
+
+// Completes the answered flights in order, if the QP's sq_lock is free
+// (never waited for: the QP's owner may hold it while it waits for this
+// thread; it completes them itself when it lets go, rocev2_settle); else
+// the receive thread tries again within a millisecond.
+void flights_settle(qp_wire &qw)
+{
+	if (qw.to_complete.empty() && !qw.need_flush)
+		return;
+	loop_qp *qp = qw.lqp;
+	if (qw.dead || !qp) {
+		qw.to_complete.clear();
+		qw.need_flush = false;
+		return;
+	}
+	std::unique_lock<std::mutex> sl(qp->sq_lock, std::try_to_lock);
+	if (sl.owns_lock())
+		settle_locked(qw, qp);
 }
 
 // The receive thread's round of the QPs with flights: their timers and
@@ -1019,10 +1046,17 @@ void flights_service()
 	uint64_t now = now_ns();
 	for (const std::shared_ptr<qp_wire> &qw : list) {
 		std::lock_guard<std::mutex> g(qw->m);
+		if (!qw->dead && qw->lqp && !qw->flights.empty() && qp_in_error(qw->lqp)) {
+			// In ERR without sq_lock (a CQ overflow, a responder error):
+			// nothing more goes out; the flush follows.
+			qw->flights.clear();
+			qw->need_flush = true;
+		}
 		if (!qw->dead)
 			flights_tick(*qw, now);
 		flights_settle(*qw);
-		if (qw->dead || (qw->flights.empty() && qw->to_complete.empty())) {
+		if (qw->dead ||
+		    (qw->flights.empty() && qw->to_complete.empty() && !qw->need_flush)) {
 			std::lock_guard<std::mutex> wg(w.lock);
 			w.flying.erase(qw);
 		}
@@ -2419,8 +2453,8 @@ void receive_loop()
 			}
 			if (fds[i].fd == w.wake_fd) {
 				uint64_t v;
-				if (read(w.wake_fd, &v, sizeof(v)) < 0)
-					count(&sv_wire_counters::drop_other);
+				ssize_t r = read(w.wake_fd, &v, sizeof(v)); // Only a wakeup
+				(void)r;
 				continue;
 			}
 			receive_port(fds[i].fd);
@@ -2690,49 +2724,70 @@ bool rocev2_write_start(loop_qp *qp, const send_wr &wr, const iovec *iov, int ni
 	if (!qw || !w.up || len > kMaxMessage || !len)
 		return false;
 	std::lock_guard<std::mutex> g(qw->m);
-	if (qw->dead || !qw->remote || qw->type != IBV_QPT_RC)
+	if (qw->dead || !qw->remote || qw->type != IBV_QPT_RC || qw->need_flush)
 		return false;
-	uint64_t now = now_ns();
-	if (qw->flights.empty()) {
-		// Nothing in flight: no synchronous request is either (the engine
-		// hands a WRITE over only when every WR before it is done or
-		// handed over too).
-		qw->inbox.clear();
-		qw->cur_engine = UINT32_MAX;
-		qw->snd_una = qw->snd_nxt = qw->snd_max = qw->next_psn;
-		qw->fl_retries = qw->retry_cnt;
-		qw->fl_deadline = now + timeout_ns(qw->timeout);
-	}
-	qp_wire::flight &f = qw->flights.emplace_back();
+	// After a failed WRITE nothing more goes out: it waits, and is flushed.
+	for (const qp_wire::settled &c : qw->to_complete)
+		if (c.st != IBV_WC_SUCCESS)
+			return false;
+	// Built aside first: out of memory changes nothing (the engine then
+	// runs the WRITE itself).
+	qp_wire::flight f;
 	f.sq_index = wr.sq_index;
 	f.wr_id = wr.wr_id;
 	f.flags = wr.flags;
 	f.iov.assign(iov, iov + niov);
 	f.n = packets_for(len, qw->pmtu);
 	f.first = qw->next_psn;
-	qw->next_psn = psn_add(qw->next_psn, f.n);
 	f.m.service = service_of(qw->type);
 	f.m.write = true;
 	f.m.va = wr.remote_addr;
 	f.m.rkey = wr.rkey;
-	f.m.iov = f.iov.data();
 	f.m.niov = niov;
 	f.m.len = len;
-	qw->lqp = qp;
 	bool first;
 	{
 		std::lock_guard<std::mutex> wg(w.lock);
 		first = w.flying.empty();
 		w.flying.insert(qw);
 	}
+	bool was_empty = qw->flights.empty();
+	qw->flights.push_back(std::move(f));
+	// Nothing below throws.
+	qp_wire::flight &in = qw->flights.back();
+	in.m.iov = in.iov.data();
+	qw->next_psn = psn_add(qw->next_psn, in.n);
+	uint64_t now = now_ns();
+	if (was_empty) {
+		// Nothing was in flight: no synchronous request is either (the
+		// engine hands a WRITE over only when every WR before it is done
+		// or handed over too).
+		qw->inbox.clear();
+		qw->cur_engine = UINT32_MAX;
+		qw->snd_una = qw->snd_nxt = qw->snd_max = in.first;
+		qw->fl_retries = qw->retry_cnt;
+		qw->fl_deadline = now + timeout_ns(qw->timeout);
+	}
+	qw->lqp = qp;
 	if (first && w.wake_fd >= 0) {
-		// The receive thread may sleep with no timer: it has one now.
+		// The receive thread may sleep with no timer: it has one now (a
+		// failed write leaves it to its next packet or poll).
 		uint64_t one = 1;
-		if (write(w.wake_fd, &one, sizeof(one)) < 0)
-			count(&sv_wire_counters::drop_other);
+		ssize_t r = write(w.wake_fd, &one, sizeof(one));
+		(void)r;
 	}
 	flights_send(*qw);
 	return true;
+}
+
+void rocev2_settle(loop_qp *qp)
+{
+	std::shared_ptr<qp_wire> qw = find_wire(qp->qpn);
+	if (!qw)
+		return;
+	std::lock_guard<std::mutex> g(qw->m);
+	if (!qw->dead && (!qw->to_complete.empty() || qw->need_flush))
+		settle_locked(*qw, qp);
 }
 
 void rocev2_drop_flights(loop_qp *qp)

@@ -32,6 +32,9 @@ void rocev2_qp_modified(loop_qp *qp, int mask);
 // when its ACK comes (or fails it), several in flight at once.  False
 // when the QP cannot (the engine then runs it itself).
 bool rocev2_write_start(loop_qp *qp, const send_wr &wr, const iovec *iov, int niov, uint64_t len);
+// Completes the QP's answered WRITEs the receive thread could not (it
+// only tries sq_lock, which the caller holds).
+void rocev2_settle(loop_qp *qp);
 // The engine flushes the QP's send queue (caller holds sq_lock): its
 // WRITEs in flight are dropped first, so that no packet reads their
 // buffers once their completions are out.
