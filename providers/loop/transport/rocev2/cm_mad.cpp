@@ -2,6 +2,7 @@
 // CM MADs and the GSI packet that carries one (cm_mad.h).
 #include "cm_mad.h"
 
+#include "be_bytes.h"
 #include "wire.h"
 
 #include <cinttypes>
@@ -21,51 +22,6 @@ uint8_t *at(uint8_t *mad, size_t off)
 const uint8_t *at(const uint8_t *mad, size_t off)
 {
 	return mad + kMadHdrLen + off;
-}
-
-void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = static_cast<uint8_t>(v >> 8);
-	p[1] = static_cast<uint8_t>(v);
-}
-
-void put24(uint8_t *p, uint32_t v)
-{
-	p[0] = static_cast<uint8_t>(v >> 16);
-	p[1] = static_cast<uint8_t>(v >> 8);
-	p[2] = static_cast<uint8_t>(v);
-}
-
-void put32(uint8_t *p, uint32_t v)
-{
-	put16(p, static_cast<uint16_t>(v >> 16));
-	put16(p + 2, static_cast<uint16_t>(v));
-}
-
-void put64(uint8_t *p, uint64_t v)
-{
-	put32(p, static_cast<uint32_t>(v >> 32));
-	put32(p + 4, static_cast<uint32_t>(v));
-}
-
-uint16_t get16(const uint8_t *p)
-{
-	return static_cast<uint16_t>(p[0] << 8 | p[1]);
-}
-
-uint32_t get24(const uint8_t *p)
-{
-	return static_cast<uint32_t>(p[0]) << 16 | static_cast<uint32_t>(p[1]) << 8 | p[2];
-}
-
-uint32_t get32(const uint8_t *p)
-{
-	return static_cast<uint32_t>(get16(p)) << 16 | get16(p + 2);
-}
-
-uint64_t get64(const uint8_t *p)
-{
-	return static_cast<uint64_t>(get32(p)) << 32 | get32(p + 4);
 }
 
 // A field of width bits in byte *p, starting bit (from the most
