@@ -485,6 +485,13 @@ bool fill_port(dev_entry *d, uint8_t port, port_pick &p)
 	return true;
 }
 
+// The active MTU of a port (0 if it cannot be read).
+uint8_t fill_port_mtu(dev_entry *d, uint8_t port)
+{
+	ibv_port_attr pa;
+	return ibv_query_port(d->ctx, port, &pa) ? 0 : static_cast<uint8_t>(pa.active_mtu);
+}
+
 int gid_index_of(dev_entry *d, uint8_t port, const ibv_gid &want)
 {
 	ibv_port_attr pa;
@@ -1213,6 +1220,32 @@ void encode_mad(cm_id *p, const wire_msg &m, uint8_t *mad)
 		cmw::put_rep(mad, r);
 		return;
 	}
+	case M_SIDR_REQ: {
+		cmw::sidr_req q;
+		q.request_id = p->lcomm;
+		q.service_id = cmw::service_id(p->id.ps, get_port(&p->id.route.addr.dst_addr));
+		cmw::cma_hdr c;
+		const sockaddr *src = &p->id.route.addr.src_addr;
+		c.ip_version = src->sa_family == AF_INET ? 4 : 6;
+		c.src_port = get_port(src);
+		sa_ip(src, c.src);
+		sa_ip(&p->id.route.addr.dst_addr, c.dst);
+		cmw::put_cma_hdr(q.private_data, c);
+		memcpy(q.private_data + cmw::kCmaHdrLen, m.pdata, std::min(plen, kSidrReqPdata));
+		cmw::put_sidr_req(mad, q);
+		return;
+	}
+	case M_SIDR_REP: {
+		cmw::sidr_rep r;
+		r.request_id = p->rcomm;
+		r.status = static_cast<uint8_t>(m.status);
+		r.qpn = m.qpn & 0xffffff;
+		r.qkey = m.qkey;
+		r.service_id = cmw::service_id(p->id.ps, get_port(&p->id.route.addr.src_addr));
+		memcpy(r.private_data, m.pdata, std::min(plen, kSidrRepPdata));
+		cmw::put_sidr_rep(mad, r);
+		return;
+	}
 	case M_REJ: {
 		cmw::rej r;
 		r.local_comm_id = p->lcomm;
@@ -1267,6 +1300,19 @@ bool decode_mad(cm_id *p, const uint8_t *mad, wire_msg &m)
 			p->rcomm = r.local_comm_id;
 		return true;
 	}
+	case cmw::SIDR_REP: {
+		cmw::sidr_rep r;
+		cmw::get_sidr_rep(mad, r);
+		if (r.request_id != p->lcomm)
+			return false;
+		m.type = M_SIDR_REP;
+		m.status = r.status;
+		m.qpn = r.qpn;
+		m.qkey = r.qkey;
+		memcpy(m.pdata, r.private_data, kSidrRepPdata);
+		m.pdata_len = kSidrRepPdata;
+		return true;
+	}
 	case cmw::REJ: {
 		cmw::rej r;
 		cmw::get_rej(mad, r);
@@ -1301,10 +1347,10 @@ bool wire_send(cm_id *p, const wire_msg &m)
 	encode_mad(p, m, mad);
 	if (!wire_send_mad(p, mad))
 		return false;
-	if (m.type == M_REQ || m.type == M_REP || m.type == M_DREQ) {
+	if (m.type == M_REQ || m.type == M_REP || m.type == M_DREQ || m.type == M_SIDR_REQ) {
 		p->resend.assign(mad, mad + cmw::kMadLen);
 		p->resend_ms = now_ms() + resend_interval_ms();
-	} else if (m.type == M_RTU || m.type == M_DREP || m.type == M_REJ) {
+	} else if (m.type == M_RTU || m.type == M_DREP || m.type == M_REJ || m.type == M_SIDR_REP) {
 		p->answer.assign(mad, mad + cmw::kMadLen);
 	}
 	return true;
@@ -1398,7 +1444,8 @@ void answer_repeat(cm_id *p, uint16_t repeated)
 	uint16_t kind = static_cast<uint16_t>(a[16] << 8 | a[17]);
 	bool fits = (repeated == cmw::REP && kind == cmw::RTU) ||
 		    (repeated == cmw::DREQ && kind == cmw::DREP) ||
-		    (repeated == cmw::REQ && (kind == cmw::REP || kind == cmw::REJ));
+		    (repeated == cmw::REQ && (kind == cmw::REP || kind == cmw::REJ)) ||
+		    (repeated == cmw::SIDR_REQ && kind == cmw::SIDR_REP);
 	if (fits)
 		wire_send_mad(p, a.data());
 }
@@ -1499,6 +1546,22 @@ bool listener_takes(const cm_id *l, const sockaddr *dst)
 
 // A REQ from another host to listener l: a new id, as a connection
 // accepted on the local socket makes, and the request through on_request.
+// A GID from an IP address in 16 bytes (IPv4: the first 4), as gid_ip's
+// inverse.
+void ip_gid(bool v4, const uint8_t ip[16], uint8_t gid[16])
+{
+	memset(gid, 0, 16);
+	if (v4) {
+		gid[10] = gid[11] = 0xff;
+		memcpy(gid + 12, ip, 4);
+	} else {
+		memcpy(gid, ip, 16);
+	}
+}
+
+// A REQ or SIDR REQ from another host to listener l: a new id, as a
+// connection accepted on the local socket makes, and the request through
+// on_request.
 void on_gsi_listener(cm_id *l)
 {
 	for (;;) {
@@ -1511,37 +1574,61 @@ void on_gsi_listener(cm_id *l)
 			return;
 		cmw::mad_hdr h;
 		cmw::get_hdr(mad, h);
-		if (!r || h.attr_id != cmw::REQ)
-			continue; // SIDR across hosts is not served (docs/rdmacm.md)
+		if (!r || (h.attr_id != cmw::REQ && h.attr_id != cmw::SIDR_REQ))
+			continue;
+		bool sidr = h.attr_id == cmw::SIDR_REQ;
+		// What the two share: the requester's ID, the service, rdma_cm's
+		// private data, and the GIDs (a SIDR REQ has none: the packet's
+		// addresses).
 		cmw::req q;
-		cmw::get_req(mad, q);
-		// A repeat of a REQ one of our ids has: its REP again, if sent.
+		cmw::sidr_req sq;
+		uint32_t rid;
+		uint64_t sid;
+		const uint8_t *pdata;
+		uint8_t our_gid[16], peer_gid[16];
+		if (sidr) {
+			cmw::get_sidr_req(mad, sq);
+			rid = sq.request_id;
+			sid = sq.service_id;
+			pdata = sq.private_data;
+			ip_gid(f.v4, f.to, our_gid);
+			ip_gid(f.v4, f.from, peer_gid);
+		} else {
+			cmw::get_req(mad, q);
+			rid = q.local_comm_id;
+			sid = q.service_id;
+			pdata = q.private_data;
+			memcpy(our_gid, q.primary_remote_gid, 16);
+			memcpy(peer_gid, q.primary_local_gid, 16);
+		}
+		// A repeat of a request one of our ids has: its answer again, if
+		// sent (a REP or REJ, a SIDR REP).
 		bool repeat = false;
 		for (cm_id *c : l->children)
-			if (c->wire && c->rcomm == q.local_comm_id && !memcmp(c->peer_ip, f.from, 16)) {
+			if (c->wire && c->rcomm == rid && !memcmp(c->peer_ip, f.from, 16)) {
 				repeat = true;
-				answer_repeat(c, cmw::REQ); // Our REP or REJ again, if sent
+				answer_repeat(c, h.attr_id);
 			}
 		for (auto &kv : G().lingers) {
 			cm_id *g = kv.second;
-			if (g->rcomm == q.local_comm_id && !memcmp(g->peer_ip, f.from, 16)) {
+			if (g->rcomm == rid && !memcmp(g->peer_ip, f.from, 16)) {
 				repeat = true;
-				answer_repeat(g, cmw::REQ); // Our REJ (or REP) again
+				answer_repeat(g, h.attr_id);
 			}
 		}
 		if (repeat)
 			continue;
 		// Requests not accepted yet, at most the listen backlog: beyond it
-		// a REQ gets REJ "no resources" (a flood of forged REQs takes no
-		// more than that many sockets).
+		// a REQ gets REJ "no resources" (a SIDR REQ a SIDR REP "rejected"),
+		// so a flood of forged REQs takes no more than that many sockets.
 		int pending = 0;
 		for (cm_id *c : l->children)
 			pending += c->wire && (c->state == st::pending_req || c->state == st::req_rcvd);
-		// The device: the wire port whose GID the REQ names as its peer's.
+		// The device: the wire port whose GID the request names as ours.
 		dev_entry *dev = nullptr;
 		uint8_t port = 0;
 		ibv_gid want;
-		memcpy(want.raw, q.primary_remote_gid, 16);
+		memcpy(want.raw, our_gid, 16);
 		for (dev_entry *d : G().devs)
 			for (uint8_t pn = 1; d->wire && !dev && pn <= d->attr.phys_port_cnt; pn++)
 				if (gid_index_of(d, pn, want) >= 0) {
@@ -1554,7 +1641,7 @@ void on_gsi_listener(cm_id *l)
 		memcpy(c->peer_ip, f.from, 16);
 		memcpy(c->my_ip, f.to, 16);
 		c->tid = h.tid;
-		c->rcomm = q.local_comm_id;
+		c->rcomm = rid;
 		c->udp_port = dev ? dev->udp_port : l->udp_port;
 		c->ifindex = dev ? dev->ifindex : 0;
 		if (!open_comm(c)) {
@@ -1562,61 +1649,67 @@ void on_gsi_listener(cm_id *l)
 			continue;
 		}
 		if (pending >= l->backlog) {
-			wire_msg r;
-			memset(&r, 0, sizeof(r));
-			r.type = M_REJ;
-			r.status = cmw::kRejNoResources;
-			wire_send(c, r);
+			wire_msg rj;
+			memset(&rj, 0, sizeof(rj));
+			rj.type = sidr ? M_SIDR_REP : M_REJ;
+			rj.status = sidr ? 2 : cmw::kRejNoResources;
+			wire_send(c, rj);
 			c->answer.clear(); // No time wait: the name goes at once
 			destroy_locked(c);
 			continue;
 		}
 		wire_msg m;
 		memset(&m, 0, sizeof(m));
-		m.type = M_REQ;
-		m.qpn = q.local_qpn;
-		m.psn = q.starting_psn;
-		m.qkey = q.local_qkey;
-		m.resp_res = q.responder_resources;
-		m.init_depth = q.initiator_depth;
-		m.flow_control = q.end_to_end_flow_control;
-		m.retry_count = q.retry_count;
-		m.rnr_retry = q.rnr_retry_count;
-		m.srq = q.srq;
-		m.mtu = q.path_mtu;
+		m.type = sidr ? M_SIDR_REQ : M_REQ;
+		if (!sidr) {
+			m.qpn = q.local_qpn;
+			m.psn = q.starting_psn;
+			m.qkey = q.local_qkey;
+			m.resp_res = q.responder_resources;
+			m.init_depth = q.initiator_depth;
+			m.flow_control = q.end_to_end_flow_control;
+			m.retry_count = q.retry_count;
+			m.rnr_retry = q.rnr_retry_count;
+			m.srq = q.srq;
+			m.mtu = q.path_mtu;
+		} else {
+			uint8_t mtu = dev ? fill_port_mtu(dev, port) : 0;
+			m.mtu = mtu ? mtu : static_cast<uint8_t>(IBV_MTU_1024);
+		}
 		m.port = port;
 		m.eth = 1;
-		memcpy(m.sgid, q.primary_local_gid, 16);
-		memcpy(m.dgid, q.primary_remote_gid, 16);
+		memcpy(m.sgid, peer_gid, 16);
+		memcpy(m.dgid, our_gid, 16);
 		cmw::cma_hdr ch;
-		bool ok = dev && cmw::get_cma_hdr(q.private_data, ch) &&
-			  (q.service_id >> 16) == static_cast<uint64_t>(l->id.ps);
+		bool ok = dev && cmw::get_cma_hdr(pdata, ch) &&
+			  (sid >> 16) == static_cast<uint64_t>(l->id.ps);
 		if (ok) {
-			auto put = [](sockaddr_storage &ss, const cmw::cma_hdr &h, const uint8_t *ip,
-				      uint16_t port) {
-				if (h.ip_version == 4) {
+			auto put = [](sockaddr_storage &ss, const cmw::cma_hdr &hd, const uint8_t *ip,
+				      uint16_t pt) {
+				if (hd.ip_version == 4) {
 					auto &s4 = reinterpret_cast<sockaddr_in &>(ss);
 					s4.sin_family = AF_INET;
 					memcpy(&s4.sin_addr, ip, 4);
-					s4.sin_port = htons(port);
+					s4.sin_port = htons(pt);
 				} else {
 					auto &s6 = reinterpret_cast<sockaddr_in6 &>(ss);
 					s6.sin6_family = AF_INET6;
 					memcpy(&s6.sin6_addr, ip, 16);
-					s6.sin6_port = htons(port);
+					s6.sin6_port = htons(pt);
 				}
 			};
 			put(m.src, ch, ch.src, ch.src_port);
-			put(m.dst, ch, ch.dst, static_cast<uint16_t>(q.service_id & 0xffff));
+			put(m.dst, ch, ch.dst, static_cast<uint16_t>(sid & 0xffff));
 			ok = listener_takes(l, reinterpret_cast<sockaddr *>(&m.dst));
 		}
 		if (ok)
 			snprintf(m.dev, sizeof(m.dev), "%s", dev->name.c_str());
-		memcpy(m.pdata, q.private_data + cmw::kCmaHdrLen, kReqPdata);
-		m.pdata_len = kReqPdata;
-		// A REQ for no device of ours, another port space or an address
-		// this listener does not take: on_request rejects it (invalid
-		// service ID), as it does a local one.
+		int plen = sidr ? kSidrReqPdata : kReqPdata;
+		memcpy(m.pdata, pdata + cmw::kCmaHdrLen, plen);
+		m.pdata_len = static_cast<uint8_t>(plen);
+		// A request for no device of ours, another port space or an
+		// address this listener does not take: on_request rejects it
+		// (invalid service ID), as it does a local one.
 		on_request(c, m);
 	}
 }
@@ -2903,18 +2996,14 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 		memcpy(&dst, &p->id.route.addr.dst_storage, sizeof(dst));
 		p->state = st::connect; // further calls see a connecting id
 		if (p->wire) {
-			// To another host: the REQ as a MAD, sent again until the REP.
-			if (ud) {
-				p->state = st::error; // SIDR across hosts: docs/rdmacm.md
-				push(p, RDMA_CM_EVENT_UNREACHABLE, -EPROTONOSUPPORT);
+			// To another host: the REQ (SIDR REQ) as a MAD, sent again
+			// until the REP (SIDR REP).
+			p->tid = rand64();
+			if (!open_comm(p) || !wire_send(p, m)) {
+				p->state = st::error;
+				push(p, RDMA_CM_EVENT_UNREACHABLE, -EHOSTUNREACH);
 			} else {
-				p->tid = rand64();
-				if (!open_comm(p) || !wire_send(p, m)) {
-					p->state = st::error;
-					push(p, RDMA_CM_EVENT_UNREACHABLE, -EHOSTUNREACH);
-				} else {
-					p->deadline_ms = now_ms() + cm_timeout_ms();
-				}
+				p->deadline_ms = now_ms() + cm_timeout_ms();
 			}
 		}
 	}

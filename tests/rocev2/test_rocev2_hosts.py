@@ -480,6 +480,19 @@ def test_rping_under_loss(pair, pct):
                                        "SOFTVERBS_CM_TIMEOUT_MS": "20000"}, timeout=150)
 
 
+@pytest.mark.parametrize("tool", ["udaddy", "ucmatose"])
+def test_cm_tools_across_hosts(pair, tool):
+    """udaddy (UD ids: SIDR REQ and REP as MADs, then UD datagrams both
+    ways) and ucmatose (RC ids, SENDs both ways), two connections each;
+    their fixed port 7174, so one at a time."""
+    args = ["-c", "2", "-C", "20"]
+    rs, so, rc, co = hosts.pair_run(pair.a, pair.b, [tool, "-b", pair.a.addr] + args,
+                                    [tool, "-s", pair.a.addr] + args, timeout=90)
+    assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
+    for out in (so, co):
+        assert "data transfers complete" in out and "return status 0" in out, out
+
+
 def test_rping_to_a_port_nobody_listens_on(pair, tmp_path):
     """The other host has softverbs up (a listener on another port) but no
     listener on this one: its port owner answers the REQ with a REJ,

@@ -1314,3 +1314,53 @@ TEST(Rocev2CmMad, CmaHeaderAndGsiPacket)
 	EXPECT_EQ(p.h.d.sqpn, 1u);
 	EXPECT_EQ(p.payload_len, 256u);
 }
+
+TEST(Rocev2CmMad, SidrFieldPlacement)
+{
+	namespace cm = loop::rocev2::cm;
+	uint8_t mad[cm::kMadLen] = {};
+	const uint8_t *d = mad + 24;
+	cm::sidr_req q;
+	q.request_id = 0x01020304;
+	q.service_id = cm::service_id(0x0111, 7174); // RDMA_PS_UDP
+	q.private_data[0] = 0x5a;
+	cm::put_sidr_req(mad, q);
+	EXPECT_EQ(d[3], 0x04);
+	EXPECT_EQ(d[4], 0xff); // P_Key
+	EXPECT_EQ(d[5], 0xff);
+	EXPECT_EQ(d[12], 0x01);
+	EXPECT_EQ(d[13], 0x11);
+	EXPECT_EQ(d[16], 0x5a);
+	cm::mad_hdr h;
+	h.attr_id = cm::SIDR_REQ;
+	cm::put_hdr(mad, h);
+	bool by_service = false;
+	uint64_t key = 0;
+	ASSERT_TRUE(cm::route_of(mad, sizeof(mad), by_service, key));
+	EXPECT_TRUE(by_service);
+	EXPECT_EQ(key, 0x01111c06u);
+	cm::sidr_rep r;
+	r.request_id = 0x0a0b0c0d;
+	r.status = 2;
+	r.qpn = 0x445566;
+	r.service_id = q.service_id;
+	r.qkey = 0x01234567;
+	r.private_data[0] = 0x6b;
+	cm::put_sidr_rep(mad, r);
+	EXPECT_EQ(d[4], 2);
+	EXPECT_EQ(d[8], 0x44);
+	EXPECT_EQ(d[10], 0x66);
+	EXPECT_EQ(d[19], 0x06);
+	EXPECT_EQ(d[20], 0x01);
+	EXPECT_EQ(d[23], 0x67);
+	EXPECT_EQ(d[96], 0x6b);
+	h.attr_id = cm::SIDR_REP;
+	cm::put_hdr(mad, h);
+	ASSERT_TRUE(cm::route_of(mad, sizeof(mad), by_service, key));
+	EXPECT_FALSE(by_service);
+	EXPECT_EQ(key, 0x0a0b0c0du);
+	cm::sidr_rep back;
+	cm::get_sidr_rep(mad, back);
+	EXPECT_EQ(back.qpn, 0x445566u);
+	EXPECT_EQ(back.qkey, 0x01234567u);
+}
