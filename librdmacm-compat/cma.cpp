@@ -1450,6 +1450,20 @@ void answer_repeat(cm_id *p, uint16_t repeated)
 		wire_send_mad(p, a.data());
 }
 
+// A DREQ for a connection that is over (disconnected, or its id gone):
+// a DREP, as the IB CM answers one in its time wait.
+void answer_dreq(cm_id *p)
+{
+	if (p->answer.size() == cmw::kMadLen && (p->answer[16] << 8 | p->answer[17]) == cmw::DREP) {
+		wire_send_mad(p, p->answer.data());
+		return;
+	}
+	wire_msg m;
+	memset(&m, 0, sizeof(m));
+	m.type = M_DREP;
+	wire_send(p, m); // Kept as the answer to the next repeat
+}
+
 // How long an id over the wire lingers after its destruction.
 int64_t linger_ms()
 {
@@ -1469,8 +1483,42 @@ void on_linger(int fd)
 		int r = recv_gsi(fd, f, mad);
 		if (r < 0)
 			return;
-		if (r && !memcmp(f.from, g->peer_ip, 16))
-			answer_repeat(g, static_cast<uint16_t>(mad[16] << 8 | mad[17]));
+		if (!r || memcmp(f.from, g->peer_ip, 16))
+			continue;
+		auto attr = static_cast<uint16_t>(mad[16] << 8 | mad[17]);
+		if (attr == cmw::DREP || attr == cmw::DREQ) {
+			// Our DREQ is answered (or crossed the peer's): done.
+			g->resend.clear();
+			g->resend_ms = 0;
+			g->state = st::disconnected;
+		}
+		if (attr == cmw::DREQ)
+			answer_dreq(g);
+		else
+			answer_repeat(g, attr);
+	}
+}
+
+// Whether a lingering id still sends a DREQ (the exit waits for those).
+bool lingers_sending()
+{
+	for (auto &kv : G().lingers)
+		if (!kv.second->resend.empty())
+			return true;
+	return false;
+}
+
+// At exit, DREQs not answered yet go on for their time wait: the peer's
+// connection ends with DISCONNECTED, not never.  The CM thread sends them
+// and hears the DREPs meanwhile.
+void linger_cm_at_exit()
+{
+	std::unique_lock<std::mutex> lk(G().mu);
+	int64_t until = now_ms() + linger_ms();
+	while (lingers_sending() && now_ms() < until) {
+		lk.unlock();
+		usleep(10000);
+		lk.lock();
 	}
 }
 
@@ -1484,6 +1532,14 @@ void expire_lingers(int64_t now, int64_t &next)
 			delete g;
 			it = G().lingers.erase(it);
 			continue;
+		}
+		if (!g->resend.empty()) {
+			if (g->resend_ms <= now) {
+				wire_send_mad(g, g->resend.data());
+				g->resend_ms = now + resend_interval_ms();
+			}
+			if (next < 0 || g->resend_ms < next)
+				next = g->resend_ms;
 		}
 		if (next < 0 || g->timewait_ms < next)
 			next = g->timewait_ms;
@@ -1506,9 +1562,12 @@ void on_wire_conn(cm_id *p)
 		cmw::mad_hdr h;
 		cmw::get_hdr(mad, h);
 		// The peer repeats itself: it did not hear our answer.
-		if ((h.attr_id == cmw::REP && p->state == st::established) ||
-		    (h.attr_id == cmw::DREQ && p->state == st::disconnected)) {
+		if (h.attr_id == cmw::REP && p->state == st::established) {
 			answer_repeat(p, h.attr_id);
+			continue;
+		}
+		if (h.attr_id == cmw::DREQ && p->state == st::disconnected) {
+			answer_dreq(p);
 			continue;
 		}
 		if (h.attr_id == cmw::MRA) { // "Wait longer": the peer is alive
@@ -1772,12 +1831,18 @@ void close_wire(cm_id *p)
 			break;
 		}
 	}
-	if (p->conn_fd >= 0 && !p->answer.empty()) {
-		// Its time wait: the socket and the last answer stay a while.
+	if (p->conn_fd >= 0 && (!p->answer.empty() || !p->resend.empty())) {
+		// Its time wait: the socket and the last answer stay a while, and
+		// a DREQ not answered yet goes on being sent, as the kernel's CM
+		// sends it after the id is gone (a process that disconnects and
+		// destroys its id at once, as rping does, would else leave a
+		// peer that missed the one DREQ connected for good).
 		auto *g = new cm_id;
 		memset(&g->id, 0, sizeof(g->id));
 		g->wire = true;
-		g->state = st::disconnected;
+		g->state = p->resend.empty() ? st::disconnected : st::disc_sent;
+		g->resend = p->resend;
+		g->resend_ms = p->resend.empty() ? 0 : now_ms() + resend_interval_ms();
 		g->peer_v4 = p->peer_v4;
 		memcpy(g->peer_ip, p->peer_ip, 16);
 		memcpy(g->my_ip, p->my_ip, 16);
@@ -1959,6 +2024,7 @@ int ensure_started_locked()
 		if (g.ep < 0)
 			return errno;
 		std::thread(cm_thread).detach();
+		atexit(linger_cm_at_exit);
 	}
 	return 0;
 }
@@ -2056,8 +2122,8 @@ void destroy_locked(cm_id *p)
 {
 	global &g = G();
 	g.ids.erase(p->serial);
+	close_wire(p); // Before close_conn, which forgets a DREQ to resend
 	close_conn(p);
-	close_wire(p);
 	if (p->state == st::listen)
 		tomb_listener(p);
 	if (p->bind_fd >= 0) {

@@ -8,6 +8,9 @@ host at DST, as another host's CM would, and reports what comes back.
                                       how many REPs and REJs (by reason) came
     cm_peer.py rej-rep DST SRC PORT   a REQ, then a REJ of the REP it gets:
                                       prints how many REPs came after it
+    cm_peer.py drep-late DST SRC PORT a server: answers a REQ from DST with a
+                                      REP, then leaves the first DREQ that
+                                      comes unanswered: prints how many came
 
 Packets are built here from the spec (IBTA vol 1 tables 106, 108, 110;
 the ICRC by the codec test's independent implementation), sharing no code
@@ -107,6 +110,36 @@ def main():
             if a[0] == REJ:
                 rejs[a[3]] = rejs.get(a[3], 0) + 1
         print(f"cm_peer: sent {n} reps {reps} rejs {sorted(rejs.items())}", flush=True)
+        return 0
+    if mode == "drep-late":
+        # A server: the REQ, our REP, the RTU; then DREQs, the first not
+        # answered (lost, as far as the peer knows), a DREP to the next.
+        got, end = [], time.monotonic() + 20
+        while not got and time.monotonic() < end:
+            got = [a for a in answers(s, 0.2) if a[0] == REQ][:1]
+        if not got:
+            print("cm_peer: no REQ", flush=True)
+            return 1
+        their = got[0][1]
+        d = bytearray(232)
+        struct.pack_into("!II", d, 0, 0x5555, their)
+        struct.pack_into("!I", d, 12, 0x77 << 8)       # local QPN (nobody's)
+        d[24] = d[25] = 1                              # responder resources, depth
+        d[27] = 7 << 5                                 # RNR retry count
+        s.sendto(packet(mad_hdr(REP, 5) + bytes(d), src, dst, 4791), (dst, 4791))
+        dreqs, end = 0, time.monotonic() + 12
+        while time.monotonic() < end:
+            for a in answers(s, 0.2):
+                if a[0] != 0x15:
+                    continue
+                dreqs += 1
+                if dreqs == 2:
+                    r = bytearray(232)
+                    struct.pack_into("!II", r, 0, 0x5555, their)
+                    s.sendto(packet(mad_hdr(0x16, 6) + bytes(r), src, dst, 4791),
+                             (dst, 4791))
+                    end = time.monotonic() + 1
+        print(f"cm_peer: DREQs {dreqs}", flush=True)
         return 0
     # rej-rep: a REQ, its REP, then our REJ of that REP.
     m = mad_hdr(REQ, 77) + req(0xabc, sid, src, dst, 6000)

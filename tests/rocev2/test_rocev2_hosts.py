@@ -649,3 +649,30 @@ def test_rej_of_our_rep(pair):
     assert m, peer + out
     assert int(m.group(1)) <= 1, peer  # One may have crossed the REJ
     assert "RDMA_CM_EVENT_REJECTED" in out, out
+
+
+def test_dreq_goes_on_after_destroy(pair):
+    """rping's client disconnects and destroys its id at once, then exits
+    (here after its first SEND fails against a peer with no QP). Its one
+    DREQ may be lost: the DREQ is sent again after the id is gone (and the
+    process waits at exit for the DREP), as the kernel's CM does, so the
+    peer does not stay connected for good.  The peer (cm_peer.py, a plain
+    UDP socket on host a) leaves the first DREQ unanswered."""
+    port = str(19800 + os.getpid() % 90)
+    peer = subprocess.Popen(pair.a.raw_argv([PYTHON, str(HERE / "cm_peer.py"), "drep-late",
+                                             pair.b.addr, pair.a.addr, port]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        import time
+        time.sleep(1)
+        c = subprocess.run(pair.b.argv(["rping", "-c", "-a", pair.a.addr, "-p", port, "-C", "1"],
+                                       {"SOFTVERBS_CM_TIMEOUT_MS": "8000"}),
+                           capture_output=True, text=True, timeout=60, env=pair.environ())
+        out = peer.communicate(timeout=60)[0]
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()
+    m = re.search(r"cm_peer: DREQs (\d+)", out)
+    assert m, out + c.stdout + c.stderr
+    assert int(m.group(1)) >= 2, out + c.stdout + c.stderr
