@@ -1831,6 +1831,10 @@ void close_wire(cm_id *p)
 			break;
 		}
 	}
+	// Only a DREQ is sent on after the id goes (a REQ or REP is not: the
+	// REJ above withdrew it).
+	if (p->resend.size() != cmw::kMadLen || (p->resend[16] << 8 | p->resend[17]) != cmw::DREQ)
+		p->resend.clear();
 	if (p->conn_fd >= 0 && (!p->answer.empty() || !p->resend.empty())) {
 		// Its time wait: the socket and the last answer stay a while, and
 		// a DREQ not answered yet goes on being sent, as the kernel's CM
