@@ -1159,6 +1159,19 @@ void sa_ip(const sockaddr *a, uint8_t ip[16])
 		memcpy(ip, &reinterpret_cast<const sockaddr_in6 *>(a)->sin6_addr, 16);
 }
 
+// rdma_cm's IP header of p's REQ or SIDR REQ, at the start of its
+// private data: p's source and destination.
+void put_ip_header(const cm_id *p, uint8_t *pdata)
+{
+	cmw::cma_hdr c;
+	const sockaddr *src = &p->id.route.addr.src_addr;
+	c.ip_version = src->sa_family == AF_INET ? 4 : 6;
+	c.src_port = get_port(src);
+	sa_ip(src, c.src);
+	sa_ip(&p->id.route.addr.dst_addr, c.dst);
+	cmw::put_cma_hdr(pdata, c);
+}
+
 // m (what the local protocol would carry) as p's MAD.
 void encode_mad(cm_id *p, const wire_msg &m, uint8_t *mad)
 {
@@ -1192,13 +1205,7 @@ void encode_mad(cm_id *p, const wire_msg &m, uint8_t *mad)
 		q.primary_hop_limit = 64;
 		q.primary_packet_rate = p->path.rate;
 		q.primary_local_ack_timeout = std::min<uint8_t>(p->ack_timeout, 31);
-		cmw::cma_hdr c;
-		const sockaddr *src = &p->id.route.addr.src_addr;
-		c.ip_version = src->sa_family == AF_INET ? 4 : 6;
-		c.src_port = get_port(src);
-		sa_ip(src, c.src);
-		sa_ip(&p->id.route.addr.dst_addr, c.dst);
-		cmw::put_cma_hdr(q.private_data, c);
+		put_ip_header(p, q.private_data);
 		memcpy(q.private_data + cmw::kCmaHdrLen, m.pdata, std::min(plen, kReqPdata));
 		cmw::put_req(mad, q);
 		return;
@@ -1224,13 +1231,7 @@ void encode_mad(cm_id *p, const wire_msg &m, uint8_t *mad)
 		cmw::sidr_req q;
 		q.request_id = p->lcomm;
 		q.service_id = cmw::service_id(p->id.ps, get_port(&p->id.route.addr.dst_addr));
-		cmw::cma_hdr c;
-		const sockaddr *src = &p->id.route.addr.src_addr;
-		c.ip_version = src->sa_family == AF_INET ? 4 : 6;
-		c.src_port = get_port(src);
-		sa_ip(src, c.src);
-		sa_ip(&p->id.route.addr.dst_addr, c.dst);
-		cmw::put_cma_hdr(q.private_data, c);
+		put_ip_header(p, q.private_data);
 		memcpy(q.private_data + cmw::kCmaHdrLen, m.pdata, std::min(plen, kSidrReqPdata));
 		cmw::put_sidr_req(mad, q);
 		return;

@@ -337,6 +337,19 @@ uint16_t tx_port(bool v4)
 	return w.efd6 >= 0 ? w.eport6 : w.port;
 }
 
+// The IP and UDP headers of what this process sends from src to dst, as
+// the ICRC and the capture see them.
+rv::ip_info tx_ip(const host_addr &src, const host_addr &dst)
+{
+	rv::ip_info ip;
+	ip.v6 = !dst.v4;
+	memcpy(ip.src, src.ip, 16);
+	memcpy(ip.dst, dst.ip, 16);
+	ip.sport = tx_port(dst.v4);
+	ip.dport = W().port;
+	return ip;
+}
+
 // The loss knobs' verdict on a packet about to be sent.
 enum class fault { none, drop, duplicate, hold };
 
@@ -401,13 +414,7 @@ void release_held(uint64_t max_age = 0)
 void send_packet(const host_addr &src, const host_addr &dst, uint32_t ifindex, uint8_t *buf,
 		 size_t len)
 {
-	wire &w = W();
-	rv::ip_info ip;
-	ip.v6 = !dst.v4;
-	memcpy(ip.src, src.ip, 16);
-	memcpy(ip.dst, dst.ip, 16);
-	ip.sport = tx_port(dst.v4);
-	ip.dport = w.port;
+	rv::ip_info ip = tx_ip(src, dst);
 	rv::put_icrc(buf + len, rv::icrc(ip, buf, len));
 	len += rv::kIcrcLen;
 	switch (fault_for()) {
@@ -490,12 +497,7 @@ int address_msg(msghdr &mh, dest_msg &d, const host_addr &src, const host_addr &
 void capture(const host_addr &src, const host_addr &dst, const uint8_t *buf, size_t len)
 {
 	wire &w = W();
-	rv::ip_info ip;
-	ip.v6 = !dst.v4;
-	memcpy(ip.src, src.ip, 16);
-	memcpy(ip.dst, dst.ip, 16);
-	ip.sport = tx_port(dst.v4);
-	ip.dport = w.port;
+	rv::ip_info ip = tx_ip(src, dst);
 	rv::pcap_write(w.pcap, ip, buf, len, wall_ns());
 }
 
@@ -703,12 +705,7 @@ void send_message(qp_wire &qw, const message &m, uint32_t first, uint32_t from, 
 		thread_local std::vector<uint8_t> room(kBurst * kMaxPkt);
 		uint8_t *bufs[kBurst];
 		size_t lens[kBurst];
-		rv::ip_info ip;
-		ip.v6 = !qw.dst.v4;
-		memcpy(ip.src, qw.src.ip, 16);
-		memcpy(ip.dst, qw.dst.ip, 16);
-		ip.sport = tx_port(qw.dst.v4);
-		ip.dport = w.port;
+		rv::ip_info ip = tx_ip(qw.src, qw.dst);
 		for (uint32_t k = from; k < to;) {
 			unsigned c = 0;
 			for (; c < kBurst && k < to; c++, k++) {
