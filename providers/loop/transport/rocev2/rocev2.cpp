@@ -59,6 +59,8 @@
 
 namespace loop {
 
+std::atomic<uint32_t> rocev2_flying_qps{0};
+
 namespace {
 
 namespace rv = rocev2;
@@ -1119,6 +1121,8 @@ void flights_service()
 		    (qw->flights.empty() && qw->to_complete.empty() && !qw->need_flush)) {
 			std::lock_guard<std::mutex> wg(w.lock);
 			w.flying.erase(qw);
+			rocev2_flying_qps.store(static_cast<uint32_t>(w.flying.size()),
+						std::memory_order_relaxed);
 		}
 	}
 }
@@ -2838,6 +2842,8 @@ bool rocev2_write_start(loop_qp *qp, const send_wr &wr, const iovec *iov, int ni
 		std::lock_guard<std::mutex> wg(w.lock);
 		first = w.flying.empty();
 		w.flying.insert(qw);
+		rocev2_flying_qps.store(static_cast<uint32_t>(w.flying.size()),
+					std::memory_order_relaxed);
 	}
 	bool was_empty = qw->flights.empty();
 	qw->flights.push_back(std::move(f));

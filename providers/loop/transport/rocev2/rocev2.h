@@ -9,6 +9,9 @@
 
 #include "transport.h"
 
+#include <atomic>
+#include <cstdint>
+
 namespace loop {
 
 struct loop_context;
@@ -16,6 +19,11 @@ struct loop_qp;
 struct send_wr;
 
 extern const transport_ops rocev2_transport_ops;
+
+// QPs of this process with RDMA WRITEs on the wire, which its receive
+// thread sends and completes: a CQ poller that finds nothing yields its
+// core to it while there are any.
+extern std::atomic<uint32_t> rocev2_flying_qps;
 
 // A context of a device with rocev2 on was opened: this process takes the
 // device's UDP port, if no process of this host holds it, and starts its
