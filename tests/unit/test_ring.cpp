@@ -11,6 +11,7 @@
 // from both, so a lost, duplicated, reordered or torn entry fails a check;
 // nothing here depends on timing.
 #include "providers/loop/loop.h"
+#include "providers/loop/transport/loop/xfer.h"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +21,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <csignal>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/un.h>
 #include <thread>
 #include <unistd.h>
@@ -609,4 +613,28 @@ TEST(QueueMap, HeldMappingOutlivesTheQueue)
 	fab->release_lease();
 	unlink(("/dev/shm" + loop::fabric::registry_name(c.fabric)).c_str());
 	delete fab;
+}
+
+// self_pid() answers without a system call from a page the kernel wipes in
+// a child: after fork(), glibc's _Fork() (no atfork handlers run) and a raw
+// clone(SIGCHLD) (no glibc bookkeeping at all), the child gets its own pid,
+// not its parent's cached one.  The data path decides with it whether a
+// copy is within the process, so a stale pid would copy a peer's bytes
+// into the child's own memory.
+TEST(SelfPid, FollowsEveryKindOfFork)
+{
+	ASSERT_EQ(loop::self_pid(), getpid());
+	ASSERT_EQ(loop::self_pid(), getpid()); // The cached answer
+	auto child_ok = [](pid_t p) {
+		if (p == 0)
+			_exit(loop::self_pid() == static_cast<pid_t>(syscall(SYS_getpid)) ? 0 : 1);
+		int st = 0;
+		if (p < 0 || waitpid(p, &st, 0) != p)
+			return false;
+		return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	};
+	EXPECT_TRUE(child_ok(fork()));
+	EXPECT_TRUE(child_ok(_Fork()));
+	EXPECT_TRUE(child_ok(static_cast<pid_t>(syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0))));
+	EXPECT_EQ(loop::self_pid(), getpid()); // The parent's is untouched
 }

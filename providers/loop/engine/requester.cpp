@@ -139,7 +139,7 @@ int put_response(const local_buf &b, const void *data, size_t len)
 {
 	if (b.checked) {
 		iovec src{const_cast<void *>(data), len};
-		return xfer(getpid(), false, &src, 1, b.iov.data(), static_cast<int>(b.iov.size()),
+		return xfer(self_pid(), false, &src, 1, b.iov.data(), static_cast<int>(b.iov.size()),
 			    xfer_dir::to_peer);
 	}
 	auto *p = static_cast<const char *>(data);

@@ -100,7 +100,7 @@ int place_bytes(const mr_hit &hit, const uint8_t *data, uint32_t len)
 	}
 	iovec l{const_cast<uint8_t *>(data), len};
 	iovec r{reinterpret_cast<void *>(hit.addr), len};
-	return xfer(getpid(), false, &l, 1, &r, 1, xfer_dir::to_peer);
+	return xfer(self_pid(), false, &l, 1, &r, 1, xfer_dir::to_peer);
 }
 
 // Puts a message that travelled in the CQE's payload into the receive

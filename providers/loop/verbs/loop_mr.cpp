@@ -199,7 +199,7 @@ int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 	pages.resize(last - first + 1);
 	iovec l{pages.data(), pages.size() * sizeof(uint64_t)};
 	iovec r{reinterpret_cast<void *>(c.addr + first * sizeof(uint64_t)), l.iov_len};
-	pid_t pid = self ? getpid()
+	pid_t pid = self ? self_pid()
 		    : c.owner_lease < SV_MAX_PROCS
 			    ? static_cast<pid_t>(fab.reg()->leases[c.owner_lease].pid)
 			    : 0;

@@ -20,6 +20,12 @@ enum class xfer_dir { to_peer, from_peer };
 // cover the same number of bytes.  Returns 0 or an errno: ESRCH (the peer
 // is gone), EFAULT (an address is not mapped on one side), EPERM (the kernel
 // refuses cross-memory attach).
+// This process's pid without a system call (glibc's getpid() is one, and
+// the data path asked it on every copy): read once and kept in a page
+// that the kernel zeroes in a child of any kind of fork (MADV_WIPEONFORK:
+// fork, _Fork, clone without CLONE_VM), where it is read again.
+pid_t self_pid();
+
 int xfer(pid_t pid, bool same_process, const iovec *local, int nlocal, const iovec *remote,
 	 int nremote, xfer_dir dir);
 
