@@ -136,7 +136,7 @@ struct channel_priv {
 	rdma_event_channel ch; // first member
 	std::deque<event_priv *> q;
 	int readers = 0;        // threads inside rdma_get_cm_event
-	bool destroyed = false; // destroyed while a reader was inside
+	bool destroyed = false; // destroyed (kept for readers; see its destroy)
 };
 
 enum class st {
@@ -2694,7 +2694,17 @@ SV_API void rdma_destroy_event_channel(rdma_event_channel *channel)
 		return;
 	}
 	close(c->ch.fd);
-	delete c;
+	c->ch.fd = -1;
+	// Not freed either: a thread may still come to read it (rping's CM
+	// thread, which loops on rdma_get_cm_event until an error while its
+	// main thread destroys the channel and exits).  With rdma-core that
+	// thread would read a freed channel and a closed fd, but the process
+	// is gone first; here it may live on for the RoCE v2 linger at exit
+	// (a DREQ's time wait), long enough for the thread to get EBADF and
+	// exit(-1) (rping -> 255 about once in fifty runs).  The reader is
+	// kept blocked instead (rdma_get_cm_event), as if its read had begun
+	// before the close.  Costs the channel's few bytes per destroy.
+	c->destroyed = true;
 }
 
 SV_API int rdma_create_id(rdma_event_channel *channel, rdma_cm_id **id, void *context,
@@ -3375,7 +3385,15 @@ SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
 		return fail(EINVAL);
 	channel_priv *c = to_chan(channel);
 	{
-		std::lock_guard<std::mutex> lk(G().mu);
+		std::unique_lock<std::mutex> lk(G().mu);
+		if (c->destroyed) {
+			// Destroyed before this call (see rdma_destroy_event_channel):
+			// no event will ever come.  (pause, not a condition variable:
+			// glibc's pthread_cond_destroy at exit would wait for us.)
+			lk.unlock();
+			for (;;)
+				pause();
+		}
 		c->readers++;
 	}
 	for (;;) {

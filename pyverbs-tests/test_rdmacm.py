@@ -557,6 +557,30 @@ def test_channel_fd_poll_and_nonblock(env):
     assert r == ["EAGAIN", [], 1, "RDMA_CM_EVENT_ADDR_RESOLVED", []]
 
 
+def test_reading_a_destroyed_channel_blocks(env):
+    """rdma_get_cm_event on a channel already destroyed (rping's CM thread
+    reads on after its main thread destroyed the channel, while the
+    process waits at exit) blocks as if its read had begun before the
+    close: no error from a freed channel and a closed fd, which made rping
+    exit 255 (a use after free under ASan)."""
+    r, _ = cm_child('''
+        import threading, time
+        ch = cm.rdma_create_event_channel()
+        cm.rdma_destroy_event_channel(P(ch))
+        def reader():
+            ev = ctypes.POINTER(Event)()
+            ret = cm.rdma_get_cm_event(P(ch), ctypes.byref(ev))
+            print(json.dumps(["returned", ret, err(ret)]), flush=True)
+            os._exit(3)
+        threading.Thread(target=reader, daemon=True).start()
+        time.sleep(1)
+        print(json.dumps(["blocked"]), flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+    ''', env)
+    assert r == ["blocked"]
+
+
 def test_garbage_from_peer_refused(env):
     """Bytes that are no CM message, sent to a listener: a message, the
     connection dropped, the listener keeps working."""

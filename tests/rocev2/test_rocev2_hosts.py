@@ -427,6 +427,41 @@ def test_several_processes_per_host(pair):
         assert f"{n} iters in" in outs[i] and f"{n} iters in" in outs[i + 2], outs
 
 
+HOLDER = ("from pyverbs.device import Context; import time; c = Context(name='loop0'); "
+          "print('holding', flush=True); time.sleep(120)")
+
+
+@pytest.mark.parametrize("gid", [0, 1], ids=["ipv4", "ipv6"])
+def test_bulk_writes_to_a_process_without_the_port(pair, gid):
+    """A full window of 64 KiB WRITEs at a server that does not own host
+    a's UDP port: the owner (a process that only holds the device open)
+    forwards every packet to it through a datagram socket whose queue
+    holds 10 (net.unix.max_dgram_qlen), so it must wait for room instead
+    of dropping (before: RETRY_EXC_ERR over IPv4, no end over IPv6)."""
+    import select
+    import time
+    holder = pair.a.popen([PYTHON, "-c", HOLDER])
+    try:
+        head, deadline = "", time.monotonic() + 30
+        while "holding" not in head and time.monotonic() < deadline:
+            if select.select([holder.stdout], [], [], 1)[0]:
+                line = holder.stdout.readline()
+                if not line:
+                    break
+                head += line
+        assert "holding" in head, head
+        port = str(26500 + os.getpid() % 1000)
+        bw = ["ib_write_bw", "-d", "loop0", "-x", str(gid), "-s", "65536", "-n", "1500",
+              "-p", port]
+        rs, so, rc, co = hosts.pair_run(pair.a, pair.b, bw, bw + [pair.a.addr], timeout=150)
+        assert holder.poll() is None, "the port's owner exited early"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
+    assert re.search(r"^\s*65536\s+1500\s", co, re.M), co
+
+
 @pytest.mark.parametrize("gid", [0, 1], ids=["ipv4", "ipv6"])
 @pytest.mark.parametrize("op", ["send", "write"])
 def test_vanished_host_gives_retry_exceeded(pair, gid, op):

@@ -81,6 +81,11 @@ constexpr int kMaxResends = 64;
 constexpr uint32_t kWindow = 64;
 // A multi-packet SEND or WRITE is collected whole (docs/rocev2.md).
 constexpr uint64_t kMaxMessage = 1ULL << 31;
+// The port's owner waits this long for room in another process's queue of
+// forwarded packets, then drops that process's packets for the backoff
+// (forward()).
+constexpr long kForwardWaitMs = 5;
+constexpr uint64_t kForwardBackoffMs = 20;
 
 // PSN a minus b in the 24-bit sequence space, as a signed distance.
 int32_t psn_diff(uint32_t a, uint32_t b)
@@ -567,8 +572,9 @@ void transmit_burst(const host_addr &src, const host_addr &dst, uint32_t ifindex
 		return;
 	unsigned done = 0;
 	int tries = 0;
+	bool refused = false; // This destination refused a segmented send
 	while (done < n) {
-		bool gso = !dst.v4 && w.gso6.load(std::memory_order_relaxed);
+		bool gso = !dst.v4 && !refused && w.gso6.load(std::memory_order_relaxed);
 		// Datagrams of this call: m of them, from packets done..done+used-1.
 		unsigned m = 0, used = 0;
 		while (m < kMax && done + used < n) {
@@ -586,6 +592,9 @@ void transmit_burst(const host_addr &src, const host_addr &dst, uint32_t ifindex
 			mh.msg_iov = &iov[used];
 			mh.msg_iovlen = c;
 			if (c > 1) {
+				// Zeroed first: CMSG_NXTHDR of glibc before 2.36
+				// reads the next header's length.
+				memset(ctl[m], 0, kCtl);
 				memcpy(ctl[m], proto.msg_control, proto.msg_controllen);
 				mh.msg_control = ctl[m];
 				mh.msg_controllen = kCtl;
@@ -612,9 +621,13 @@ void transmit_burst(const host_addr &src, const host_addr &dst, uint32_t ifindex
 			continue;
 		}
 		if (r < 0 && gso && segs[0] > 1 && (errno == EIO || errno == EINVAL || errno == ENOPROTOOPT)) {
-			// No segmentation offload on this route (a device without
-			// checksum offload answers EIO): one packet per datagram.
-			w.gso6.store(false, std::memory_order_relaxed);
+			// Not segmented: one packet per datagram from here.  EIO is
+			// the device's answer (no checksum offload), for good;
+			// EINVAL this route's (a path MTU below the segment, an
+			// address gone), for this burst only.
+			if (errno != EINVAL)
+				w.gso6.store(false, std::memory_order_relaxed);
+			refused = true;
 			continue;
 		}
 		if ((r < 0 && errno != ENOBUFS && errno != EAGAIN && errno != EINTR) || ++tries > 1000)
@@ -2196,7 +2209,34 @@ bool forward(const uint8_t *buf, size_t len, const host_addr &from, uint16_t fro
 	mh.msg_namelen = sl;
 	mh.msg_iov = iov;
 	mh.msg_iovlen = 2;
-	return sendmsg(w.ufd, &mh, MSG_DONTWAIT) >= 0;
+	// A datagram socket's queue holds net.unix.max_dgram_qlen datagrams
+	// (10 by default), whatever its buffer: far fewer than a window of
+	// WRITEs in flight.  So wait for room, up to kForwardWaitMs (the
+	// socket's SO_SNDTIMEO; the kernel wakes us as the process reads);
+	// a process whose queue stays full (frozen, dying, or slower than the
+	// wire) has its packets dropped without a wait for kForwardBackoffMs,
+	// so that it cannot stall the port for the host's other processes.
+	// Its peers resend what was dropped, as after a loss on the wire.
+	static thread_local struct {
+		pid_t pid;
+		uint64_t until;
+	} slow[4];
+	uint64_t now = now_ns();
+	for (auto &b : slow)
+		if (b.pid == pid && now < b.until) {
+			count(&sv_wire_counters::drop_other);
+			return true;
+		}
+	if (sendmsg(w.ufd, &mh, 0) >= 0)
+		return true;
+	if (errno != EAGAIN && errno != EWOULDBLOCK)
+		return false; // Gone: not that process's QP any more
+	auto &b = *std::min_element(std::begin(slow), std::end(slow),
+				    [](const auto &x, const auto &y) { return x.until < y.until; });
+	b.pid = pid;
+	b.until = now_ns() + kForwardBackoffMs * 1000000ULL;
+	count(&sv_wire_counters::drop_other);
+	return true;
 }
 
 // A REQ no process of this host listens for: a REJ with "invalid service
@@ -2681,6 +2721,8 @@ void rocev2_device_open(loop_context *lctx)
 		int one = 1;
 		int big = 8 << 20;
 		setsockopt(w.ufd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+		timeval wait{0, kForwardWaitMs * 1000};
+		setsockopt(w.ufd, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof(wait));
 		if (setsockopt(w.ufd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big)))
 			setsockopt(w.ufd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
 		sockaddr_un sa;
