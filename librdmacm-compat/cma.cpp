@@ -246,6 +246,10 @@ struct global {
 	// Ids over the wire destroyed lately, by their socket (their time
 	// wait): their socket and last answer stay, for a peer that missed it.
 	std::map<int, cm_id *> lingers;
+	// Event channels destroyed (rdma_destroy_event_channel): kept for a
+	// reader that comes late, and reachable from here (not a leak to
+	// LeakSanitizer).
+	std::vector<channel_priv *> dead_channels;
 };
 
 global &G()
@@ -2695,6 +2699,12 @@ SV_API void rdma_destroy_event_channel(rdma_event_channel *channel)
 	}
 	close(c->ch.fd);
 	c->ch.fd = -1;
+	c->q.shrink_to_fit();
+	try {
+		G().dead_channels.push_back(c);
+	} catch (...) {
+		// No memory to keep it: still not freed (see below).
+	}
 	// Not freed either: a thread may still come to read it (rping's CM
 	// thread, which loops on rdma_get_cm_event until an error while its
 	// main thread destroys the channel and exits).  With rdma-core that
@@ -2703,7 +2713,8 @@ SV_API void rdma_destroy_event_channel(rdma_event_channel *channel)
 	// (a DREQ's time wait), long enough for the thread to get EBADF and
 	// exit(-1) (rping -> 255 about once in fifty runs).  The reader is
 	// kept blocked instead (rdma_get_cm_event), as if its read had begun
-	// before the close.  Costs the channel's few bytes per destroy.
+	// before the close.  Costs the channel's few bytes per destroy, kept
+	// in G().dead_channels.
 	c->destroyed = true;
 }
 
@@ -2725,6 +2736,8 @@ SV_API int rdma_create_id(rdma_event_channel *channel, rdma_cm_id **id, void *co
 	channel_priv *c = channel ? to_chan(channel) : new_channel();
 	if (!c)
 		return -1;
+	if (c->destroyed)
+		return fail(EINVAL); // Its events would go nowhere
 	cm_id *p = new_id(c, context, ps, qpt);
 	p->sync = !channel;
 	*id = &p->id;
@@ -3591,6 +3604,8 @@ SV_API int rdma_migrate_id(rdma_cm_id *id, rdma_event_channel *channel)
 	channel_priv *to = channel ? to_chan(channel) : new_channel();
 	if (!to)
 		return -1;
+	if (to->destroyed)
+		return fail(EINVAL);
 	G().cv.wait(lk, [p] { return p->reported == p->acked; });
 	channel_priv *from = p->chan;
 	if (from == to)

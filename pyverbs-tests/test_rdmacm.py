@@ -567,6 +567,9 @@ def test_reading_a_destroyed_channel_blocks(env):
         import threading, time
         ch = cm.rdma_create_event_channel()
         cm.rdma_destroy_event_channel(P(ch))
+        i = P()
+        made = cm.rdma_create_id(P(ch), ctypes.byref(i), None, 0x0106)
+        made = [made, err(made)]
         def reader():
             ev = ctypes.POINTER(Event)()
             ret = cm.rdma_get_cm_event(P(ch), ctypes.byref(ev))
@@ -574,11 +577,13 @@ def test_reading_a_destroyed_channel_blocks(env):
             os._exit(3)
         threading.Thread(target=reader, daemon=True).start()
         time.sleep(1)
-        print(json.dumps(["blocked"]), flush=True)
+        print(json.dumps(["blocked"] + made), flush=True)
         sys.stdout.flush()
         os._exit(0)
     ''', env)
-    assert r == ["blocked"]
+    # Still blocked; and no id can be made on it (its events would go
+    # nowhere).
+    assert r == ["blocked", -1, "EINVAL"]
 
 
 def test_garbage_from_peer_refused(env):

@@ -2211,30 +2211,41 @@ bool forward(const uint8_t *buf, size_t len, const host_addr &from, uint16_t fro
 	mh.msg_iovlen = 2;
 	// A datagram socket's queue holds net.unix.max_dgram_qlen datagrams
 	// (10 by default), whatever its buffer: far fewer than a window of
-	// WRITEs in flight.  So wait for room, up to kForwardWaitMs (the
-	// socket's SO_SNDTIMEO; the kernel wakes us as the process reads);
-	// a process whose queue stays full (frozen, dying, or slower than the
-	// wire) has its packets dropped without a wait for kForwardBackoffMs,
-	// so that it cannot stall the port for the host's other processes.
-	// Its peers resend what was dropped, as after a loss on the wire.
-	static thread_local struct {
+	// WRITEs in flight.  So wait for room (SO_SNDTIMEO, kForwardWaitMs;
+	// the kernel wakes us as the process reads).  A process whose queue
+	// stays full for a whole wait (frozen, dying) has its packets dropped
+	// without a wait for kForwardBackoffMs, so that it cannot stall the
+	// port for the host's others; its peers resend what was dropped, as
+	// after a loss on the wire.  A process that reads, if slowly, paces
+	// this thread, and so the port, while its packets come: a budget of
+	// waits per process was tried and dropped (bulk WRITEs to such a
+	// process went from about 100 MB/s to 2, by the resends after each
+	// backoff); a queue per process, drained as each has room, is the
+	// way out (docs/rocev2.md).
+	struct slow_rec {
 		pid_t pid;
-		uint64_t until;
-	} slow[4];
+		uint64_t until; // Dropped without a wait before this
+	};
+	static thread_local slow_rec slow[64];
 	uint64_t now = now_ns();
-	for (auto &b : slow)
+	slow_rec *spare = &slow[0];
+	for (slow_rec &b : slow) {
 		if (b.pid == pid && now < b.until) {
 			count(&sv_wire_counters::drop_other);
 			return true;
 		}
-	if (sendmsg(w.ufd, &mh, 0) >= 0)
+		if (b.until < spare->until)
+			spare = &b; // Free, expired or ending first
+	}
+	ssize_t r;
+	do
+		r = sendmsg(w.ufd, &mh, 0);
+	while (r < 0 && errno == EINTR);
+	if (r >= 0)
 		return true;
 	if (errno != EAGAIN && errno != EWOULDBLOCK)
 		return false; // Gone: not that process's QP any more
-	auto &b = *std::min_element(std::begin(slow), std::end(slow),
-				    [](const auto &x, const auto &y) { return x.until < y.until; });
-	b.pid = pid;
-	b.until = now_ns() + kForwardBackoffMs * 1000000ULL;
+	*spare = {pid, now_ns() + kForwardBackoffMs * 1000000ULL};
 	count(&sv_wire_counters::drop_other);
 	return true;
 }
@@ -2723,6 +2734,10 @@ void rocev2_device_open(loop_context *lctx)
 		setsockopt(w.ufd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
 		timeval wait{0, kForwardWaitMs * 1000};
 		setsockopt(w.ufd, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof(wait));
+		// Datagrams queued at other processes are charged to the sender's
+		// buffer: room for the host's windows of forwarded packets.
+		if (setsockopt(w.ufd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big)))
+			setsockopt(w.ufd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
 		if (setsockopt(w.ufd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big)))
 			setsockopt(w.ufd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
 		sockaddr_un sa;
