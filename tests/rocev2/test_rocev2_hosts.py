@@ -302,6 +302,20 @@ def test_ipv6_bursts_leave_as_one_datagram(pair, tmp_path, gso):
     assert d and int(d.group(1)) == 0 and int(d.group(2)) == 0, so
 
 
+def read_until(proc, marker, seconds=30):
+    """What proc printed until a line with marker (or its end, or the time)."""
+    import select
+    import time
+    head, deadline = "", time.monotonic() + seconds
+    while marker not in head and time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 1)[0]:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            head += line
+    return head
+
+
 # A QP that only sits there: connected to host b's address, with receive
 # WRs posted and every right granted, for the fuzzer to aim at.
 VICTIM = r"""
@@ -353,8 +367,6 @@ def test_fuzzed_receive_path(pair):
     no authentication: a forged request with a good ICRC may put the QP in
     ERR, as on a real fabric), and the process neither crashes nor hangs;
     the device then still carries checked data."""
-    import select
-    import time
     fabric = f"fuzz{os.getpid()}"
     env = {"SOFTVERBS_FABRIC": fabric}
     show = str(pair.build / "tools" / "softverbs")
@@ -363,13 +375,7 @@ def test_fuzzed_receive_path(pair):
     victim = pair.a.popen(["sh", "-c", f"{PYTHON} -c '{VICTIM}' {peer_gid} 6; "
                                        f"echo victim=$?; {show} show {fabric}"], env)
     try:
-        head, deadline = "", time.monotonic() + 30
-        while "victim qpn" not in head and time.monotonic() < deadline:
-            if select.select([victim.stdout], [], [], 1)[0]:
-                line = victim.stdout.readline()
-                if not line:
-                    break
-                head += line
+        head = read_until(victim, "victim qpn")
         m = re.search(r"victim qpn (0x[0-9a-f]+)", head)
         assert m, head
         fz = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "fuzz_wire.py"), pair.a.addr,
@@ -438,17 +444,9 @@ def test_bulk_writes_to_a_process_without_the_port(pair, gid):
     forwards every packet to it through a datagram socket whose queue
     holds 10 (net.unix.max_dgram_qlen), so it must wait for room instead
     of dropping (before: RETRY_EXC_ERR over IPv4, no end over IPv6)."""
-    import select
-    import time
     holder = pair.a.popen([PYTHON, "-c", HOLDER])
     try:
-        head, deadline = "", time.monotonic() + 30
-        while "holding" not in head and time.monotonic() < deadline:
-            if select.select([holder.stdout], [], [], 1)[0]:
-                line = holder.stdout.readline()
-                if not line:
-                    break
-                head += line
+        head = read_until(holder, "holding")
         assert "holding" in head, head
         port = str(26500 + os.getpid() % 1000)
         bw = ["ib_write_bw", "-d", "loop0", "-x", str(gid), "-s", "65536", "-n", "1500",
