@@ -699,7 +699,17 @@ def _rping_server_with_peer(pair, peer_args, seconds=20):
     port = str(19900 + os.getpid() % 90)
     srv = pair.a.popen(["rping", "-s", "-a", pair.a.addr, "-p", port, "-C", "1"])
     try:
-        time.sleep(1)
+        # Listening: its CM socket for the service ID (RDMA_PS_TCP, the
+        # port) is bound on host a (a fixed second was too short under
+        # ASan beside the pyverbs suite).
+        name = f"softverbs-gsi-{os.getuid()}-4791-s{(0x0106 << 16) | int(port):016x}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and srv.poll() is None:
+            unix = subprocess.run(pair.a.raw_argv(["cat", "/proc/net/unix"]),
+                                  capture_output=True, text=True).stdout
+            if name in unix:
+                break
+            time.sleep(0.1)
         peer = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "cm_peer.py"), peer_args[0],
                                                pair.a.addr, pair.b.addr, port] + peer_args[1:]),
                               capture_output=True, text=True, timeout=seconds + 30)
