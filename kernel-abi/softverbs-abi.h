@@ -228,6 +228,9 @@ enum sv_mr_kind {
 enum sv_mr_flags {
 	SV_MR_BLOCK_LIST = 1 << 0, /* addr holds npages page addresses (uint64_t) */
 	SV_MR_ODP = 1 << 1,	   /* On demand: nothing was mapped at registration */
+	SV_MR_MAPPED = 1 << 2,	   /* A plain MR whose pages the owner moved onto a
+				    * memfd: fd/fd_offset name it, as for FD MRs;
+				    * a peer that cannot take the fd uses addr */
 };
 
 /*

@@ -2,7 +2,8 @@
 """The soak (tests/progs/sv_soak.c) in CI: four processes, RC fully
 connected, random SEND, WRITE, READ, fetch-add and compare-and-swap of
 random sizes, some QPs sharing CQs; every byte and every counter checked.
-30 s on the default path, 10 s through the service-copy path.  The seed is
+30 s on the default path (remapped registrations), 10 s with remapping off
+(cross-memory attach), 10 s through the service-copy path.  The seed is
 printed: `sv_soak -n 4 -t 30 -S SEED` repeats each process's choices.
 scripts/soak.sh runs the same program for longer."""
 import re
@@ -50,6 +51,14 @@ def test_soak_service_copy_10s(soak, env):
     env["SOFTVERBS_CMA"] = "0"
     p, _ = run_soak(soak, env, 4, 10, seed=12345)
     assert "SEED 12345 " in p.stdout and "seed=12345" in p.stdout, p.stdout
+
+
+def test_soak_remap_off_10s(soak, env):
+    """The default soak moves its page-aligned buffers onto the arenas
+    (remapped registrations, docs/memory.md); this one keeps them in place
+    and goes by cross-memory attach."""
+    env["SOFTVERBS_REMAP"] = "0"
+    run_soak(soak, env, 4, 10)
 
 
 def test_soak_bad_arguments(soak, env):

@@ -64,6 +64,9 @@ struct loop_mr {
 	int fd = -1;
 	void *map = nullptr;
 	size_t map_len = 0;
+	// Remapped plain MRs (loop_remap.h): the range held in the arena.
+	uintptr_t remap_addr = 0;
+	size_t remap_len = 0;
 	// BMME keys: the block list the record points at (max_pages entries;
 	// peers read it from here) and the list a posted fast-reg WR staged.
 	std::vector<uint64_t> pages;
@@ -419,6 +422,7 @@ struct mr_hit {
 	bool mapped;	 // addr is in this process (fd-backed MR of a peer)
 	bool odp;	 // May be unmapped: copy with a checked call, even in-process
 	std::shared_ptr<void> pin; // With mapped: keeps addr's mapping while this lives
+	uint64_t owner_addr;	   // addr's byte in the owner's address space
 };
 // pdn for a lookup that does not check the PD (the owner placing data it
 // was sent into its own memory: the sender checked the PD).

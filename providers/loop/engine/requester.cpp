@@ -218,6 +218,8 @@ void remote_fail(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p,
 		kerr = !(p.rec.access & right) ? EACCES
 					       : t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr,
 							       len, right, riov, &raccess);
+	if (no_answer(kerr))
+		return step::unreachable; // The target is gone (its memory mapped here)
 	if (kerr) {
 		remote_fail(t, qp, w, p, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
 		return step::done;

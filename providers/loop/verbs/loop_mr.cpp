@@ -6,7 +6,9 @@
 // through the send queue (a virtual range or a block list), and type 1 and
 // 2 memory windows, which resolve through the MR they are bound to.
 #include "loop.h"
+#include "loop_remap.h"
 #include "peer_maps.h"
+#include "service.h"
 #include "res_limits.h"
 
 #include <atomic>
@@ -168,15 +170,25 @@ int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 		out.push_back({nullptr, len, seg_kind::null});
 		return 0;
 	}
-	if (c.kind == SV_MR_KIND_FD && !self) {
+	// SOFTVERBS_CMA=0 sends every copy to a remapped MR through its
+	// owner's service thread too, as it says (docs/configuration.md).
+	if ((c.kind == SV_MR_KIND_FD || ((c.flags & SV_MR_MAPPED) && !service_forced())) &&
+	    !self) {
 		std::shared_ptr<void> pin;
-		bool direct = false;
-		char *base = peer_map(fab, slot, c, pin, direct);
-		if (!base)
+		bool direct = false, dead = false;
+		char *base = peer_map(fab, slot, c, pin, direct, dead);
+		if (base) {
+			out.push_back({base + off, len,
+				       direct ? seg_kind::mapped_direct : seg_kind::mapped,
+				       std::move(pin), 0, c.addr + off});
+			return 0;
+		}
+		if (dead)
+			return ESRCH; // No answer: the requester retries, then gives up
+		// A remapped MR whose arena we may not take (ptrace rules): its
+		// addresses, as for any plain MR.
+		if (c.kind == SV_MR_KIND_FD)
 			return EFAULT;
-		out.push_back({base + off, len, direct ? seg_kind::mapped_direct : seg_kind::mapped,
-			       std::move(pin)});
-		return 0;
 	}
 	seg_kind k = (c.flags & SV_MR_ODP) ? seg_kind::peer_checked : seg_kind::peer;
 	if (!(c.flags & SV_MR_BLOCK_LIST)) {
@@ -292,12 +304,14 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 	hit.mapped = false;
 	hit.odp = false;
 	hit.addr = 0;
+	hit.owner_addr = 0;
 	if (segs.empty())
 		return 0;
 	if (segs.size() > 1)
 		return ERANGE; // Callers of mr_lookup need one contiguous piece
 	const rseg &s = segs[0];
 	hit.addr = reinterpret_cast<uintptr_t>(s.base);
+	hit.owner_addr = s.owner_addr ? s.owner_addr : hit.addr;
 	hit.kind = s.kind == seg_kind::null ? SV_MR_KIND_NULL : SV_MR_KIND_MR;
 	hit.mapped = s.kind == seg_kind::mapped || s.kind == seg_kind::mapped_direct;
 	hit.odp = s.kind == seg_kind::peer_checked;
@@ -404,6 +418,15 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 	in.flags = odp ? SV_MR_ODP : 0;
 	if (implicit)
 		in.iova = 0;
+	int fd;
+	uint64_t off;
+	if (!odp && remap_acquire(in.addr, length, fd, off)) {
+		mr->remap_addr = in.addr;
+		mr->remap_len = length;
+		in.flags |= SV_MR_MAPPED;
+		in.fd = fd;
+		in.fd_offset = off;
+	}
 	return publish_new_mr(pd, mr, in, IBV_MR_TYPE_MR, access);
 }
 
@@ -433,6 +456,10 @@ void release_fd(loop_mr *mr)
 		munmap(mr->map, mr->map_len);
 	if (mr->fd >= 0)
 		close(mr->fd);
+	if (mr->remap_len)
+		remap_release(mr->remap_addr, mr->remap_len);
+	mr->remap_addr = 0;
+	mr->remap_len = 0;
 	mr->map = nullptr;
 	mr->map_len = 0;
 	mr->fd = -1;
@@ -513,11 +540,20 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 		m.addr = reinterpret_cast<uintptr_t>(addr);
 		m.iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : reinterpret_cast<uintptr_t>(addr);
 		m.length = length;
+		// The new range is used by its addresses; the old one leaves
+		// the arena below (a new translation is not moved).
+		m.flags = static_cast<uint8_t>(m.flags & ~SV_MR_MAPPED);
+		m.fd = -1;
 	}
 	m.cookie = random_cookie();
 	// The keys stay as they were, as on mlx5: peers that hold the rkey keep
 	// using it against the new translation and rights.
 	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
+	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && mr->remap_len) {
+		remap_release(mr->remap_addr, mr->remap_len);
+		mr->remap_addr = 0;
+		mr->remap_len = 0;
+	}
 	return 0;
 }
 

@@ -289,7 +289,7 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	if (hit.kind == SV_MR_KIND_NULL)
 		return 0;
 	flush_deferred(qp);
-	atomic_guard g(fab, p.rec.owner_lease, hit.addr);
+	atomic_guard g(fab, p.rec.owner_lease, hit.owner_addr);
 	if (op.op == tp_atomic::kind::write) {
 		uint64_t v = op.swap;
 		return atomic_word(p, hit, &v, xfer_dir::to_peer);

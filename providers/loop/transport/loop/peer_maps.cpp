@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <ctime>
 #include <unistd.h>
 
 namespace loop {
@@ -32,7 +33,17 @@ struct fd_map {
 	std::shared_ptr<char> base; // Our mapping; its deleter unmaps it
 	uint64_t off;		    // Object offset of base
 	bool direct;		    // Plain memcpy is safe (sealed_tmpfs)
+	int64_t looked = 0;	    // Coarse clock's tick of the last liveness look
 };
+
+// The coarse monotonic clock, in its own ticks' worth of nanoseconds: read
+// from the vDSO without the TSC, so cheaper than the fine clock.
+int64_t coarse_now()
+{
+	timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 // Whether a plain memcpy through a writable shared mapping of fd's
 // [0, end) can never fault: a memfd on tmpfs (not hugetlbfs, whose holes
@@ -63,8 +74,9 @@ std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>; // At most
 } // namespace
 
 char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin,
-	       bool &direct)
+	       bool &direct, bool &dead)
 {
+	dead = false;
 	uint64_t id = (static_cast<uint64_t>(slot) << 32) | c.cookie;
 	std::lock_guard<std::mutex> g(g_map_lock);
 	auto it = g_maps.find(id);
@@ -73,8 +85,19 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 			return nullptr;
 		pid_t pid = static_cast<pid_t>(fab.reg()->leases[c.owner_lease].pid);
 		int fd = open_peer_fd(pid, c.fd);
-		if (fd < 0)
+		if (fd < 0) {
+			// A remapped plain MR is reachable by its addresses too:
+			// remember the refusal rather than ask on every access.
+			if (c.flags & SV_MR_MAPPED) {
+				try {
+					if (g_maps.size() >= kMaxMaps)
+						g_maps.clear();
+					g_maps.emplace(id, fd_map{nullptr, 0, false});
+				} catch (...) {
+				}
+			}
 			return nullptr;
+		}
 		uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 		uint64_t off = c.fd_offset & ~(page - 1);
 		size_t len = c.fd_offset - off + c.length;
@@ -112,6 +135,15 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 			// never throw through the C caller.
 			if (!base)
 				munmap(p, len);
+			return nullptr;
+		}
+	}
+	if (!it->second.base)
+		return nullptr; // Refused before (see above)
+	if (int64_t now = coarse_now(); now != it->second.looked) {
+		it->second.looked = now;
+		if (!fab.lease_alive(c.owner_lease, c.owner_gen)) {
+			dead = true;
 			return nullptr;
 		}
 	}

@@ -16,7 +16,12 @@ namespace loop {
 // mapping alive for as long as the caller (or a copy of pin) holds it.
 // direct: whether a plain memcpy through it can never fault (a writable
 // mapping of a memfd sealed against shrinking, peer_maps.cpp).
+// dead: set (with nullptr returned) when the owner is found gone.  A
+// mapping outlives its owner, so the owner's lease is looked at again once
+// per tick of the coarse clock (1-4 ms): WRITEs into a process killed that
+// long ago fail as they would by cross-memory attach, not land in memory
+// nobody reads.
 char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin,
-	       bool &direct);
+	       bool &direct, bool &dead);
 
 } // namespace loop

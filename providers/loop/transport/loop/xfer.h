@@ -51,6 +51,9 @@ struct rseg {
 	// pulls it from under a copy.  Empty for the other kinds.
 	std::shared_ptr<void> pin = {};
 	uint32_t key = 0; // wire: the rkey the request carries
+	// A mapped segment: the address of base's byte in the owner (atomics
+	// lock by it, so that every process agrees on the lock of a word).
+	uint64_t owner_addr = 0;
 };
 
 // Like xfer(), with target segments of mixed kinds.  Runs of peer segments

@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: MIT
+// Remapped registrations (docs/memory.md): the pages of a registered range
+// of private anonymous memory are moved onto one memfd per process (the
+// arena), keeping their addresses and contents, and the MR's record names
+// the arena and the offset.  A peer then maps that piece of the arena once
+// and copies with memcpy: no system call per one-sided operation.
+//
+// The move is a copy into a fresh shared mapping of the arena followed by
+// mremap() of that mapping onto the range, which replaces the anonymous
+// pages atomically; deregistration (the last hold) does the reverse into
+// fresh anonymous memory, so that a peer that checked the key just before
+// writes into arena pages nobody uses again (offsets are never handed out
+// twice), not into memory the application reuses.  Both run on raw system
+// calls: memory hooks of UCX or Open MPI (which interpose mmap, munmap and
+// mremap to watch for unmapped registrations) never see them.
+#include "loop_remap.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <map>
+#include <mutex>
+#include <pthread.h>
+#include <string>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+#include <vector>
+
+namespace loop {
+
+namespace {
+
+// At most this much memory is held twice while a range moves (it moves
+// in pieces of this size).
+constexpr size_t kPiece = 16u << 20;
+// The move leaves a range in at most three mappings (it splits the one it
+// lies in); it is refused unless the process stays this far below
+// vm.max_map_count.
+constexpr size_t kMapHeadroomDiv = 8; // An eighth of the limit
+
+struct block {
+	size_t len;
+	uint64_t off;  // In the arena
+	uint32_t refs; // MRs on it
+};
+
+std::mutex g_lock; // Also held across fork (see on_fork_*)
+// First address -> block.  Never destroyed (see g_objects).
+std::map<uintptr_t, block> &g_blocks = *new std::map<uintptr_t, block>;
+int g_fd = -1;
+dev_t g_dev;
+ino_t g_ino;
+uint64_t g_next; // The next offset handed out; offsets are never reused
+
+void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, uint64_t off)
+{
+	long r = syscall(SYS_mmap, a, n, prot, flags, fd, off);
+	return r == -1 ? MAP_FAILED : reinterpret_cast<void *>(r);
+}
+
+void sys_munmap(void *a, size_t n)
+{
+	syscall(SYS_munmap, a, n);
+}
+
+bool sys_move(void *from, size_t n, uintptr_t to)
+{
+	return syscall(SYS_mremap, from, n, n, MREMAP_MAYMOVE | MREMAP_FIXED,
+		       reinterpret_cast<void *>(to)) != -1;
+}
+
+struct vma {
+	uintptr_t start, end;
+	int prot;
+	bool shared;
+	bool anon; // Private anonymous: heap, mmap'd or named anonymous memory
+	uint64_t off;
+	dev_t dev;
+	ino_t ino;
+};
+
+// The mappings of this process that overlap [lo, hi), and how many it has.
+bool read_maps(uintptr_t lo, uintptr_t hi, std::vector<vma> &out, size_t &count)
+{
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	std::string text;
+	char buf[16384];
+	ssize_t n;
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		text.append(buf, static_cast<size_t>(n));
+	close(fd);
+	if (n < 0)
+		return false;
+	out.clear();
+	count = 0;
+	if (text.empty() || text.back() != '\n')
+		text.push_back('\n');
+	for (size_t pos = 0; pos < text.size();) {
+		size_t nl = text.find('\n', pos);
+		text[nl] = '\0';
+		const char *line = text.c_str() + pos;
+		pos = nl + 1;
+		unsigned long s, e, off, ino;
+		unsigned maj, min;
+		char perms[5];
+		int name = 0;
+		if (sscanf(line, "%lx-%lx %4s %lx %x:%x %lu %n", &s, &e, perms, &off, &maj, &min,
+			   &ino, &name) < 7)
+			continue;
+		count++;
+		if (e <= lo || s >= hi)
+			continue;
+		const char *path = name ? line + name : "";
+		vma v{};
+		v.start = s;
+		v.end = e;
+		v.prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
+			 (perms[2] == 'x' ? PROT_EXEC : 0);
+		v.shared = perms[3] == 's';
+		v.anon = !v.shared && ino == 0 && maj == 0 && min == 0 &&
+			 (!*path || !strcmp(path, "[heap]") || !strncmp(path, "[anon:", 6));
+		v.off = off;
+		v.dev = makedev(maj, min);
+		v.ino = static_cast<ino_t>(ino);
+		out.push_back(v);
+	}
+	return true;
+}
+
+// Whether every mapping overlapping [lo, hi) carries only attributes that
+// a shared mapping of the arena keeps: nothing locked, no huge pages asked
+// for or refused, no KSM, no userfaultfd, no fork or dump advice, no
+// protection key.  smaps is read only as far as the range.
+bool plain_flags(uintptr_t lo, uintptr_t hi)
+{
+	static const char *const allowed[] = {"rd", "wr", "mr", "mw", "me", "ac", "sd", "nr"};
+	FILE *f = fopen("/proc/self/smaps", "re");
+	if (!f)
+		return false;
+	char *line = nullptr;
+	size_t cap = 0;
+	bool in = false, ok = true;
+	size_t flags_seen = 0, vmas = 0;
+	while (ok && getline(&line, &cap, f) > 0) {
+		unsigned long s, e;
+		if (sscanf(line, "%lx-%lx ", &s, &e) == 2) {
+			if (s >= hi)
+				break;
+			in = e > lo;
+			vmas += in;
+			continue;
+		}
+		if (!in)
+			continue;
+		if (!strncmp(line, "VmFlags:", 8)) {
+			flags_seen++;
+			char *save = nullptr;
+			for (char *t = strtok_r(line + 8, " \n", &save); t;
+			     t = strtok_r(nullptr, " \n", &save)) {
+				bool good = false;
+				for (const char *a : allowed)
+					good = good || !strcmp(t, a);
+				ok = ok && good;
+			}
+		} else if (!strncmp(line, "ProtectionKey:", 14) && atoi(line + 14) != 0) {
+			ok = false;
+		}
+	}
+	free(line);
+	fclose(f);
+	return ok && vmas && flags_seen == vmas;
+}
+
+// Whether a memory policy of its own (mbind) governs addr: the arena's
+// pages would follow the process's policy instead.
+bool own_policy(uintptr_t addr)
+{
+	constexpr unsigned long kFAddr = 1UL << 1; // MPOL_F_ADDR
+	int task = 0, here = 0;
+	if (syscall(SYS_get_mempolicy, &task, nullptr, 0UL, nullptr, 0UL))
+		return false; // No NUMA: no policy to lose
+	if (syscall(SYS_get_mempolicy, &here, nullptr, 0UL, reinterpret_cast<void *>(addr),
+		    kFAddr))
+		return true;
+	return here != task;
+}
+
+size_t max_map_count()
+{
+	static const size_t v = [] {
+		size_t r = 65530; // The kernel's default
+		if (FILE *f = fopen("/proc/sys/vm/max_map_count", "re")) {
+			unsigned long x;
+			if (fscanf(f, "%lu", &x) == 1 && x)
+				r = x;
+			fclose(f);
+		}
+		return r;
+	}();
+	return v;
+}
+
+bool arena_locked()
+{
+	if (g_fd >= 0)
+		return true;
+	int fd = static_cast<int>(
+		syscall(SYS_memfd_create, "softverbs-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+	if (fd < 0)
+		return false;
+	struct stat st;
+	// Sealed against shrinking: a peer's memcpy into its mapping of the
+	// arena can never meet SIGBUS (peer_maps.cpp, sealed_tmpfs).
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) || fstat(fd, &st)) {
+		close(fd);
+		return false;
+	}
+	g_fd = fd;
+	g_dev = st.st_dev;
+	g_ino = st.st_ino;
+	g_next = 0;
+	return true;
+}
+
+// Copies arena [off, off + n) into fresh private anonymous memory with
+// protection prot and moves that onto addr, piece by piece.  Reads the
+// arena through a mapping of its own, so a range the application made
+// unreadable copies all the same.
+bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot)
+{
+	for (size_t done = 0; done < n;) {
+		size_t k = std::min(kPiece, n - done);
+		void *src = sys_mmap(nullptr, k, PROT_READ, MAP_SHARED, g_fd, off + done);
+		if (src == MAP_FAILED)
+			return false;
+		void *dst = sys_mmap(nullptr, k, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (dst == MAP_FAILED) {
+			sys_munmap(src, k);
+			return false;
+		}
+		memcpy(dst, src, k);
+		sys_munmap(src, k);
+		if (prot != (PROT_READ | PROT_WRITE))
+			syscall(SYS_mprotect, dst, k, prot);
+		if (!sys_move(dst, k, addr + done)) {
+			sys_munmap(dst, k);
+			return false;
+		}
+		done += k;
+	}
+	return true;
+}
+
+// Puts every part of block [addr, addr + b.len) that still maps the arena
+// at its own offset back into private anonymous memory.  Parts the
+// application unmapped or mapped over are left alone: they are no longer
+// the block's.
+void restore(uintptr_t addr, const block &b)
+{
+	std::vector<vma> vs;
+	size_t count;
+	if (!read_maps(addr, addr + b.len, vs, count))
+		return;
+	for (const vma &v : vs) {
+		if (!v.shared || v.dev != g_dev || v.ino != g_ino)
+			continue;
+		uintptr_t s = std::max(v.start, addr);
+		uintptr_t e = std::min(v.end, addr + b.len);
+		if (v.off + (s - v.start) != b.off + (s - addr))
+			continue;
+		copy_back(s, e - s, b.off + (s - addr), v.prot);
+	}
+}
+
+void punch(uint64_t off, size_t len)
+{
+	fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
+		  static_cast<off_t>(len));
+}
+
+// Fork: rdma-core's copy-on-fork (IBV_FORK_UNNEEDED) gives the child a
+// private copy of registered memory.  The child's handler turns every
+// block into private anonymous memory again and forgets the arena: the
+// child's registrations start an arena of their own.
+void on_fork_prepare()
+{
+	g_lock.lock();
+}
+
+void on_fork_parent()
+{
+	g_lock.unlock();
+}
+
+void on_fork_child()
+{
+	if (g_fd >= 0) {
+		for (const auto &[addr, b] : g_blocks)
+			restore(addr, b);
+		close(g_fd);
+	}
+	g_blocks.clear();
+	g_fd = -1;
+	g_lock.unlock();
+}
+
+// Whether [a, a + n) is one block's, at the block's offsets, right now:
+// an application may have unmapped a registered range and mapped new
+// memory there (UCX deregisters after the munmap it intercepts).
+bool still_arena(uintptr_t a, size_t n, uint64_t off)
+{
+	std::vector<vma> vs;
+	size_t count;
+	if (!read_maps(a, a + n, vs, count))
+		return false;
+	uintptr_t at = a;
+	for (const vma &v : vs) {
+		if (v.start > at || !v.shared || v.dev != g_dev || v.ino != g_ino ||
+		    v.off + (at - v.start) != off + (at - a) ||
+		    (v.prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
+			return false;
+		at = v.end;
+		if (at >= a + n)
+			return true;
+	}
+	return false;
+}
+
+// Moves [addr, addr + len) (anonymous, checked) onto arena [off, ...).
+bool move_in(uintptr_t addr, size_t len, uint64_t off)
+{
+	size_t done = 0;
+	while (done < len) {
+		size_t k = std::min(kPiece, len - done);
+		// Allocate the pages first: running out of memory is an error
+		// here, not a SIGBUS in the copy.
+		if (fallocate(g_fd, 0, static_cast<off_t>(off + done), static_cast<off_t>(k)))
+			break;
+		void *tmp = sys_mmap(nullptr, k, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, off + done);
+		if (tmp == MAP_FAILED)
+			break;
+		memcpy(tmp, reinterpret_cast<void *>(addr + done), k);
+		if (!sys_move(tmp, k, addr + done)) {
+			sys_munmap(tmp, k);
+			break;
+		}
+		done += k;
+	}
+	if (done == len)
+		return true;
+	// Undo the pieces already moved.
+	if (done && !copy_back(addr, done, off, PROT_READ | PROT_WRITE))
+		return false; // Still the arena's: contents intact, left as they are
+	punch(off, len);
+	return false;
+}
+
+} // namespace
+
+bool remap_enabled()
+{
+	static const bool on = [] {
+		const char *s = getenv("SOFTVERBS_REMAP");
+		return !s || strcmp(s, "0") != 0;
+	}();
+	return on;
+}
+
+bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off)
+{
+	uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+	if (!remap_enabled() || !len || (addr & (page - 1)) || (len & (page - 1)) ||
+	    addr + len < addr)
+		return false;
+	static std::once_flag once;
+	std::call_once(once, [] { pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child); });
+	std::lock_guard<std::mutex> g(g_lock);
+	// A block already holding the whole range is shared; one that overlaps
+	// part of it rules the move out.
+	auto it = g_blocks.upper_bound(addr);
+	if (it != g_blocks.begin()) {
+		auto prev = std::prev(it);
+		if (prev->first + prev->second.len > addr) {
+			if (addr + len > prev->first + prev->second.len)
+				return false;
+			uint64_t o = prev->second.off + (addr - prev->first);
+			if (!still_arena(addr, len, o))
+				return false;
+			prev->second.refs++;
+			fd = g_fd;
+			off = o;
+			return true;
+		}
+	}
+	if (it != g_blocks.end() && it->first < addr + len)
+		return false;
+	std::vector<vma> vs;
+	size_t count;
+	if (!read_maps(addr, addr + len, vs, count) || vs.empty())
+		return false;
+	uintptr_t at = addr;
+	for (const vma &v : vs) {
+		if (v.start > at || !v.anon || v.prot != (PROT_READ | PROT_WRITE) ||
+		    own_policy(std::max(v.start, addr)))
+			return false;
+		at = v.end;
+	}
+	if (at < addr + len)
+		return false;
+	size_t limit = max_map_count();
+	if (count + 4 + len / kPiece > limit - limit / kMapHeadroomDiv)
+		return false;
+	if (!plain_flags(addr, addr + len) || !arena_locked())
+		return false;
+	uint64_t o = g_next;
+	if (ftruncate(g_fd, static_cast<off_t>(o + len)))
+		return false;
+	g_next = o + len;
+	if (!move_in(addr, len, o))
+		return false;
+	try {
+		g_blocks.emplace(addr, block{len, o, 1});
+	} catch (...) {
+		copy_back(addr, len, o, PROT_READ | PROT_WRITE);
+		punch(o, len);
+		return false;
+	}
+	fd = g_fd;
+	off = o;
+	return true;
+}
+
+void remap_release(uintptr_t addr, size_t len)
+{
+	std::lock_guard<std::mutex> g(g_lock);
+	auto it = g_blocks.upper_bound(addr);
+	if (it == g_blocks.begin())
+		return; // A forked child's: the block went private at fork
+	--it;
+	block &b = it->second;
+	if (addr < it->first || addr + len > it->first + b.len || --b.refs)
+		return;
+	restore(it->first, b);
+	punch(b.off, b.len);
+	g_blocks.erase(it);
+}
+
+} // namespace loop

@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: MIT
+// Registered anonymous memory moved onto a shared file (the process's
+// arena memfd), at the same addresses and with the same contents, so that
+// peers map it and copy with memcpy instead of one cross-memory-attach
+// system call per access.  docs/memory.md, "Remapped registrations", gives
+// the rules and the hazards.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loop {
+
+// Whether SOFTVERBS_REMAP allows it (default yes; "0" turns it off).
+bool remap_enabled();
+
+// Moves [addr, addr + len) onto the arena, or shares the block of an
+// earlier registration that holds the whole range.  Only page-aligned
+// ranges of private anonymous memory (heap or mmap) whose mappings carry
+// no attribute a move would lose qualify.  Returns true with the arena's
+// descriptor and the range's offset in it; false leaves the memory as it
+// was (the MR then uses cross-memory attach).
+bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off);
+
+// Drops a hold taken by remap_acquire; the last one copies the range back
+// into private anonymous memory (where it is still the arena's) and frees
+// the arena's pages.
+void remap_release(uintptr_t addr, size_t len);
+
+} // namespace loop

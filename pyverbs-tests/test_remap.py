@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: MIT
+"""Remapped registrations (docs/memory.md, "Remapped registrations"):
+ibv_reg_mr moves a page-aligned range of private anonymous memory onto the
+process's arena memfd, at the same addresses and with the same contents,
+so that peers copy into it with memcpy.  tests/progs/sv_remap.c rules on
+each hazard of the move with a peer process and every byte checked; each
+scenario also runs with SOFTVERBS_REMAP=0, where nothing may move and the
+data checks hold all the same."""
+import pytest
+
+import svtest
+
+SCENARIOS = ["traffic", "kernel", "signals", "dontneed", "attrs", "maxmap", "memory",
+             "fork", "race", "munmap"]
+
+
+@pytest.fixture
+def remap(build_dir):
+    p = build_dir / "tests" / "progs" / "sv_remap"
+    if not p.exists():
+        pytest.fail(f"{p} missing: build with ninja -C {build_dir} (needs libibverbs-dev)")
+    return p
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_remap_hazard(remap, env, scenario, setting):
+    if setting == "off":
+        env["SOFTVERBS_REMAP"] = "0"
+    p = svtest.run([str(remap), scenario], env, timeout=200)
+    text = f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    assert p.returncode == 0, text
+    if f"SKIP sv_remap {scenario}" in p.stdout:
+        # Only where the machine or the setting rules the scenario out.
+        assert scenario in ("maxmap", "memory", "race"), text
+        if scenario == "race":
+            assert setting == "off", text
+        pytest.skip(p.stdout.strip().splitlines()[-1])
+    assert f"OK sv_remap {scenario}" in p.stdout, text

@@ -1,0 +1,833 @@
+/* SPDX-License-Identifier: MIT */
+/* Remapped registrations (docs/memory.md): ibv_reg_mr moves the pages of a
+ * page-aligned range of private anonymous memory onto a memfd, keeping
+ * addresses and contents, so that peers copy into it without a system call.
+ * Each scenario rules on one hazard of that move, with a peer process that
+ * WRITEs and READs the memory over RC and every byte checked:
+ *
+ *   sv_remap SCENARIO [-d DEV]
+ *
+ *   traffic   which memory moves (mmap'd and heap ranges, whole pages) and
+ *             which does not (a range sharing pages with other objects);
+ *             contents kept across registration and deregistration; bytes
+ *             from a peer land, neighbours untouched; MRs inside one block
+ *             share it; anonymous memory again after deregistration
+ *   kernel    the kernel reads and writes the moved range (read(), write())
+ *   signals   a thread reading the range while it moves in and out never
+ *             faults (its SIGSEGV blocked, a handler installed)
+ *   dontneed  MADV_DONTNEED while registered keeps the contents (the
+ *             memfd refills), and zero-fills again after deregistration
+ *   attrs     memory with an attribute a move would lose stays in place
+ *             and keeps it: huge-page advice, mlock, KSM, fork and dump
+ *             advice, a memory policy, a protection key, read-only,
+ *             shared, file-backed and stack memory
+ *   maxmap    near vm.max_map_count nothing moves (the move splits mappings)
+ *   memory    without address space for the copy nothing moves
+ *   fork      the child gets a private copy (rdma-core's copy-on-fork), and
+ *             its own registrations an arena of their own
+ *   race      a peer WRITEing while the owner deregisters and reuses the
+ *             memory never corrupts it; its WRITEs fail after
+ *   munmap    a range unmapped and mapped anew before deregistration (as
+ *             UCX does) keeps the new contents
+ *
+ * With SOFTVERBS_REMAP=0 nothing may move, and the traffic checks hold all
+ * the same.  Prints "OK sv_remap SCENARIO" or "SKIP ..." and exits 0; a
+ * FAIL line and status 1 otherwise. */
+#include "svt.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#define PAGE 4096
+#define PEER_BUF (4u << 20)
+
+enum { OP_WRITE = 1, OP_READ, OP_STORM, OP_RECONNECT, OP_QUIT };
+
+struct board {
+	_Atomic int peer_up, owner_up;
+	uint16_t lid[2];
+	uint32_t qpn[2];
+	_Atomic uint32_t req, done;
+	int op;
+	uint32_t rkey, len;
+	uint64_t addr;
+	unsigned seed;
+	int status;		/* ibv_wc_status, or 1000: bytes read back differ */
+	_Atomic int stop;
+	_Atomic long storm_ok, storm_err;
+};
+
+static struct board *B;
+static const char *dev = "loop0";
+static int remap_on = 1;
+static struct svt_dev D;
+static struct ibv_cq *CQ;
+static struct ibv_qp *QP;
+
+/* ---- the peer: RDMA operations on request ---- */
+
+static void peer_main(void)
+{
+	svt_watchdog(120);
+	svt_open(&D, dev);
+	CQ = ibv_create_cq(D.ctx, 256, NULL, NULL, 0);
+	CHECK(CQ);
+	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = CQ, .rcq = CQ, .max_send_wr = 128};
+	QP = svt_qp(&D, &o);
+	struct ibv_mr *mr = svt_mr(&D, PEER_BUF, SVT_ALL_ACCESS);
+	B->lid[1] = D.lid;
+	B->qpn[1] = QP->qp_num;
+	atomic_store(&B->peer_up, 1);
+	while (!atomic_load(&B->owner_up))
+		usleep(1000);
+	struct svt_conn c = {SVT_ALL_ACCESS, 12, 14, 7, 7};
+	svt_connect(QP, B->qpn[0], B->lid[0], &c);
+	for (uint32_t seen = 0;;) {
+		while (atomic_load(&B->req) == seen)
+			usleep(50);
+		seen = atomic_load(&B->req);
+		struct ibv_sge s = svt_sge(mr, 0, B->len);
+		struct ibv_wc wc;
+		if (B->op == OP_QUIT) {
+			atomic_store(&B->done, seen);
+			exit(0);
+		}
+		if (B->op == OP_RECONNECT) {
+			struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+			CHECK(ibv_modify_qp(QP, &a, IBV_QP_STATE) == 0);
+			while (ibv_poll_cq(CQ, 1, &wc) > 0)
+				;
+			svt_connect(QP, B->qpn[0], B->lid[0], &c);
+			atomic_store(&B->done, seen);
+			continue;
+		}
+		if (B->op == OP_WRITE || B->op == OP_STORM)
+			svt_fill(mr->addr, B->len, B->seed);
+		if (B->op == OP_STORM) {
+			/* WRITEs until told to stop or one fails. */
+			int st = IBV_WC_SUCCESS;
+			while (!atomic_load(&B->stop) && st == IBV_WC_SUCCESS) {
+				CHECK(svt_post_send1(QP, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+						     B->addr, B->rkey) == 0);
+				wc = svt_wait(CQ, "storm WRITE");
+				st = wc.status;
+				if (st == IBV_WC_SUCCESS)
+					atomic_fetch_add(&B->storm_ok, 1);
+				else
+					atomic_fetch_add(&B->storm_err, 1);
+			}
+			B->status = st;
+			atomic_store(&B->done, seen);
+			continue;
+		}
+		if (B->op == OP_READ)
+			memset(mr->addr, 0xee, B->len);
+		CHECK(svt_post_send1(QP, 1, B->op == OP_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
+				     &s, 1, IBV_SEND_SIGNALED, B->addr, B->rkey) == 0);
+		wc = svt_wait(CQ, "peer op");
+		B->status = wc.status;
+		if (wc.status == IBV_WC_SUCCESS && B->op == OP_READ) {
+			unsigned char *want = malloc(B->len);
+			CHECK(want);
+			svt_fill(want, B->len, B->seed);
+			if (memcmp(want, mr->addr, B->len))
+				B->status = 1000;
+			free(want);
+		}
+		atomic_store(&B->done, seen);
+	}
+}
+
+/* Asks the peer for one operation on [mr->addr + off, + len) and returns
+ * its completion status (1000: a READ brought back other bytes). */
+static int peer_do(int op, struct ibv_mr *mr, size_t off, uint32_t len, unsigned seed)
+{
+	B->op = op;
+	B->rkey = mr->rkey;
+	B->addr = (uintptr_t)mr->addr + off;
+	B->len = len;
+	B->seed = seed;
+	uint32_t n = atomic_load(&B->req) + 1;
+	atomic_store(&B->req, n);
+	if (op == OP_STORM)
+		return 0;
+	uint64_t end = svt_now_ms() + 10000;
+	while (atomic_load(&B->done) != n) {
+		if (svt_now_ms() > end)
+			FAIL("peer did not answer op %d", op);
+		usleep(50);
+	}
+	return B->status;
+}
+
+static void storm_wait(void)
+{
+	uint32_t n = atomic_load(&B->req);
+	uint64_t end = svt_now_ms() + 10000;
+	while (atomic_load(&B->done) != n) {
+		if (svt_now_ms() > end)
+			FAIL("peer's storm did not end");
+		usleep(100);
+	}
+}
+
+static pid_t peer_pid;
+
+static void owner_up(void)
+{
+	svt_open(&D, dev);
+	CQ = ibv_create_cq(D.ctx, 256, NULL, NULL, 0);
+	CHECK(CQ);
+	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = CQ, .rcq = CQ};
+	QP = svt_qp(&D, &o);
+	B->lid[0] = D.lid;
+	B->qpn[0] = QP->qp_num;
+	uint64_t end = svt_now_ms() + 20000;
+	while (!atomic_load(&B->peer_up))
+		if (svt_now_ms() > end)
+			FAIL("peer did not come up");
+		else
+			usleep(1000);
+	struct svt_conn c = {SVT_ALL_ACCESS, 12, 14, 7, 7};
+	svt_connect(QP, B->qpn[1], B->lid[1], &c);
+	atomic_store(&B->owner_up, 1);
+}
+
+static void peer_quit(void)
+{
+	if (!peer_pid)
+		return;
+	B->op = OP_QUIT;
+	atomic_fetch_add(&B->req, 1);
+	int st;
+	CHECK(waitpid(peer_pid, &st, 0) == peer_pid);
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		FAIL("peer ended with status 0x%x", st);
+}
+
+/* ---- what the process's mappings say ---- */
+
+/* The line of /proc/self/maps holding addr, in buf. */
+static int maps_line(const void *addr, char *buf, size_t n)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	CHECK(f);
+	int found = 0;
+	while (!found && fgets(buf, (int)n, f)) {
+		unsigned long s, e;
+		if (sscanf(buf, "%lx-%lx", &s, &e) == 2 && s <= (uintptr_t)addr &&
+		    (uintptr_t)addr < e)
+			found = 1;
+	}
+	fclose(f);
+	return found;
+}
+
+/* Whether [p, p + len) lies in the arena: every page's mapping is the
+ * softverbs-mr memfd. */
+static int moved(const void *p, size_t len)
+{
+	char line[512];
+	for (size_t o = 0; o < len; o += PAGE)
+		if (!maps_line((const char *)p + o, line, sizeof(line)) ||
+		    !strstr(line, "softverbs-mr"))
+			return 0;
+	return 1;
+}
+
+static void expect_moved(const void *p, size_t len, int want, const char *what)
+{
+	int m = moved(p, len);
+	if (m != (want && remap_on))
+		FAIL("%s: %s moved onto the arena", what, m ? "was" : "was not");
+}
+
+/* The VmFlags of the mapping holding addr contain flag. */
+static int vmflag(const void *addr, const char *flag)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	CHECK(f);
+	char line[512];
+	int in = 0, has = 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long s, e;
+		if (sscanf(line, "%lx-%lx ", &s, &e) == 2) {
+			in = s <= (uintptr_t)addr && (uintptr_t)addr < e;
+			continue;
+		}
+		if (in && !strncmp(line, "VmFlags:", 8)) {
+			char pat[8];
+			snprintf(pat, sizeof(pat), " %s", flag);
+			has = strstr(line + 7, pat) != NULL;
+		}
+	}
+	fclose(f);
+	return has;
+}
+
+static void *anon(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(p != MAP_FAILED);
+	return p;
+}
+
+static void check_bytes(const void *p, size_t len, unsigned seed, const char *what)
+{
+	unsigned char *want = malloc(len);
+	CHECK(want);
+	svt_fill(want, len, seed);
+	const unsigned char *got = p;
+	for (size_t i = 0; i < len; i++)
+		if (got[i] != want[i])
+			FAIL("%s: byte %zu is 0x%02x, expected 0x%02x", what, i, got[i], want[i]);
+	free(want);
+}
+
+static struct ibv_mr *reg(void *p, size_t len)
+{
+	struct ibv_mr *mr = ibv_reg_mr(D.pd, p, len, SVT_ALL_ACCESS);
+	if (!mr)
+		FAIL("ibv_reg_mr(%p, %zu): %s", p, len, strerror(errno));
+	return mr;
+}
+
+/* A peer WRITE of len bytes at off and a READ back, every byte checked on
+ * both sides. */
+static void roundtrip(struct ibv_mr *mr, size_t off, uint32_t len, unsigned seed,
+		      const char *what)
+{
+	CHECK_EQ(peer_do(OP_WRITE, mr, off, len, seed), IBV_WC_SUCCESS);
+	check_bytes((char *)mr->addr + off, len, seed, what);
+	svt_fill((char *)mr->addr + off, len, seed + 1);
+	CHECK_EQ(peer_do(OP_READ, mr, off, len, seed + 1), IBV_WC_SUCCESS);
+}
+
+/* ---- scenarios ---- */
+
+static void sc_traffic(void)
+{
+	/* mmap'd memory, 4 MiB. */
+	size_t big = 4u << 20;
+	char *m = anon(big);
+	svt_fill(m, big, 1);
+	struct ibv_mr *mm = reg(m, big);
+	expect_moved(m, big, 1, "mmap'd 4 MiB");
+	check_bytes(m, big, 1, "mmap'd range after registration");
+	roundtrip(mm, 0, 64, 2, "64 B at 0");
+	roundtrip(mm, 4096 - 32, 64, 3, "64 B across a page");
+	roundtrip(mm, big - 64, 64, 4, "64 B at the end");
+	roundtrip(mm, 1u << 20, 1u << 20, 5, "1 MiB");
+
+	/* Heap memory, whole pages. */
+	char *h = aligned_alloc(PAGE, 2 * PAGE);
+	CHECK(h);
+	svt_fill(h, 2 * PAGE, 6);
+	struct ibv_mr *hm = reg(h, 2 * PAGE);
+	expect_moved(h, 2 * PAGE, 1, "heap 8 KiB");
+	check_bytes(h, 2 * PAGE, 6, "heap range after registration");
+	roundtrip(hm, 100, 3000, 7, "heap 3000 B");
+
+	/* A range that shares its pages with other objects stays put, and
+	 * its neighbours keep their bytes. */
+	char *u = malloc(3 * PAGE);
+	CHECK(u);
+	svt_fill(u, 3 * PAGE, 8);
+	struct ibv_mr *um = reg(u + 100, 2 * PAGE);
+	expect_moved(u + 100, PAGE, 0, "a range not made of whole pages");
+	roundtrip(um, 0, 2 * PAGE, 9, "unaligned range");
+	check_bytes(u, 100, 8, "bytes before an unaligned MR");
+	unsigned char *tail = malloc(3 * PAGE);
+	CHECK(tail);
+	svt_fill(tail, 3 * PAGE, 8);
+	if (memcmp(u + 100 + 2 * PAGE, tail + 100 + 2 * PAGE, PAGE - 100))
+		FAIL("bytes after an unaligned MR changed");
+	free(tail);
+
+	/* An MR inside a moved range shares its block and outlives the first. */
+	struct ibv_mr *sub = reg(m + 8 * PAGE, 4 * PAGE);
+	expect_moved(m + 8 * PAGE, 4 * PAGE, 1, "an MR inside a moved range");
+	CHECK_EQ(ibv_dereg_mr(mm), 0);
+	expect_moved(m + 8 * PAGE, 4 * PAGE, 1, "the inner MR after the outer's deregistration");
+	roundtrip(sub, 0, 4 * PAGE, 10, "the inner MR");
+	svt_fill(m + 8 * PAGE, 4 * PAGE, 13);
+	/* One that only partly overlaps a block stays by address, and works. */
+	char *q = anon(8 * PAGE);
+	struct ibv_mr *qa = reg(q, 4 * PAGE);
+	struct ibv_mr *qb = reg(q + 2 * PAGE, 4 * PAGE);
+	expect_moved(q, 4 * PAGE, 1, "a second block");
+	expect_moved(q + 4 * PAGE, 2 * PAGE, 0, "an MR partly over a block");
+	roundtrip(qb, 0, 4 * PAGE, 12, "an MR partly over a block");
+	CHECK_EQ(ibv_dereg_mr(qa), 0);
+	check_bytes(q + 2 * PAGE, 4 * PAGE, 13, "an MR partly over a block, its block gone");
+	roundtrip(qb, 0, 4 * PAGE, 14, "an MR partly over a block, its block gone");
+	CHECK_EQ(ibv_dereg_mr(qb), 0);
+	munmap(q, 8 * PAGE);
+	CHECK_EQ(ibv_dereg_mr(sub), 0);
+	expect_moved(m, big, 0, "the range after its last deregistration");
+	check_bytes(m + 8 * PAGE, 4 * PAGE, 13, "contents after deregistration");
+	/* Private anonymous memory again: DONTNEED zero-fills. */
+	CHECK(madvise(m, big, MADV_DONTNEED) == 0);
+	for (size_t i = 0; i < big; i += 512)
+		if (m[i])
+			FAIL("byte %zu not zero after MADV_DONTNEED past deregistration", i);
+	CHECK_EQ(ibv_dereg_mr(hm), 0);
+	check_bytes(h + 100, 3000, 8, "heap after deregistration"); /* seed 7+1 */
+	CHECK_EQ(ibv_dereg_mr(um), 0);
+	free(h);
+	free(u);
+	munmap(m, big);
+}
+
+static void sc_kernel(void)
+{
+	size_t len = 16 * PAGE;
+	char *m = anon(len);
+	struct ibv_mr *mr = reg(m, len);
+	expect_moved(m, len, 1, "buffer");
+	int p[2];
+	CHECK(pipe(p) == 0);
+	char src[PAGE];
+	svt_fill(src, PAGE, 21);
+	CHECK_EQ(write(p[1], src, PAGE), PAGE);
+	CHECK_EQ(read(p[0], m + 3 * PAGE, PAGE), PAGE); /* The kernel writes into it */
+	check_bytes(m + 3 * PAGE, PAGE, 21, "read() into the moved range");
+	CHECK_EQ(write(p[1], m + 3 * PAGE, PAGE), PAGE); /* ...and reads from it */
+	char back[PAGE];
+	CHECK_EQ(read(p[0], back, PAGE), PAGE);
+	check_bytes(back, PAGE, 21, "write() from the moved range");
+	CHECK_EQ(peer_do(OP_READ, mr, 3 * PAGE, PAGE, 21), IBV_WC_SUCCESS);
+	close(p[0]);
+	close(p[1]);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	munmap(m, len);
+}
+
+static _Atomic int segv_seen, reader_stop;
+static _Atomic long reader_bad, reader_rounds;
+static char *reader_buf;
+static size_t reader_len;
+
+static void on_segv(int sig)
+{
+	(void)sig;
+	atomic_fetch_add(&segv_seen, 1);
+	_exit(3);
+}
+
+static void *reader(void *arg)
+{
+	(void)arg;
+	sigset_t s;
+	sigemptyset(&s);
+	sigaddset(&s, SIGSEGV);
+	pthread_sigmask(SIG_BLOCK, &s, NULL);
+	unsigned char *want = malloc(reader_len);
+	svt_fill(want, reader_len, 31);
+	while (!atomic_load(&reader_stop)) {
+		if (memcmp(reader_buf, want, reader_len))
+			atomic_fetch_add(&reader_bad, 1);
+		atomic_fetch_add(&reader_rounds, 1);
+	}
+	free(want);
+	return NULL;
+}
+
+static void sc_signals(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_segv;
+	CHECK(sigaction(SIGSEGV, &sa, NULL) == 0);
+	reader_len = 64 * PAGE;
+	reader_buf = anon(reader_len);
+	svt_fill(reader_buf, reader_len, 31);
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, reader, NULL) == 0);
+	int moves = 0;
+	for (int i = 0; i < 200; i++) {
+		struct ibv_mr *mr = reg(reader_buf, reader_len);
+		moves += moved(reader_buf, reader_len);
+		if (i % 50 == 0)
+			CHECK_EQ(peer_do(OP_READ, mr, 0, (uint32_t)reader_len, 31), IBV_WC_SUCCESS);
+		CHECK_EQ(ibv_dereg_mr(mr), 0);
+	}
+	atomic_store(&reader_stop, 1);
+	pthread_join(t, NULL);
+	if (remap_on && moves != 200)
+		FAIL("the range moved %d times of 200", moves);
+	CHECK_EQ(atomic_load(&segv_seen), 0);
+	if (atomic_load(&reader_bad))
+		FAIL("the reader saw other bytes %ld times in %ld rounds", atomic_load(&reader_bad),
+		     atomic_load(&reader_rounds));
+	munmap(reader_buf, reader_len);
+}
+
+static void sc_dontneed(void)
+{
+	size_t len = 8 * PAGE;
+	char *m = anon(len);
+	svt_fill(m, len, 41);
+	struct ibv_mr *mr = reg(m, len);
+	expect_moved(m, len, 1, "buffer");
+	CHECK(madvise(m, len, MADV_DONTNEED) == 0);
+	if (remap_on)
+		check_bytes(m, len, 41, "MADV_DONTNEED while registered (the memfd refills)");
+	roundtrip(mr, 0, (uint32_t)len, 42, "after MADV_DONTNEED");
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	CHECK(madvise(m, len, MADV_DONTNEED) == 0);
+	for (size_t i = 0; i < len; i++)
+		if (m[i])
+			FAIL("MADV_DONTNEED after deregistration left byte %zu", i);
+	munmap(m, len);
+}
+
+/* Registers a fresh mapping that setup() gave an attribute; it must stay
+ * where it is, keep flag (if named) and carry a peer's bytes. */
+static void stays(const char *what, char *m, size_t len, const char *flag, int readonly)
+{
+	struct ibv_mr *mr = ibv_reg_mr(D.pd, m, len,
+				       readonly ? IBV_ACCESS_REMOTE_READ : SVT_ALL_ACCESS);
+	if (!mr)
+		FAIL("%s: ibv_reg_mr: %s", what, strerror(errno));
+	if (moved(m, len))
+		FAIL("%s: moved onto the arena", what);
+	if (flag && !vmflag(m, flag))
+		FAIL("%s: lost VmFlags %s", what, flag);
+	if (readonly) {
+		CHECK_EQ(peer_do(OP_READ, mr, 0, PAGE, 0), IBV_WC_SUCCESS);
+	} else {
+		CHECK_EQ(peer_do(OP_WRITE, mr, 0, (uint32_t)len, 51), IBV_WC_SUCCESS);
+		check_bytes(m, len, 51, what);
+	}
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	if (flag && !vmflag(m, flag))
+		FAIL("%s: lost VmFlags %s after deregistration", what, flag);
+}
+
+static void sc_attrs(void)
+{
+	size_t len = 16 * PAGE;
+	static const struct {
+		const char *what, *flag;
+		int advice;
+	} adv[] = {
+		{"MADV_HUGEPAGE", "hg", MADV_HUGEPAGE}, {"MADV_NOHUGEPAGE", "nh", MADV_NOHUGEPAGE},
+		{"MADV_DONTFORK", "dc", MADV_DONTFORK}, {"MADV_WIPEONFORK", "wf", MADV_WIPEONFORK},
+		{"MADV_DONTDUMP", "dd", MADV_DONTDUMP}, {"MADV_MERGEABLE", "mg", MADV_MERGEABLE},
+	};
+	for (size_t i = 0; i < sizeof(adv) / sizeof(adv[0]); i++) {
+		char *m = anon(len);
+		if (madvise(m, len, adv[i].advice)) {
+			printf("note: %s not available (%s)\n", adv[i].what, strerror(errno));
+			munmap(m, len);
+			continue;
+		}
+		stays(adv[i].what, m, len, adv[i].flag, 0);
+		munmap(m, len);
+	}
+	char *m = anon(len);
+	if (mlock(m, len) == 0)
+		stays("mlock", m, len, "lo", 0);
+	else
+		printf("note: mlock refused (%s)\n", strerror(errno));
+	munmap(m, len);
+	/* A policy of its own (MPOL_PREFERRED on node 0). */
+	m = anon(len);
+	unsigned long node0 = 1;
+	if (syscall(SYS_mbind, m, len, 1 /* MPOL_PREFERRED */, &node0, 64UL, 0U) == 0)
+		stays("mbind", m, len, NULL, 0);
+	else
+		printf("note: mbind refused (%s)\n", strerror(errno));
+	munmap(m, len);
+	/* A protection key. */
+	m = anon(len);
+	long pkey = syscall(SYS_pkey_alloc, 0UL, 0UL);
+	if (pkey > 0 && syscall(SYS_pkey_mprotect, m, len, PROT_READ | PROT_WRITE, pkey) == 0) {
+		stays("pkey", m, len, NULL, 0);
+		syscall(SYS_pkey_free, pkey);
+	} else {
+		printf("note: protection keys not available\n");
+	}
+	munmap(m, len);
+	/* Read-only memory. */
+	m = anon(len);
+	svt_fill(m, PAGE, 0);
+	CHECK(mprotect(m, len, PROT_READ) == 0);
+	stays("read-only", m, len, NULL, 1);
+	munmap(m, len);
+	/* Shared anonymous memory (already shared: nothing to gain). */
+	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(m != MAP_FAILED);
+	stays("MAP_SHARED|MAP_ANONYMOUS", m, len, NULL, 0);
+	munmap(m, len);
+	/* A private file mapping. */
+	char path[] = "/tmp/sv_remap.XXXXXX";
+	int fd = mkstemp(path);
+	CHECK(fd >= 0);
+	unlink(path);
+	CHECK(ftruncate(fd, (off_t)len) == 0);
+	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	CHECK(m != MAP_FAILED);
+	close(fd);
+	stays("MAP_PRIVATE file", m, len, NULL, 0);
+	munmap(m, len);
+	/* The stack. */
+	char stack[6 * PAGE];
+	char *s = (char *)(((uintptr_t)stack + PAGE - 1) & ~(uintptr_t)(PAGE - 1));
+	stays("stack", s, 4 * PAGE, NULL, 0);
+}
+
+static long map_count(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	CHECK(f);
+	long n = 0;
+	int c;
+	while ((c = fgetc(f)) != EOF)
+		n += c == '\n';
+	fclose(f);
+	return n;
+}
+
+static void sc_maxmap(void)
+{
+	FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+	long limit = 0;
+	CHECK(f && fscanf(f, "%ld", &limit) == 1);
+	fclose(f);
+	if (limit > 1000000) {
+		printf("SKIP sv_remap maxmap: vm.max_map_count is %ld\n", limit);
+		return;
+	}
+	/* Between the library's refusal point (an eighth below the limit) and
+	 * the limit: every other page of a region read-only, two more
+	 * mappings each. */
+	long target = limit - limit / 16;
+	long k = (target - map_count()) / 2;
+	CHECK(k > 0);
+	size_t pages = (size_t)k * 2 + 2;
+	char *z = mmap(NULL, pages * PAGE, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	CHECK(z != MAP_FAILED);
+	for (size_t i = 1; i < pages - 1; i += 2)
+		CHECK(mprotect(z + i * PAGE, PAGE, PROT_READ) == 0);
+	long n = map_count();
+	if (n < limit - limit / 8 + 8 || n >= limit)
+		FAIL("made %ld mappings, wanted about %ld of %ld", n, target, limit);
+	size_t len = 8 * PAGE;
+	char *m = anon(len);
+	svt_fill(m, len, 61);
+	struct ibv_mr *mr = reg(m, len);
+	if (moved(m, len))
+		FAIL("moved with %ld mappings of vm.max_map_count %ld", n, limit);
+	check_bytes(m, len, 61, "near max_map_count");
+	roundtrip(mr, 0, (uint32_t)len, 62, "near max_map_count");
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	munmap(z, pages * PAGE);
+	mr = reg(m, len);
+	expect_moved(m, len, 1, "once the mappings are gone");
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	munmap(m, len);
+}
+
+static int sanitized(void)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+	int found = 0;
+	while (f && fgets(line, sizeof(line), f))
+		found |= strstr(line, "libasan") || strstr(line, "libtsan");
+	if (f)
+		fclose(f);
+	return found;
+}
+
+static void sc_memory(void)
+{
+	if (sanitized()) {
+		printf("SKIP sv_remap memory: a sanitizer reserves the address space\n");
+		return;
+	}
+	size_t len = 64u << 20;
+	char *m = anon(len);
+	svt_fill(m, len, 71);
+	struct rlimit old, tight;
+	CHECK(getrlimit(RLIMIT_AS, &old) == 0);
+	FILE *f = fopen("/proc/self/statm", "r");
+	unsigned long vm_pages;
+	CHECK(f && fscanf(f, "%lu", &vm_pages) == 1);
+	fclose(f);
+	/* Room for the library's own allocations, not for a piece of the copy. */
+	tight = old;
+	tight.rlim_cur = vm_pages * PAGE + (8u << 20);
+	CHECK(setrlimit(RLIMIT_AS, &tight) == 0);
+	struct ibv_mr *mr = reg(m, len);
+	CHECK(setrlimit(RLIMIT_AS, &old) == 0);
+	if (moved(m, len))
+		FAIL("moved without address space for the copy");
+	check_bytes(m, len, 71, "after a move that could not be made");
+	roundtrip(mr, len - (1u << 20), 1u << 20, 72, "64 MiB MR left in place");
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	munmap(m, len);
+}
+
+static void sc_fork(void)
+{
+	size_t len = 32 * PAGE;
+	char *m = anon(len);
+	svt_fill(m, len, 81);
+	struct ibv_mr *mr = reg(m, len);
+	expect_moved(m, len, 1, "buffer");
+	int to_child[2], to_parent[2];
+	CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0);
+	pid_t c = fork();
+	CHECK(c >= 0);
+	char x;
+	if (c == 0) {
+		alarm(60);
+		check_bytes(m, len, 81, "the child's copy at fork");
+		if (moved(m, len))
+			FAIL("the child still shares the arena");
+		svt_fill(m, len, 82); /* Only the child's copy */
+		CHECK_EQ(write(to_parent[1], "w", 1), 1);
+		CHECK_EQ(read(to_child[0], &x, 1), 1); /* The parent took a peer WRITE */
+		check_bytes(m, len, 82, "the child's copy after the parent's WRITE");
+		/* A registration of the child's own: an arena of its own. */
+		struct svt_dev d2;
+		svt_open(&d2, dev);
+		char *n = anon(4 * PAGE);
+		svt_fill(n, 4 * PAGE, 83);
+		struct ibv_mr *cm = ibv_reg_mr(d2.pd, n, 4 * PAGE, SVT_ALL_ACCESS);
+		CHECK(cm);
+		expect_moved(n, 4 * PAGE, 1, "the child's own MR");
+		check_bytes(n, 4 * PAGE, 83, "the child's own MR");
+		CHECK_EQ(ibv_dereg_mr(cm), 0);
+		_exit(0);
+	}
+	CHECK_EQ(read(to_parent[0], &x, 1), 1);
+	check_bytes(m, len, 81, "the parent's memory after the child wrote its copy");
+	roundtrip(mr, 0, (uint32_t)len, 84, "the parent's MR after fork");
+	CHECK_EQ(write(to_child[1], "r", 1), 1);
+	int st;
+	CHECK(waitpid(c, &st, 0) == c);
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		FAIL("the child failed (status 0x%x)", st);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	munmap(m, len);
+}
+
+static void sc_race(void)
+{
+	size_t len = 16 * PAGE;
+	for (int round = 0; round < 20; round++) {
+		char *m = anon(len);
+		struct ibv_mr *mr = reg(m, len);
+		atomic_store(&B->stop, 0);
+		atomic_store(&B->storm_ok, 0);
+		atomic_store(&B->storm_err, 0);
+		peer_do(OP_STORM, mr, 0, 4 * PAGE, 91);
+		while (atomic_load(&B->storm_ok) < 20)
+			usleep(100);
+		CHECK_EQ(ibv_dereg_mr(mr), 0);
+		svt_fill(m, len, 92); /* The memory's next use */
+		usleep(20000);
+		atomic_store(&B->stop, 1);
+		storm_wait();
+		check_bytes(m, len, 92, "memory reused after deregistration");
+		if (B->status != IBV_WC_REM_ACCESS_ERR)
+			FAIL("the peer's WRITEs after deregistration ended with %s",
+			     ibv_wc_status_str(B->status));
+		munmap(m, len);
+		/* The peer's QP is in error now: both ends start again. */
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+		CHECK(ibv_modify_qp(QP, &a, IBV_QP_STATE) == 0);
+		struct svt_conn c = {SVT_ALL_ACCESS, 12, 14, 7, 7};
+		svt_connect(QP, B->qpn[1], B->lid[1], &c);
+		B->op = OP_RECONNECT;
+		uint32_t n = atomic_load(&B->req) + 1;
+		atomic_store(&B->req, n);
+		storm_wait();
+	}
+}
+
+static void sc_munmap(void)
+{
+	size_t len = 16 * PAGE;
+	char *m = anon(len);
+	struct ibv_mr *mr = reg(m, len);
+	expect_moved(m, len, 1, "buffer");
+	/* The application unmaps the range and gets new memory there. */
+	CHECK(munmap(m, len) == 0);
+	char *n = mmap(m, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	CHECK(n == m);
+	svt_fill(n, len, 101);
+	/* A peer still holding the key writes into the old pages, not these
+	 * (by address it could only reach the new ones, which an HCA never
+	 * would: it holds the old pages). */
+	if (remap_on)
+		CHECK_EQ(peer_do(OP_WRITE, mr, 0, PAGE, 102), IBV_WC_SUCCESS);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	check_bytes(n, len, 101, "new memory at a deregistered range's address");
+	if (moved(n, len))
+		FAIL("new memory became the arena's");
+	munmap(n, len);
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc < 2)
+		FAIL("usage: sv_remap SCENARIO [-d DEV]");
+	const char *sc = argv[1];
+	for (int i = 2; i + 1 < argc; i++)
+		if (!strcmp(argv[i], "-d"))
+			dev = argv[++i];
+	const char *r = getenv("SOFTVERBS_REMAP");
+	remap_on = !r || strcmp(r, "0");
+	if (!strcmp(sc, "race") && !remap_on) {
+		/* By address, a WRITE checked before the deregistration may still
+		 * land after it: only the arena rules that out. */
+		printf("SKIP sv_remap race: remapping is off\n");
+		return 0;
+	}
+	svt_watchdog(240);
+	B = mmap(NULL, sizeof(*B), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(B != MAP_FAILED);
+	memset(B, 0, sizeof(*B));
+	peer_pid = fork();
+	CHECK(peer_pid >= 0);
+	if (!peer_pid)
+		peer_main();
+	owner_up();
+	if (!strcmp(sc, "traffic"))
+		sc_traffic();
+	else if (!strcmp(sc, "kernel"))
+		sc_kernel();
+	else if (!strcmp(sc, "signals"))
+		sc_signals();
+	else if (!strcmp(sc, "dontneed"))
+		sc_dontneed();
+	else if (!strcmp(sc, "attrs"))
+		sc_attrs();
+	else if (!strcmp(sc, "maxmap"))
+		sc_maxmap();
+	else if (!strcmp(sc, "memory"))
+		sc_memory();
+	else if (!strcmp(sc, "fork"))
+		sc_fork();
+	else if (!strcmp(sc, "race"))
+		sc_race();
+	else if (!strcmp(sc, "munmap"))
+		sc_munmap();
+	else
+		FAIL("unknown scenario %s", sc);
+	peer_quit();
+	printf("OK sv_remap %s\n", sc);
+	return 0;
+}
