@@ -10,7 +10,7 @@ import pytest
 
 import svtest
 
-SCENARIOS = ["traffic", "kernel", "signals", "dontneed", "attrs", "maxmap", "memory",
+SCENARIOS = ["traffic", "kernel", "signals", "writers", "dontneed", "attrs", "maxmap", "memory",
              "fork", "race", "munmap"]
 
 

@@ -15,6 +15,8 @@
  *   kernel    the kernel reads and writes the moved range (read(), write())
  *   signals   a thread reading the range while it moves in and out never
  *             faults (its SIGSEGV blocked, a handler installed)
+ *   writers   threads writing the range while it moves in and out lose
+ *             nothing (their writes wait in the kernel, userfaultfd)
  *   dontneed  MADV_DONTNEED while registered keeps the contents (the
  *             memfd refills), and zero-fills again after deregistration
  *   attrs     memory with an attribute a move would lose stays in place
@@ -468,6 +470,62 @@ static void sc_signals(void)
 	munmap(reader_buf, reader_len);
 }
 
+static _Atomic int writers_done;
+static uint64_t *writers_buf;
+static size_t writers_words;
+
+/* Writer w fills its half of the words once, in order, each with its own
+ * index, pausing a little between words: a write lost in a move is never
+ * written again, so it shows. */
+static void *writer(void *arg)
+{
+	long w = (long)arg;
+	size_t half = writers_words / 2;
+	volatile uint64_t *b = writers_buf + w * half;
+	for (size_t i = 0; i < half; i++) {
+		b[i] = w * half + i + 1;
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		do /* About 5 us a word: the writes span many moves */
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+		while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 5000);
+	}
+	atomic_fetch_add(&writers_done, 1);
+	return NULL;
+}
+
+static void sc_writers(void)
+{
+	size_t len = 64 * PAGE;
+	writers_buf = anon(len);
+	writers_words = len / 8;
+	pthread_t t[2];
+	for (long w = 0; w < 2; w++)
+		CHECK(pthread_create(&t[w], NULL, writer, (void *)w) == 0);
+	int moves = 0, cycles = 0;
+	while (atomic_load(&writers_done) < 2) {
+		struct ibv_mr *mr = reg(writers_buf, len);
+		moves += moved(writers_buf, PAGE);
+		CHECK_EQ(ibv_dereg_mr(mr), 0);
+		cycles++;
+	}
+	for (int w = 0; w < 2; w++)
+		pthread_join(t[w], NULL);
+	if (remap_on && moves != cycles)
+		FAIL("the range moved %d times of %d", moves, cycles);
+	if (cycles < 10)
+		FAIL("only %d registrations while the writers ran", cycles);
+	size_t lost = 0, first = 0;
+	for (size_t i = 0; i < writers_words; i++)
+		if (writers_buf[i] != i + 1 && !lost++)
+			first = i;
+	if (lost)
+		FAIL("%zu of %zu writes lost (first: word %zu holds %llu)", lost, writers_words,
+		     first, (unsigned long long)writers_buf[first]);
+	printf("writers: %d registrations, %d moves, %zu writes\n", cycles, moves, writers_words);
+	munmap(writers_buf, len);
+}
+
 static void sc_dontneed(void)
 {
 	size_t len = 8 * PAGE;
@@ -811,6 +869,8 @@ int main(int argc, char **argv)
 		sc_kernel();
 	else if (!strcmp(sc, "signals"))
 		sc_signals();
+	else if (!strcmp(sc, "writers"))
+		sc_writers();
 	else if (!strcmp(sc, "dontneed"))
 		sc_dontneed();
 	else if (!strcmp(sc, "attrs"))

@@ -21,10 +21,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <map>
 #include <mutex>
 #include <pthread.h>
 #include <string>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -74,6 +76,111 @@ bool sys_move(void *from, size_t n, uintptr_t to)
 	return syscall(SYS_mremap, from, n, n, MREMAP_MAYMOVE | MREMAP_FIXED,
 		       reinterpret_cast<void *>(to)) != -1;
 }
+
+// ---- Holding other threads' writes while a range moves ----
+//
+// A write into the range between its copy and the mremap would land in the
+// pages being replaced and be lost.  userfaultfd's write protection makes
+// such a write wait in the kernel, without a signal, until the move is
+// done; woken, it faults again and lands in the new pages.  The descriptor
+// is opened without UFFD_USER_MODE_ONLY, so the kernel's own writes (a
+// read() into the range) wait too instead of failing with EFAULT; where
+// that is not allowed (an unprivileged user under
+// vm.unprivileged_userfaultfd=0, or a seccomp filter) nothing is moved.
+
+#ifndef UFFD_FEATURE_WP_UNPOPULATED
+#define UFFD_FEATURE_WP_UNPOPULATED (1 << 13) // Linux 6.4
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 // Linux 5.14
+#endif
+
+// What this kernel's userfaultfd offers us (0: none at all).
+uint64_t uffd_features()
+{
+	static const uint64_t f = [] {
+		int fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+		if (fd < 0)
+			return static_cast<uint64_t>(0);
+		uffdio_api api{};
+		api.api = UFFD_API;
+		uint64_t r = ioctl(fd, UFFDIO_API, &api) ? 0 : static_cast<uint64_t>(api.features);
+		close(fd);
+		return r;
+	}();
+	return f;
+}
+
+// Anonymous memory moves in, the arena's shared mapping moves back out:
+// write protection of both is needed before anything moves.
+bool writes_can_wait()
+{
+	uint64_t need = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+	return (uffd_features() & need) == need;
+}
+
+class write_hold {
+public:
+	// Write-protects [a, a + n); false (nothing held) where it cannot.
+	bool begin(uintptr_t a, size_t n)
+	{
+		uint64_t have = uffd_features();
+		uint64_t want = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_HUGETLBFS_SHMEM |
+				(have & UFFD_FEATURE_WP_UNPOPULATED);
+		if ((have & want) != want)
+			return false;
+		// Without WP_UNPOPULATED a page never touched is not protected:
+		// touch them all first (contents unchanged).
+		if (!(want & UFFD_FEATURE_WP_UNPOPULATED) &&
+		    madvise(reinterpret_cast<void *>(a), n, MADV_POPULATE_WRITE))
+			return false;
+		fd_ = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+		if (fd_ < 0)
+			return false;
+		a_ = a;
+		n_ = n;
+		uffdio_api api{};
+		api.api = UFFD_API;
+		api.features = want;
+		uffdio_register reg{};
+		reg.range = {a, n};
+		reg.mode = UFFDIO_REGISTER_MODE_WP;
+		uffdio_writeprotect wp{};
+		wp.range = {a, n};
+		wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+		if (ioctl(fd_, UFFDIO_API, &api) || ioctl(fd_, UFFDIO_REGISTER, &reg) ||
+		    ioctl(fd_, UFFDIO_WRITEPROTECT, &wp)) {
+			close(fd_); // Unregisters whatever was registered
+			fd_ = -1;
+			return false;
+		}
+		return true;
+	}
+
+	// Lets the writers go: they fault again on whatever is mapped now.
+	void end(bool moved)
+	{
+		if (fd_ < 0)
+			return;
+		if (!moved) {
+			uffdio_writeprotect wp{};
+			wp.range = {a_, n_};
+			wp.mode = 0; // Unprotect (and wake)
+			ioctl(fd_, UFFDIO_WRITEPROTECT, &wp);
+		}
+		uffdio_range r{a_, n_};
+		ioctl(fd_, UFFDIO_WAKE, &r);
+		close(fd_); // Wakes any left, unregisters what is still registered
+		fd_ = -1;
+	}
+
+	~write_hold() { end(false); }
+
+private:
+	int fd_ = -1;
+	uintptr_t a_ = 0;
+	size_t n_ = 0;
+};
 
 struct vma {
 	uintptr_t start, end;
@@ -234,8 +341,12 @@ bool arena_locked()
 // protection prot and moves that onto addr, piece by piece.  Reads the
 // arena through a mapping of its own, so a range the application made
 // unreadable copies all the same.
-bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot)
+bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot, bool hold = true)
 {
+	// Our own writers wait (best effort: where the hold cannot be had the
+	// range is copied back all the same, as it must be).
+	write_hold h;
+	bool held = hold && h.begin(addr, n);
 	for (size_t done = 0; done < n;) {
 		size_t k = std::min(kPiece, n - done);
 		void *src = sys_mmap(nullptr, k, PROT_READ, MAP_SHARED, g_fd, off + done);
@@ -253,10 +364,12 @@ bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot)
 			syscall(SYS_mprotect, dst, k, prot);
 		if (!sys_move(dst, k, addr + done)) {
 			sys_munmap(dst, k);
+			h.end(false);
 			return false;
 		}
 		done += k;
 	}
+	h.end(held);
 	return true;
 }
 
@@ -264,7 +377,7 @@ bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot)
 // at its own offset back into private anonymous memory.  Parts the
 // application unmapped or mapped over are left alone: they are no longer
 // the block's.
-void restore(uintptr_t addr, const block &b)
+void restore(uintptr_t addr, const block &b, bool hold = true)
 {
 	std::vector<vma> vs;
 	size_t count;
@@ -277,7 +390,7 @@ void restore(uintptr_t addr, const block &b)
 		uintptr_t e = std::min(v.end, addr + b.len);
 		if (v.off + (s - v.start) != b.off + (s - addr))
 			continue;
-		copy_back(s, e - s, b.off + (s - addr), v.prot);
+		copy_back(s, e - s, b.off + (s - addr), v.prot, hold);
 	}
 }
 
@@ -305,7 +418,7 @@ void on_fork_child()
 {
 	if (g_fd >= 0) {
 		for (const auto &[addr, b] : g_blocks)
-			restore(addr, b);
+			restore(addr, b, false); // Only this thread is left
 		close(g_fd);
 	}
 	g_blocks.clear();
@@ -338,6 +451,9 @@ bool still_arena(uintptr_t a, size_t n, uint64_t off)
 // Moves [addr, addr + len) (anonymous, checked) onto arena [off, ...).
 bool move_in(uintptr_t addr, size_t len, uint64_t off)
 {
+	write_hold h;
+	if (!h.begin(addr, len))
+		return false;
 	size_t done = 0;
 	while (done < len) {
 		size_t k = std::min(kPiece, len - done);
@@ -355,11 +471,16 @@ bool move_in(uintptr_t addr, size_t len, uint64_t off)
 		}
 		done += k;
 	}
-	if (done == len)
+	if (done == len) {
+		h.end(true);
 		return true;
-	// Undo the pieces already moved.
-	if (done && !copy_back(addr, done, off, PROT_READ | PROT_WRITE))
+	}
+	// Undo the pieces already moved (the rest is still held).
+	if (done && !copy_back(addr, done, off, PROT_READ | PROT_WRITE)) {
+		h.end(false);
 		return false; // Still the arena's: contents intact, left as they are
+	}
+	h.end(false);
 	punch(off, len);
 	return false;
 }
@@ -419,7 +540,7 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off)
 	size_t limit = max_map_count();
 	if (count + 4 + len / kPiece > limit - limit / kMapHeadroomDiv)
 		return false;
-	if (!plain_flags(addr, addr + len) || !arena_locked())
+	if (!writes_can_wait() || !plain_flags(addr, addr + len) || !arena_locked())
 		return false;
 	uint64_t o = g_next;
 	if (ftruncate(g_fd, static_cast<off_t>(o + len)))
