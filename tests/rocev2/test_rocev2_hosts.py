@@ -117,12 +117,27 @@ PERFTEST = [
 ]
 
 
+def perftest_pair(pair, argv, timeout, env=None):
+    """A perftest server on host a and its client on host b.  perftest
+    calibrates its cycle counter against gettimeofday by a linear fit and,
+    on a loaded 2-core machine, can find r^2 under 0.9: it then prints
+    "Can't produce a report" and exits 1 after the traffic ran.  That is the
+    tool's clock, not the device: the pair runs again, at most twice, for
+    that message only (as pyverbs-tests/test_perftest.py does)."""
+    for _ in range(3):
+        rs, so, rc, co = hosts.pair_run(pair.a, pair.b, argv, argv + [pair.a.addr],
+                                        timeout=timeout, env=env)
+        if "Correlation coefficient r^2" not in so + co:
+            break
+    return rs, so, rc, co
+
+
 @pytest.mark.parametrize("tool,args", PERFTEST,
                          ids=[t + ("-large" if "-s" in a else "") for t, a in PERFTEST])
 def test_perftest(pair, tool, args):
     port = str(19000 + os.getpid() % 1000)
     argv = [tool, "-d", "loop0", "-p", port] + args
-    rs, so, rc, co = hosts.pair_run(pair.a, pair.b, argv, argv + [pair.a.addr], timeout=90)
+    rs, so, rc, co = perftest_pair(pair, argv, timeout=90)
     assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
     # The result line: a number of bytes, the iterations, then figures.
     assert re.search(r"^\s*\d+\s+\d+\s+[\d.]+", co, re.M), co
@@ -139,8 +154,7 @@ def test_perftest_under_loss(pair, tool, args):
     # wire_check tests below do, under the same loss.
     port = str(27000 + os.getpid() % 1000)
     argv = [tool, "-d", "loop0", "-p", port, "-u", "13"] + args
-    rs, so, rc, co = hosts.pair_run(pair.a, pair.b, argv, argv + [pair.a.addr], timeout=150,
-                                    env={"SOFTVERBS_ROCEV2_DROP": "1"})
+    rs, so, rc, co = perftest_pair(pair, argv, timeout=150, env={"SOFTVERBS_ROCEV2_DROP": "1"})
     assert rs == 0 and rc == 0, f"server rc={rs}:\n{so}\nclient rc={rc}:\n{co}"
     assert re.search(r"^\s*\d+\s+\d+\s+[\d.]+", co, re.M), co
 
