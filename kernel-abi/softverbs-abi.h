@@ -265,7 +265,10 @@ struct sv_mr_rec {
 	uint8_t page_shift;  /* Block lists: log2 of the block size */
 	uint8_t flags;	     /* enum sv_mr_flags */
 	uint16_t max_pages;  /* FRMR keys: block-list capacity (0: 65536) */
-	uint32_t reserved[2];
+	uint64_t fd_ino;     /* FD and mapped MRs: inode of fd's file (0: not
+			      * known); a peer checks the descriptor it took
+			      * is that file, in case the owner's fd number was
+			      * closed and reused for another */
 };
 SV_STATIC_ASSERT(sizeof(struct sv_mr_rec) == 96, "MR record size");
 

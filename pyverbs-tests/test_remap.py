@@ -11,7 +11,7 @@ import pytest
 import svtest
 
 SCENARIOS = ["traffic", "kernel", "signals", "writers", "dontneed", "attrs", "maxmap", "memory",
-             "fork", "race", "munmap"]
+             "fork", "race", "closedfd", "munmap"]
 
 
 @pytest.fixture
@@ -32,8 +32,8 @@ def test_remap_hazard(remap, env, scenario, setting):
     assert p.returncode == 0, text
     if f"SKIP sv_remap {scenario}" in p.stdout:
         # Only where the machine or the setting rules the scenario out.
-        assert scenario in ("maxmap", "memory", "race"), text
-        if scenario == "race":
+        assert scenario in ("maxmap", "memory", "race", "closedfd"), text
+        if scenario in ("race", "closedfd"):
             assert setting == "off", text
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert f"OK sv_remap {scenario}" in p.stdout, text

@@ -29,6 +29,9 @@
  *             its own registrations an arena of their own
  *   race      a peer WRITEing while the owner deregisters and reuses the
  *             memory never corrupts it; its WRITEs fail after
+ *   closedfd  the application closes the arena's descriptor and opens a
+ *             file of its own under the same number: peers never write
+ *             into that file, and the library never punches it
  *   munmap    a range unmapped and mapped anew before deregistration (as
  *             UCX does) keeps the new contents
  *
@@ -814,6 +817,70 @@ static void sc_race(void)
 	}
 }
 
+/* The descriptor of this process's arena, or -1. */
+static int arena_fd(void)
+{
+	for (int fd = 3; fd < 1024; fd++) {
+		char link[64], target[256];
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(link, target, sizeof(target) - 1);
+		if (n <= 0)
+			continue;
+		target[n] = 0;
+		if (strstr(target, "memfd:softverbs-mr"))
+			return fd;
+	}
+	return -1;
+}
+
+static void sc_closedfd(void)
+{
+	if (!remap_on) {
+		printf("SKIP sv_remap closedfd: remapping is off (no arena)\n");
+		return;
+	}
+	size_t len = 16 * PAGE;
+	char *m = anon(len);
+	svt_fill(m, len, 111);
+	struct ibv_mr *mr = reg(m, len);
+	expect_moved(m, len, 1, "buffer");
+	int afd = arena_fd();
+	CHECK(afd >= 0);
+	/* A file of the application's own, under the arena's number. */
+	char path[] = "/tmp/sv_remap_fd.XXXXXX";
+	int f = mkstemp(path);
+	CHECK(f >= 0);
+	unlink(path);
+	char *want = malloc(len);
+	CHECK(want);
+	svt_fill(want, len, 112);
+	CHECK_EQ(write(f, want, len), (long long)len);
+	CHECK(close(afd) == 0);
+	CHECK(dup2(f, afd) == afd);
+	close(f);
+	/* The peer's WRITE reaches the buffer (by address), not the file. */
+	roundtrip(mr, 0, (uint32_t)len, 113, "MR whose arena descriptor was closed");
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	check_bytes(m, len, 114, "contents after deregistration without the arena's descriptor");
+	char *got = malloc(len);
+	CHECK(got);
+	CHECK_EQ(pread(afd, got, len, 0), (long long)len);
+	if (memcmp(got, want, len))
+		FAIL("the application's file under the arena's old descriptor changed");
+	/* A new registration starts a new arena. */
+	mr = reg(m, len);
+	expect_moved(m, len, 1, "buffer after the arena's descriptor was lost");
+	roundtrip(mr, 0, 64, 115, "MR in the new arena");
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	CHECK_EQ(pread(afd, got, len, 0), (long long)len);
+	if (memcmp(got, want, len))
+		FAIL("the application's file changed");
+	close(afd);
+	free(want);
+	free(got);
+	munmap(m, len);
+}
+
 static void sc_munmap(void)
 {
 	size_t len = 16 * PAGE;
@@ -883,6 +950,8 @@ int main(int argc, char **argv)
 		sc_fork();
 	else if (!strcmp(sc, "race"))
 		sc_race();
+	else if (!strcmp(sc, "closedfd"))
+		sc_closedfd();
 	else if (!strcmp(sc, "munmap"))
 		sc_munmap();
 	else

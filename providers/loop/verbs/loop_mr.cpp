@@ -90,6 +90,7 @@ struct mr_init {
 	uint8_t flags = 0;
 	int32_t fd = -1;
 	uint64_t fd_offset = 0;
+	uint64_t fd_ino = 0;
 	uint16_t max_pages = 0;
 };
 
@@ -130,6 +131,7 @@ int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 		m.bound_mws = 0;
 		m.fd_offset = in.fd_offset;
 		m.fd = in.fd;
+		m.fd_ino = in.fd_ino;
 		m.cookie = random_cookie();
 		m.npages = 0;
 		m.page_shift = 0;
@@ -419,13 +421,14 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 	if (implicit)
 		in.iova = 0;
 	int fd;
-	uint64_t off;
-	if (!odp && remap_acquire(in.addr, length, fd, off)) {
+	uint64_t off, ino;
+	if (!odp && remap_acquire(in.addr, length, fd, off, ino)) {
 		mr->remap_addr = in.addr;
 		mr->remap_len = length;
 		in.flags |= SV_MR_MAPPED;
 		in.fd = fd;
 		in.fd_offset = off;
+		in.fd_ino = ino;
 	}
 	return publish_new_mr(pd, mr, in, IBV_MR_TYPE_MR, access);
 }
@@ -544,6 +547,7 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 		// the arena below (a new translation is not moved).
 		m.flags = static_cast<uint8_t>(m.flags & ~SV_MR_MAPPED);
 		m.fd = -1;
+		m.fd_ino = 0;
 	}
 	m.cookie = random_cookie();
 	// The keys stay as they were, as on mlx5: peers that hold the rkey keep
@@ -560,6 +564,12 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 // ---- fd-backed MRs ----
 
 namespace {
+
+uint64_t fd_inode(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) ? 0 : static_cast<uint64_t>(st.st_ino);
+}
 
 // Checks and maps [offset, offset + length) of fd; fills mr's fd and map.
 int map_fd(loop_mr *mr, int fd, int fd_type, uint64_t offset, size_t length, int access)
@@ -624,6 +634,7 @@ ibv_mr *loop_reg_mr_fd(ibv_pd *pd, int fd, int fd_type, uint64_t offset, size_t 
 	in.kind = SV_MR_KIND_FD;
 	in.fd = mr->fd;
 	in.fd_offset = offset;
+	in.fd_ino = fd_inode(mr->fd);
 	return publish_new_mr(pd, mr, in, IBV_MR_TYPE_DMABUF_MR, access);
 }
 
@@ -691,6 +702,7 @@ int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, u
 			m.addr = reinterpret_cast<uintptr_t>(fresh.map) + (offset & (page - 1));
 			m.fd = fresh.fd;
 			m.fd_offset = offset;
+			m.fd_ino = fd_inode(fresh.fd);
 		}
 		m.cookie = random_cookie();
 		mr_state(m).store(SV_MR_VALID, std::memory_order_release);

@@ -50,6 +50,8 @@ struct block {
 	size_t len;
 	uint64_t off;  // In the arena
 	uint32_t refs; // MRs on it
+	dev_t dev;     // The arena it is in (a closed arena's blocks stay)
+	ino_t ino;
 };
 
 std::mutex g_lock; // Also held across fork (see on_fork_*)
@@ -315,10 +317,20 @@ size_t max_map_count()
 	return v;
 }
 
+// Whether g_fd is still the arena: an application may close descriptors
+// it did not open (a daemon closing everything above 2) and get the number
+// back for a file of its own, which must never be punched or mapped.
+bool arena_fd_ours()
+{
+	struct stat st;
+	return g_fd >= 0 && !fstat(g_fd, &st) && st.st_dev == g_dev && st.st_ino == g_ino;
+}
+
 bool arena_locked()
 {
-	if (g_fd >= 0)
+	if (arena_fd_ours())
 		return true;
+	g_fd = -1; // Closed under us: its blocks stay, read through their ranges
 	int fd = static_cast<int>(
 		syscall(SYS_memfd_create, "softverbs-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING));
 	if (fd < 0)
@@ -341,7 +353,7 @@ bool arena_locked()
 // protection prot and moves that onto addr, piece by piece.  Reads the
 // arena through a mapping of its own, so a range the application made
 // unreadable copies all the same.
-bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot, bool hold = true)
+bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot, int fd, bool hold = true)
 {
 	// Our own writers wait (best effort: where the hold cannot be had the
 	// range is copied back all the same, as it must be).
@@ -349,17 +361,23 @@ bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot, bool hold = tru
 	bool held = hold && h.begin(addr, n);
 	for (size_t done = 0; done < n;) {
 		size_t k = std::min(kPiece, n - done);
-		void *src = sys_mmap(nullptr, k, PROT_READ, MAP_SHARED, g_fd, off + done);
+		// Without the arena's descriptor, the range itself is the source
+		// (it maps the arena, checked by the caller), if readable.
+		void *src = fd >= 0 ? sys_mmap(nullptr, k, PROT_READ, MAP_SHARED, fd, off + done)
+			  : (prot & PROT_READ) ? reinterpret_cast<void *>(addr + done)
+					       : MAP_FAILED;
 		if (src == MAP_FAILED)
 			return false;
 		void *dst = sys_mmap(nullptr, k, PROT_READ | PROT_WRITE,
 				     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (dst == MAP_FAILED) {
-			sys_munmap(src, k);
+			if (fd >= 0)
+				sys_munmap(src, k);
 			return false;
 		}
 		memcpy(dst, src, k);
-		sys_munmap(src, k);
+		if (fd >= 0)
+			sys_munmap(src, k);
 		if (prot != (PROT_READ | PROT_WRITE))
 			syscall(SYS_mprotect, dst, k, prot);
 		if (!sys_move(dst, k, addr + done)) {
@@ -383,21 +401,24 @@ void restore(uintptr_t addr, const block &b, bool hold = true)
 	size_t count;
 	if (!read_maps(addr, addr + b.len, vs, count))
 		return;
+	int fd = arena_fd_ours() && g_dev == b.dev && g_ino == b.ino ? g_fd : -1;
 	for (const vma &v : vs) {
-		if (!v.shared || v.dev != g_dev || v.ino != g_ino)
+		if (!v.shared || v.dev != b.dev || v.ino != b.ino)
 			continue;
 		uintptr_t s = std::max(v.start, addr);
 		uintptr_t e = std::min(v.end, addr + b.len);
 		if (v.off + (s - v.start) != b.off + (s - addr))
 			continue;
-		copy_back(s, e - s, b.off + (s - addr), v.prot, hold);
+		copy_back(s, e - s, b.off + (s - addr), v.prot, fd, hold);
 	}
 }
 
-void punch(uint64_t off, size_t len)
+void punch(const block &b)
 {
-	fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
-		  static_cast<off_t>(len));
+	if (!arena_fd_ours() || g_dev != b.dev || g_ino != b.ino)
+		return; // That arena is gone (its pages went with it)
+	fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(b.off),
+		  static_cast<off_t>(b.len));
 }
 
 // Fork: rdma-core's copy-on-fork (IBV_FORK_UNNEEDED) gives the child a
@@ -416,11 +437,10 @@ void on_fork_parent()
 
 void on_fork_child()
 {
-	if (g_fd >= 0) {
-		for (const auto &[addr, b] : g_blocks)
-			restore(addr, b, false); // Only this thread is left
+	for (const auto &[addr, b] : g_blocks)
+		restore(addr, b, false); // Only this thread is left
+	if (arena_fd_ours())
 		close(g_fd);
-	}
 	g_blocks.clear();
 	g_fd = -1;
 	g_lock.unlock();
@@ -429,7 +449,7 @@ void on_fork_child()
 // Whether [a, a + n) is one block's, at the block's offsets, right now:
 // an application may have unmapped a registered range and mapped new
 // memory there (UCX deregisters after the munmap it intercepts).
-bool still_arena(uintptr_t a, size_t n, uint64_t off)
+bool still_arena(uintptr_t a, size_t n, uint64_t off, const block &b)
 {
 	std::vector<vma> vs;
 	size_t count;
@@ -437,7 +457,7 @@ bool still_arena(uintptr_t a, size_t n, uint64_t off)
 		return false;
 	uintptr_t at = a;
 	for (const vma &v : vs) {
-		if (v.start > at || !v.shared || v.dev != g_dev || v.ino != g_ino ||
+		if (v.start > at || !v.shared || v.dev != b.dev || v.ino != b.ino ||
 		    v.off + (at - v.start) != off + (at - a) ||
 		    (v.prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE))
 			return false;
@@ -476,12 +496,12 @@ bool move_in(uintptr_t addr, size_t len, uint64_t off)
 		return true;
 	}
 	// Undo the pieces already moved (the rest is still held).
-	if (done && !copy_back(addr, done, off, PROT_READ | PROT_WRITE)) {
+	if (done && !copy_back(addr, done, off, PROT_READ | PROT_WRITE, g_fd)) {
 		h.end(false);
 		return false; // Still the arena's: contents intact, left as they are
 	}
 	h.end(false);
-	punch(off, len);
+	punch(block{len, off, 0, g_dev, g_ino});
 	return false;
 }
 
@@ -496,7 +516,7 @@ bool remap_enabled()
 	return on;
 }
 
-bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off)
+bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t &ino)
 {
 	uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
 	if (!remap_enabled() || !len || (addr & (page - 1)) || (len & (page - 1)) ||
@@ -513,12 +533,16 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off)
 		if (prev->first + prev->second.len > addr) {
 			if (addr + len > prev->first + prev->second.len)
 				return false;
-			uint64_t o = prev->second.off + (addr - prev->first);
-			if (!still_arena(addr, len, o))
+			block &b = prev->second;
+			uint64_t o = b.off + (addr - prev->first);
+			// Only through the arena's own descriptor (peers take it).
+			if (!arena_fd_ours() || b.dev != g_dev || b.ino != g_ino ||
+			    !still_arena(addr, len, o, b))
 				return false;
-			prev->second.refs++;
+			b.refs++;
 			fd = g_fd;
 			off = o;
+			ino = static_cast<uint64_t>(g_ino);
 			return true;
 		}
 	}
@@ -548,15 +572,17 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off)
 	g_next = o + len;
 	if (!move_in(addr, len, o))
 		return false;
+	block nb{len, o, 1, g_dev, g_ino};
 	try {
-		g_blocks.emplace(addr, block{len, o, 1});
+		g_blocks.emplace(addr, nb);
 	} catch (...) {
-		copy_back(addr, len, o, PROT_READ | PROT_WRITE);
-		punch(o, len);
+		copy_back(addr, len, o, PROT_READ | PROT_WRITE, g_fd);
+		punch(nb);
 		return false;
 	}
 	fd = g_fd;
 	off = o;
+	ino = static_cast<uint64_t>(g_ino);
 	return true;
 }
 
@@ -571,7 +597,7 @@ void remap_release(uintptr_t addr, size_t len)
 	if (addr < it->first || addr + len > it->first + b.len || --b.refs)
 		return;
 	restore(it->first, b);
-	punch(b.off, b.len);
+	punch(b);
 	g_blocks.erase(it);
 }
 

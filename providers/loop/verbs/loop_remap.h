@@ -18,9 +18,9 @@ bool remap_enabled();
 // earlier registration that holds the whole range.  Only page-aligned
 // ranges of private anonymous memory (heap or mmap) whose mappings carry
 // no attribute a move would lose qualify.  Returns true with the arena's
-// descriptor and the range's offset in it; false leaves the memory as it
-// was (the MR then uses cross-memory attach).
-bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off);
+// descriptor, the range's offset in it and the arena's inode; false leaves
+// the memory as it was (the MR then uses cross-memory attach).
+bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t &ino);
 
 // Drops a hold taken by remap_acquire; the last one copies the range back
 // into private anonymous memory (where it is still the arena's) and frees

@@ -85,6 +85,13 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 			return nullptr;
 		pid_t pid = static_cast<pid_t>(fab.reg()->leases[c.owner_lease].pid);
 		int fd = open_peer_fd(pid, c.fd);
+		struct stat st;
+		if (fd >= 0 && c.fd_ino && (fstat(fd, &st) || static_cast<uint64_t>(st.st_ino) != c.fd_ino)) {
+			// The owner's descriptor number now names another file (the
+			// application closed ours and opened something else).
+			close(fd);
+			fd = -1;
+		}
 		if (fd < 0) {
 			// A remapped plain MR is reachable by its addresses too:
 			// remember the refusal rather than ask on every access.
