@@ -29,6 +29,11 @@
  *             its own registrations an arena of their own
  *   race      a peer WRITEing while the owner deregisters and reuses the
  *             memory never corrupts it; its WRITEs fail after
+ *   mremap    a registered range moved and grown with mremap, and glibc's
+ *             realloc of a registered chunk: bytes follow, the grown part
+ *             reads zeros, no other MR is touched
+ *   sighandler  a signal handler writing into the range while this thread
+ *             moves it (the thread's signals wait, not the handler)
  *   closedfd  the application closes the arena's descriptor and opens a
  *             file of its own under the same number: peers never write
  *             into that file, and the library never punches it
@@ -45,6 +50,7 @@
 #include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -781,6 +787,119 @@ static void sc_fork(void)
 		FAIL("the child failed (status 0x%x)", st);
 	CHECK_EQ(ibv_dereg_mr(mr), 0);
 	munmap(m, len);
+
+	/* The child's copy is the memory at fork, even when the parent
+	 * writes it at once and deregisters it. */
+	size_t big = 64u << 20;
+	char *g = anon(big);
+	svt_fill(g, big, 86);
+	mr = reg(g, big);
+	expect_moved(g, big, 1, "64 MiB buffer");
+	c = fork();
+	CHECK(c >= 0);
+	if (c == 0) {
+		alarm(60);
+		check_bytes(g, big, 86, "the child's copy of 64 MiB at fork");
+		_exit(0);
+	}
+	memset(g, 0x5a, big); /* While the child looks at its copy */
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	CHECK(waitpid(c, &st, 0) == c);
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		FAIL("the child's copy of 64 MiB changed after fork (status 0x%x)", st);
+	munmap(g, big);
+}
+
+/* The application moves and grows a registered range with mremap (glibc's
+ * realloc of a large chunk does): its bytes follow it, the grown part
+ * reads as zeros, another MR's bytes are never touched, and deregistration
+ * keeps all of it. */
+static void sc_mremap(void)
+{
+	size_t len = 1u << 20;
+	char *a = anon(len), *b = anon(len);
+	svt_fill(a, len, 121);
+	svt_fill(b, len, 122);
+	struct ibv_mr *ma = reg(a, len), *mb = reg(b, len);
+	expect_moved(a, len, 1, "first buffer");
+	expect_moved(b, len, 1, "second buffer");
+	/* Grown in place where there is room, else moved: either way. */
+	char *g = mremap(a, len, 4 * len, MREMAP_MAYMOVE);
+	CHECK(g != MAP_FAILED);
+	check_bytes(g, len, 121, "the range after mremap");
+	for (size_t i = len; i < 4 * len; i += 512)
+		if (g[i])
+			FAIL("the grown part holds byte 0x%02x at %zu, not zero", g[i], i);
+	memset(g + len, 0x77, 3 * len); /* Writes into the grown part */
+	check_bytes(b, len, 122, "another MR after the first one's mremap");
+	CHECK_EQ(peer_do(OP_READ, mb, 0, (uint32_t)len, 122), IBV_WC_SUCCESS);
+	CHECK_EQ(ibv_dereg_mr(ma), 0);
+	check_bytes(g, len, 121, "the moved range after deregistration");
+	for (size_t i = len; i < 4 * len; i += 512)
+		if ((unsigned char)g[i] != 0x77)
+			FAIL("the grown part lost a write at %zu after deregistration", i);
+	if (moved(g, 4 * len))
+		FAIL("the moved range is still the arena's after deregistration");
+	CHECK_EQ(ibv_dereg_mr(mb), 0);
+	check_bytes(b, len, 122, "the second buffer after deregistration");
+	munmap(g, 4 * len);
+	munmap(b, len);
+
+	/* glibc's realloc of a registered mmap'd chunk, registered with its
+	 * pages (as UCX's registration cache does). */
+	size_t n = 1u << 20;
+	char *r = malloc(n);
+	CHECK(r);
+	svt_fill(r, n, 123);
+	uintptr_t lo = (uintptr_t)r & ~(uintptr_t)(PAGE - 1);
+	uintptr_t hi = ((uintptr_t)r + n + PAGE - 1) & ~(uintptr_t)(PAGE - 1);
+	struct ibv_mr *mr = reg((void *)lo, hi - lo);
+	char *r2 = realloc(r, 4 * n);
+	CHECK(r2);
+	check_bytes(r2, n, 123, "a registered buffer after realloc");
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	check_bytes(r2, n, 123, "a realloc'd buffer after deregistration");
+	free(r2);
+}
+
+static volatile sig_atomic_t ticks;
+static volatile uint64_t *tick_word;
+
+static void on_tick(int sig)
+{
+	(void)sig;
+	ticks++;
+	(*tick_word)++; /* Into the range being moved */
+}
+
+/* A signal handler that writes into the range while this thread moves it
+ * must not wait for itself. */
+static void sc_sighandler(void)
+{
+	size_t len = 32u << 20;
+	char *m = anon(len);
+	tick_word = (volatile uint64_t *)(m + len / 2);
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_tick;
+	sa.sa_flags = SA_RESTART;
+	CHECK(sigaction(SIGALRM, &sa, NULL) == 0);
+	struct itimerval it = {{0, 200}, {0, 200}};
+	CHECK(setitimer(ITIMER_REAL, &it, NULL) == 0);
+	for (int i = 0; i < 20; i++) {
+		struct ibv_mr *mr = reg(m, len);
+		CHECK_EQ(ibv_dereg_mr(mr), 0);
+	}
+	struct itimerval off = {{0, 0}, {0, 0}};
+	setitimer(ITIMER_REAL, &off, NULL);
+	signal(SIGALRM, SIG_DFL);
+	svt_watchdog(240);
+	if ((uint64_t)ticks != *tick_word)
+		FAIL("%ld ticks, the word in the range counted %llu", (long)ticks,
+		     (unsigned long long)*tick_word);
+	if (ticks < 5)
+		FAIL("only %ld ticks", (long)ticks);
+	munmap(m, len);
 }
 
 static void sc_race(void)
@@ -950,6 +1069,10 @@ int main(int argc, char **argv)
 		sc_fork();
 	else if (!strcmp(sc, "race"))
 		sc_race();
+	else if (!strcmp(sc, "mremap"))
+		sc_mremap();
+	else if (!strcmp(sc, "sighandler"))
+		sc_sighandler();
 	else if (!strcmp(sc, "closedfd"))
 		sc_closedfd();
 	else if (!strcmp(sc, "munmap"))

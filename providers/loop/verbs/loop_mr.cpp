@@ -499,6 +499,11 @@ int loop_dereg_mr(verbs_mr *vmr)
 	return 0;
 }
 
+namespace {
+int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd, void *addr,
+		 size_t length, int access, bool odp);
+} // namespace
+
 int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t length, int access)
 {
 	loop_mr *mr = to_loop_mr(&vmr->ibv_mr);
@@ -523,6 +528,22 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 		if (!odp && !range_mapped(reinterpret_cast<uintptr_t>(addr), length))
 			return EFAULT;
 	}
+	int err = rereg_locked(fab, mr, vmr, flags, pd, addr, length, access, odp);
+	// The old range leaves the arena after the registry's lock is let go:
+	// the copy takes time, and the lock is every process's.
+	if (!err && (flags & IBV_REREG_MR_CHANGE_TRANSLATION) && mr->remap_len) {
+		remap_release(mr->remap_addr, mr->remap_len);
+		mr->remap_addr = 0;
+		mr->remap_len = 0;
+	}
+	return err;
+}
+
+namespace {
+
+int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd, void *addr,
+		 size_t length, int access, bool odp)
+{
 	registry_guard g(fab);
 	sv_mr_rec &m = fab.reg()->mrs[mr->slot];
 	if (m.bound_mws && (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD)))
@@ -553,13 +574,10 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 	// The keys stay as they were, as on mlx5: peers that hold the rkey keep
 	// using it against the new translation and rights.
 	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
-	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && mr->remap_len) {
-		remap_release(mr->remap_addr, mr->remap_len);
-		mr->remap_addr = 0;
-		mr->remap_len = 0;
-	}
 	return 0;
 }
+
+} // namespace
 
 // ---- fd-backed MRs ----
 

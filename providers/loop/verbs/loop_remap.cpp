@@ -25,8 +25,10 @@
 #include <map>
 #include <mutex>
 #include <pthread.h>
+#include <csignal>
 #include <string>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -45,10 +47,17 @@ constexpr size_t kPiece = 16u << 20;
 // lies in); it is refused unless the process stays this far below
 // vm.max_map_count.
 constexpr size_t kMapHeadroomDiv = 8; // An eighth of the limit
+// Each block owns a window of the arena this much longer than itself, all
+// holes: an application that grows the range with mremap (realloc does)
+// maps further offsets of the file, which must read as zeros, as grown
+// anonymous memory does, and never be another block's.
+constexpr uint64_t kWindowSlack = 1ULL << 36; // 64 GiB of offsets
+constexpr uint64_t kArenaMax = 1ULL << 62;
 
 struct block {
 	size_t len;
 	uint64_t off;  // In the arena
+	uint64_t win;  // Its window of offsets: [off, off + win)
 	uint32_t refs; // MRs on it
 	dev_t dev;     // The arena it is in (a closed arena's blocks stay)
 	ino_t ino;
@@ -124,6 +133,8 @@ bool writes_can_wait()
 class write_hold {
 public:
 	// Write-protects [a, a + n); false (nothing held) where it cannot.
+	// The calling thread's signals are blocked meanwhile: a handler that
+	// wrote into the range would wait for a wake only this thread can give.
 	bool begin(uintptr_t a, size_t n)
 	{
 		uint64_t have = uffd_features();
@@ -139,6 +150,9 @@ public:
 		fd_ = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
 		if (fd_ < 0)
 			return false;
+		sigset_t all;
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &old_);
 		a_ = a;
 		n_ = n;
 		uffdio_api api{};
@@ -154,6 +168,7 @@ public:
 		    ioctl(fd_, UFFDIO_WRITEPROTECT, &wp)) {
 			close(fd_); // Unregisters whatever was registered
 			fd_ = -1;
+			pthread_sigmask(SIG_SETMASK, &old_, nullptr);
 			return false;
 		}
 		return true;
@@ -174,6 +189,7 @@ public:
 		ioctl(fd_, UFFDIO_WAKE, &r);
 		close(fd_); // Wakes any left, unregisters what is still registered
 		fd_ = -1;
+		pthread_sigmask(SIG_SETMASK, &old_, nullptr);
 	}
 
 	~write_hold() { end(false); }
@@ -182,6 +198,7 @@ private:
 	int fd_ = -1;
 	uintptr_t a_ = 0;
 	size_t n_ = 0;
+	sigset_t old_;
 };
 
 struct vma {
@@ -395,22 +412,43 @@ bool copy_back(uintptr_t addr, size_t n, uint64_t off, int prot, int fd, bool ho
 // at its own offset back into private anonymous memory.  Parts the
 // application unmapped or mapped over are left alone: they are no longer
 // the block's.
-void restore(uintptr_t addr, const block &b, bool hold = true)
+// The parts of the process's mappings that map the block's window of the
+// arena, wherever they are now: at the range, or where the application
+// moved or grew it with mremap.
+struct part {
+	uintptr_t at;
+	size_t len;
+	uint64_t off;
+	int prot;
+};
+
+void parts_of(const block &b, const std::vector<vma> &all, std::vector<part> &out)
 {
-	std::vector<vma> vs;
-	size_t count;
-	if (!read_maps(addr, addr + b.len, vs, count))
-		return;
-	int fd = arena_fd_ours() && g_dev == b.dev && g_ino == b.ino ? g_fd : -1;
-	for (const vma &v : vs) {
+	for (const vma &v : all) {
 		if (!v.shared || v.dev != b.dev || v.ino != b.ino)
 			continue;
-		uintptr_t s = std::max(v.start, addr);
-		uintptr_t e = std::min(v.end, addr + b.len);
-		if (v.off + (s - v.start) != b.off + (s - addr))
+		uint64_t vo = v.off, ve = v.off + (v.end - v.start);
+		uint64_t lo = std::max(vo, b.off), hi = std::min(ve, b.off + b.win);
+		if (lo >= hi)
 			continue;
-		copy_back(s, e - s, b.off + (s - addr), v.prot, fd, hold);
+		out.push_back({v.start + (lo - vo), hi - lo, lo, v.prot});
 	}
+}
+
+// Puts every mapping of the block's window back into private anonymous
+// memory at the address it has now.  Parts the application unmapped are
+// gone already; a range it mapped anew over the block's is not the block's.
+void restore(const block &b, bool hold = true)
+{
+	std::vector<vma> all;
+	std::vector<part> ps;
+	size_t count;
+	if (!read_maps(0, UINTPTR_MAX, all, count))
+		return;
+	parts_of(b, all, ps);
+	int fd = arena_fd_ours() && g_dev == b.dev && g_ino == b.ino ? g_fd : -1;
+	for (const part &p : ps)
+		copy_back(p.at, p.len, p.off, p.prot, fd, hold);
 }
 
 void punch(const block &b)
@@ -418,29 +456,90 @@ void punch(const block &b)
 	if (!arena_fd_ours() || g_dev != b.dev || g_ino != b.ino)
 		return; // That arena is gone (its pages went with it)
 	fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(b.off),
-		  static_cast<off_t>(b.len));
+		  static_cast<off_t>(b.win));
 }
 
 // Fork: rdma-core's copy-on-fork (IBV_FORK_UNNEEDED) gives the child a
-// private copy of registered memory.  The child's handler turns every
-// block into private anonymous memory again and forgets the arena: the
-// child's registrations start an arena of their own.
+// private copy of registered memory, as it was at fork (the kernel copies
+// pinned pages in fork for a real HCA).  The parent snapshots every
+// mapping of every block into private anonymous memory just before the
+// fork; the child moves the snapshots into place (no copy: they are its
+// own, copy-on-write) and forgets the arena, so its registrations start an
+// arena of their own.  The parent drops its snapshots.  A part without a
+// snapshot (no memory for it) is copied in the child from the shared
+// pages, as they are by then.
+struct snap {
+	void *copy; // MAP_FAILED: none
+	part where;
+};
+std::vector<snap> &g_snaps = *new std::vector<snap>;
+
 void on_fork_prepare()
 {
 	g_lock.lock();
+	g_snaps.clear();
+	if (g_blocks.empty())
+		return;
+	std::vector<vma> all;
+	size_t count;
+	std::vector<part> ps;
+	try {
+		if (!read_maps(0, UINTPTR_MAX, all, count))
+			return;
+		for (const auto &[addr, b] : g_blocks)
+			parts_of(b, all, ps);
+		g_snaps.reserve(ps.size());
+	} catch (...) {
+		return;
+	}
+	int fd = arena_fd_ours() ? g_fd : -1;
+	for (const part &p : ps) {
+		void *c = sys_mmap(nullptr, p.len, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		void *src = MAP_FAILED;
+		if (c != MAP_FAILED)
+			src = fd >= 0 ? sys_mmap(nullptr, p.len, PROT_READ, MAP_SHARED, fd, p.off)
+			      : (p.prot & PROT_READ) ? reinterpret_cast<void *>(p.at)
+						     : MAP_FAILED;
+		if (src == MAP_FAILED) {
+			if (c != MAP_FAILED)
+				sys_munmap(c, p.len);
+			c = MAP_FAILED;
+		} else {
+			memcpy(c, src, p.len);
+			if (fd >= 0)
+				sys_munmap(src, p.len);
+		}
+		g_snaps.push_back({c, p});
+	}
 }
 
 void on_fork_parent()
 {
+	for (const snap &sn : g_snaps)
+		if (sn.copy != MAP_FAILED)
+			sys_munmap(sn.copy, sn.where.len);
+	g_snaps.clear();
 	g_lock.unlock();
 }
 
 void on_fork_child()
 {
-	for (const auto &[addr, b] : g_blocks)
-		restore(addr, b, false); // Only this thread is left
-	if (arena_fd_ours())
-		close(g_fd);
+	int fd = arena_fd_ours() ? g_fd : -1;
+	for (const snap &sn : g_snaps) {
+		const part &p = sn.where;
+		if (sn.copy != MAP_FAILED && sys_move(sn.copy, p.len, p.at)) {
+			if (p.prot != (PROT_READ | PROT_WRITE))
+				syscall(SYS_mprotect, p.at, p.len, p.prot);
+			continue;
+		}
+		if (sn.copy != MAP_FAILED)
+			sys_munmap(sn.copy, p.len);
+		copy_back(p.at, p.len, p.off, p.prot, fd, false); // Only this thread is left
+	}
+	g_snaps.clear();
+	if (fd >= 0)
+		close(fd);
 	g_blocks.clear();
 	g_fd = -1;
 	g_lock.unlock();
@@ -501,7 +600,7 @@ bool move_in(uintptr_t addr, size_t len, uint64_t off)
 		return false; // Still the arena's: contents intact, left as they are
 	}
 	h.end(false);
-	punch(block{len, off, 0, g_dev, g_ino});
+	punch(block{len, off, len, 0, g_dev, g_ino});
 	return false;
 }
 
@@ -561,18 +660,32 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t 
 	}
 	if (at < addr + len)
 		return false;
+	// Not this thread's own stack, nor the page of its errno: it writes
+	// both while the range is held, and would wait for itself.
+	uintptr_t sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+	uintptr_t err = reinterpret_cast<uintptr_t>(&errno);
+	for (const vma &v : vs)
+		if (sp >= v.start && sp < v.end)
+			return false;
+	if (err + sizeof(int) > addr && err < addr + len)
+		return false;
 	size_t limit = max_map_count();
 	if (count + 4 + len / kPiece > limit - limit / kMapHeadroomDiv)
 		return false;
 	if (!writes_can_wait() || !plain_flags(addr, addr + len) || !arena_locked())
 		return false;
 	uint64_t o = g_next;
-	if (ftruncate(g_fd, static_cast<off_t>(o + len)))
+	uint64_t win = (len + kWindowSlack + page - 1) & ~static_cast<uint64_t>(page - 1);
+	// A file size limit would make ftruncate raise SIGXFSZ (death by default).
+	rlimit fsz;
+	if (o + win > kArenaMax || getrlimit(RLIMIT_FSIZE, &fsz) ||
+	    (fsz.rlim_cur != RLIM_INFINITY && o + win > fsz.rlim_cur) ||
+	    ftruncate(g_fd, static_cast<off_t>(o + win)))
 		return false;
-	g_next = o + len;
+	g_next = o + win;
 	if (!move_in(addr, len, o))
 		return false;
-	block nb{len, o, 1, g_dev, g_ino};
+	block nb{len, o, win, 1, g_dev, g_ino};
 	try {
 		g_blocks.emplace(addr, nb);
 	} catch (...) {
@@ -596,7 +709,7 @@ void remap_release(uintptr_t addr, size_t len)
 	block &b = it->second;
 	if (addr < it->first || addr + len > it->first + b.len || --b.refs)
 		return;
-	restore(it->first, b);
+	restore(b);
 	punch(b);
 	g_blocks.erase(it);
 }

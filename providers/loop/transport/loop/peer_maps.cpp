@@ -150,6 +150,9 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 	if (int64_t now = coarse_now(); now != it->second.looked) {
 		it->second.looked = now;
 		if (!fab.lease_alive(c.owner_lease, c.owner_gen)) {
+			// Our mapping would keep all of the dead owner's memory
+			// alive: only copies in progress hold it now.
+			g_maps.erase(it);
 			dead = true;
 			return nullptr;
 		}
