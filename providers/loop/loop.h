@@ -67,6 +67,9 @@ struct loop_mr {
 	// Remapped plain MRs (loop_remap.h): the range held in the arena.
 	uintptr_t remap_addr = 0;
 	size_t remap_len = 0;
+	// Plain MRs left where they are: the range noted (remap_note_plain).
+	uintptr_t plain_addr = 0;
+	size_t plain_len = 0;
 	// BMME keys: the block list the record points at (max_pages entries;
 	// peers read it from here) and the list a posted fast-reg WR staged.
 	std::vector<uint64_t> pages;

@@ -429,6 +429,10 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 		in.fd = fd;
 		in.fd_offset = off;
 		in.fd_ino = ino;
+	} else if (!implicit) {
+		remap_note_plain(in.addr, length, true);
+		mr->plain_addr = in.addr;
+		mr->plain_len = length;
 	}
 	return publish_new_mr(pd, mr, in, IBV_MR_TYPE_MR, access);
 }
@@ -461,8 +465,12 @@ void release_fd(loop_mr *mr)
 		close(mr->fd);
 	if (mr->remap_len)
 		remap_release(mr->remap_addr, mr->remap_len);
+	if (mr->plain_len)
+		remap_note_plain(mr->plain_addr, mr->plain_len, false);
 	mr->remap_addr = 0;
 	mr->remap_len = 0;
+	mr->plain_addr = 0;
+	mr->plain_len = 0;
 	mr->map = nullptr;
 	mr->map_len = 0;
 	mr->fd = -1;
@@ -528,13 +536,27 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 		if (!odp && !range_mapped(reinterpret_cast<uintptr_t>(addr), length))
 			return EFAULT;
 	}
+	// The new range is reached by address: noted before the record
+	// changes, so that no move starts over it meanwhile.
+	bool moving = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
+	if (moving)
+		remap_note_plain(reinterpret_cast<uintptr_t>(addr), length, true);
 	int err = rereg_locked(fab, mr, vmr, flags, pd, addr, length, access, odp);
-	// The old range leaves the arena after the registry's lock is let go:
-	// the copy takes time, and the lock is every process's.
-	if (!err && (flags & IBV_REREG_MR_CHANGE_TRANSLATION) && mr->remap_len) {
-		remap_release(mr->remap_addr, mr->remap_len);
+	if (moving && err) {
+		remap_note_plain(reinterpret_cast<uintptr_t>(addr), length, false);
+		return err;
+	}
+	if (moving) {
+		// The old range goes after the registry's lock is let go: the
+		// copy takes time, and the lock is every process's.
+		if (mr->remap_len)
+			remap_release(mr->remap_addr, mr->remap_len);
+		if (mr->plain_len)
+			remap_note_plain(mr->plain_addr, mr->plain_len, false);
 		mr->remap_addr = 0;
 		mr->remap_len = 0;
+		mr->plain_addr = reinterpret_cast<uintptr_t>(addr);
+		mr->plain_len = length;
 	}
 	return err;
 }

@@ -58,7 +58,7 @@ struct block {
 	size_t len;
 	uint64_t off;  // In the arena
 	uint64_t win;  // Its window of offsets: [off, off + win)
-	uint32_t refs; // MRs on it
+	uint32_t refs; // MRs on it (0: released, waiting for a plain MR to go)
 	dev_t dev;     // The arena it is in (a closed arena's blocks stay)
 	ino_t ino;
 };
@@ -70,6 +70,20 @@ int g_fd = -1;
 dev_t g_dev;
 ino_t g_ino;
 uint64_t g_next; // The next offset handed out; offsets are never reused
+// Plain MRs by address (remap_note_plain): first byte -> lengths.
+std::multimap<uintptr_t, size_t> &g_plain = *new std::multimap<uintptr_t, size_t>;
+
+bool g_plain_lost; // A plain MR could not be noted: nothing moves any more
+
+bool overlaps_plain(uintptr_t a, size_t n)
+{
+	if (g_plain_lost)
+		return true;
+	for (const auto &[s, l] : g_plain)
+		if (s < a + n && a < s + l)
+			return true;
+	return false;
+}
 
 void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, uint64_t off)
 {
@@ -541,6 +555,7 @@ void on_fork_child()
 	if (fd >= 0)
 		close(fd);
 	g_blocks.clear();
+	g_plain.clear(); // The parent's MRs, not ours
 	g_fd = -1;
 	g_lock.unlock();
 }
@@ -633,6 +648,8 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t 
 			if (addr + len > prev->first + prev->second.len)
 				return false;
 			block &b = prev->second;
+			if (!b.refs)
+				return false; // Waiting to go (a plain MR overlaps it)
 			uint64_t o = b.off + (addr - prev->first);
 			// Only through the arena's own descriptor (peers take it).
 			if (!arena_fd_ours() || b.dev != g_dev || b.ino != g_ino ||
@@ -646,6 +663,8 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t 
 		}
 	}
 	if (it != g_blocks.end() && it->first < addr + len)
+		return false;
+	if (overlaps_plain(addr, len))
 		return false;
 	std::vector<vma> vs;
 	size_t count;
@@ -707,11 +726,46 @@ void remap_release(uintptr_t addr, size_t len)
 		return; // A forked child's: the block went private at fork
 	--it;
 	block &b = it->second;
-	if (addr < it->first || addr + len > it->first + b.len || --b.refs)
+	if (addr < it->first || addr + len > it->first + b.len || !b.refs || --b.refs)
 		return;
+	if (overlaps_plain(it->first, b.len))
+		return; // Goes when the last plain MR over it does
 	restore(b);
 	punch(b);
 	g_blocks.erase(it);
+}
+
+void remap_note_plain(uintptr_t addr, size_t len, bool add)
+{
+	if (!remap_enabled())
+		return;
+	std::lock_guard<std::mutex> g(g_lock);
+	if (add) {
+		try {
+			g_plain.emplace(addr, len);
+		} catch (...) {
+			// Unnoted, a move over it could race a peer's copy: no
+			// move from now on rather than risk it.
+			g_plain_lost = true;
+		}
+		return;
+	}
+	auto [lo, hi] = g_plain.equal_range(addr);
+	for (auto i = lo; i != hi; ++i)
+		if (i->second == len) {
+			g_plain.erase(i);
+			break;
+		}
+	// Blocks released while this one stood over them go now.
+	for (auto i = g_blocks.begin(); i != g_blocks.end();) {
+		if (i->second.refs || overlaps_plain(i->first, i->second.len)) {
+			++i;
+			continue;
+		}
+		restore(i->second);
+		punch(i->second);
+		i = g_blocks.erase(i);
+	}
 }
 
 } // namespace loop

@@ -27,4 +27,10 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t 
 // the arena's pages.
 void remap_release(uintptr_t addr, size_t len);
 
+// Plain MRs that stay where they are (reached by cross-memory attach) are
+// noted here, added and removed: a peer's process_vm_writev into one may
+// hold a page it pinned before a move and write it after, so no range that
+// overlaps one moves in or out while it lives (a block waits for it).
+void remap_note_plain(uintptr_t addr, size_t len, bool add);
+
 } // namespace loop
