@@ -352,6 +352,12 @@ static void sc_traffic(void)
 	struct ibv_mr *um = reg(u + 100, 2 * PAGE);
 	expect_moved(u + 100, PAGE, 0, "a range not made of whole pages");
 	roundtrip(um, 0, 2 * PAGE, 9, "unaligned range");
+	/* Whole pages under that MR (reached by address) never move: a
+	 * peer's copy into it could strand a write. */
+	char *pa = (char *)(((uintptr_t)u + 100 + PAGE - 1) & ~(uintptr_t)(PAGE - 1));
+	struct ibv_mr *pm = reg(pa, PAGE);
+	expect_moved(pa, PAGE, 0, "a page under an MR that stays where it is");
+	CHECK_EQ(ibv_dereg_mr(pm), 0);
 	check_bytes(u, 100, 8, "bytes before an unaligned MR");
 	unsigned char *tail = malloc(3 * PAGE);
 	CHECK(tail);
