@@ -346,6 +346,20 @@ bool range_mapped(uintptr_t addr, size_t len)
 	return true;
 }
 
+// The MR's range leaves the arena (the last MR on a block copies it back)
+// or stops being noted as one reached by address.
+void leave_range(loop_mr *mr)
+{
+	if (mr->remap_len)
+		remap_release(mr->remap_addr, mr->remap_len);
+	if (mr->plain_len)
+		remap_note_plain(mr->plain_addr, mr->plain_len, false);
+	mr->remap_addr = 0;
+	mr->remap_len = 0;
+	mr->plain_addr = 0;
+	mr->plain_len = 0;
+}
+
 loop_mr *new_mr()
 {
 	auto *mr = new (std::nothrow) loop_mr{};
@@ -463,14 +477,7 @@ void release_fd(loop_mr *mr)
 		munmap(mr->map, mr->map_len);
 	if (mr->fd >= 0)
 		close(mr->fd);
-	if (mr->remap_len)
-		remap_release(mr->remap_addr, mr->remap_len);
-	if (mr->plain_len)
-		remap_note_plain(mr->plain_addr, mr->plain_len, false);
-	mr->remap_addr = 0;
-	mr->remap_len = 0;
-	mr->plain_addr = 0;
-	mr->plain_len = 0;
+	leave_range(mr);
 	mr->map = nullptr;
 	mr->map_len = 0;
 	mr->fd = -1;
@@ -549,12 +556,7 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 	if (moving) {
 		// The old range goes after the registry's lock is let go: the
 		// copy takes time, and the lock is every process's.
-		if (mr->remap_len)
-			remap_release(mr->remap_addr, mr->remap_len);
-		if (mr->plain_len)
-			remap_note_plain(mr->plain_addr, mr->plain_len, false);
-		mr->remap_addr = 0;
-		mr->remap_len = 0;
+		leave_range(mr);
 		mr->plain_addr = reinterpret_cast<uintptr_t>(addr);
 		mr->plain_len = length;
 	}
