@@ -409,10 +409,16 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 		if (!ring) {
 			// A resize may have replaced the ring between our reading the
 			// reference and mapping it: only a reference that stays the
-			// same names a CQ that is gone.
+			// same names a CQ that cannot be had (its record damaged, or
+			// gone from under a live QP).  The message is lost, so say
+			// so, as for a CQ that overflowed: the responder's QP goes
+			// to ERR and the sender gets REM_OP_ERR.
 			obj_ref again = cq_ref();
-			if (again.slot == ref.slot && again.gen == ref.gen)
-				return 0;
+			if (again.slot == ref.slot && again.gen == ref.gen) {
+				if (qp_set_error(fab, p.slot))
+					raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
+				return ENOSPC;
+			}
 			continue;
 		}
 		if (payload && !cq_has_payload(ring)) {
