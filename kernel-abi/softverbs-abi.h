@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 9
+#define SV_ABI_VERSION 10
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -417,6 +417,12 @@ SV_STATIC_ASSERT(sizeof(struct sv_queue_hdr) == 128, "queue header size");
  * refuses it, add 1 to lost_events and send a cookie of 0.
  * Consumer: slot c is ready when its seq (acquire) equals (uint32_t)(c + 1);
  * read it, then store cons = c + 1 with release.
+ * cons_seen, on the producers' line: a value of cons that a producer read
+ * (acquire) and stored back (release), a lower bound of cons.  Producers
+ * judge room by it and read cons itself only when it shows the ring full
+ * (or is beyond prod), so that the owner's line does not move to a
+ * producer's cache on every completion.  The owner sets it back to its own
+ * head when it finds it ahead (written over).
  * Sleeping: a poller that found the ring empty for a while increments
  * waiters (seq_cst), looks at slot c once more, and FUTEX_WAITs on the low
  * 32 bits of prod with the value it saw, for a bounded time.  A producer,
@@ -441,7 +447,8 @@ enum sv_cq_arm {
 struct sv_cq_ring {
 	struct sv_queue_hdr hdr;
 	uint64_t prod; /* Producers' reservation counter, and SV_CQ_RING_CLOSED */
-	uint8_t pad1[SV_CACHELINE - 8];
+	uint64_t cons_seen; /* A lower bound of cons, for producers (above) */
+	uint8_t pad1[SV_CACHELINE - 16];
 	uint64_t cons; /* Written by the owner only */
 	uint8_t pad2[SV_CACHELINE - 8];
 	uint32_t armed;	   /* enum sv_cq_arm */
@@ -547,15 +554,24 @@ SV_STATIC_ASSERT(sizeof(struct sv_cqe_payload) == 192, "three cache lines of pay
  * out of slot c; then CAS cons from c to c + 1.  Only a winning CAS owns the
  * copy: the producer cannot reuse slot c before cons passes it, so a copy
  * made before a winning CAS is intact.
+ * Each side keeps a lower bound of the other's index on its own line, read
+ * (acquire) from the index and stored back (release): the producer's
+ * cons_seen, the consumers' prod_seen.  A side reads the other's index only
+ * when its bound shows the ring full (producer) or empty (consumer), or is
+ * beyond a lap, so that in steady state each index line stays with the side
+ * that writes it.  A bound is never trusted beyond the index it stands for:
+ * one that looks impossible sends the reader to the index itself.
  * limit: SRQ limit (0 = disarmed); the consumer that takes the count below
  * it CASes limit to 0 and raises IBV_EVENT_SRQ_LIMIT_REACHED.
  */
 struct sv_rq_ring {
 	struct sv_queue_hdr hdr;
 	uint64_t prod;
-	uint8_t pad1[SV_CACHELINE - 8];
+	uint64_t cons_seen; /* The producer's lower bound of cons (above) */
+	uint8_t pad1[SV_CACHELINE - 16];
 	uint64_t cons;
-	uint8_t pad2[SV_CACHELINE - 8];
+	uint64_t prod_seen; /* The consumers' lower bound of prod (above) */
+	uint8_t pad2[SV_CACHELINE - 16];
 	uint32_t limit;
 	uint32_t async_len;
 	uint8_t async_addr[108];

@@ -416,6 +416,11 @@ void cq_repair(loop_cq *cq)
 	std::atomic_ref<uint64_t> cons(r->cons);
 	if (cons.load(std::memory_order_relaxed) != cq->head)
 		cons.store(cq->head, std::memory_order_release);
+	// The producers' bound of cons may not run ahead of it: they would
+	// write over completions not yet taken.
+	std::atomic_ref<uint64_t> seen(r->cons_seen);
+	if (static_cast<int64_t>(seen.load(std::memory_order_relaxed) - cq->head) > 0)
+		seen.store(cq->head, std::memory_order_release);
 	std::atomic_ref<uint64_t> prod(r->prod);
 	uint64_t p = prod.load(std::memory_order_acquire);
 	if ((p & SV_CQ_RING_CLOSED) || static_cast<int64_t>(p - cq->head) < 0 ||
@@ -707,11 +712,18 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 	uint32_t mask = entries - 1;
 	auto *slots = reinterpret_cast<sv_cqe *>(reinterpret_cast<char *>(ring) + g.slots_offset);
 	std::atomic_ref<uint64_t> prod(ring->prod);
+	std::atomic_ref<uint64_t> seen(ring->cons_seen);
 	uint64_t p = prod.load(std::memory_order_relaxed);
 	for (int stale = 0;; stale++) {
 		if (p & SV_CQ_RING_CLOSED)
 			return ESTALE;
-		uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
+		// Room is judged by the bound on our line; the owner's cons is
+		// read only when the bound shows the ring full (or is beyond p).
+		uint64_t c = seen.load(std::memory_order_acquire);
+		if (p - c >= entries) {
+			c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
+			seen.store(c, std::memory_order_release);
+		}
 		if (static_cast<int64_t>(p - c) < 0 && stale < 64) {
 			// p is stale: since it was read, other producers reserved
 			// and the owner consumed past it.  Without this, p - c wraps

@@ -224,9 +224,18 @@ int push_own_sink(void *c, sv_cqe &e)
 	size_t bytes = sizeof(sv_recv_wqe) + size_t(n_sge) * sizeof(sv_sge);
 	std::atomic_ref<uint64_t> cons(rq->cons);
 	std::atomic_ref<uint64_t> prod(rq->prod);
+	std::atomic_ref<uint64_t> seen(rq->prod_seen);
 	uint64_t c = cons.load(std::memory_order_acquire);
 	for (;;) {
-		uint64_t p = prod.load(std::memory_order_acquire);
+		// The consumers' bound of prod, on cons's line; the producer's
+		// line is read only when the bound shows no WQE (or a lap and
+		// more).  A bound read from prod is stored back only when sound.
+		uint64_t p = seen.load(std::memory_order_acquire);
+		if (p - c - 1 >= g.entries) {
+			p = prod.load(std::memory_order_acquire);
+			if (p - c <= g.entries)
+				seen.store(p, std::memory_order_release);
+		}
 		if (c == p)
 			return false;
 		if (p - c > g.entries) {
@@ -250,8 +259,13 @@ int push_own_sink(void *c, sv_cqe &e)
 			return false;
 		}
 		memcpy(out, rq_slot(rq, g, c), bytes);
-		if (cons.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel))
+		if (cons.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
+			// The next WQE, already posted, is read by the next message:
+			// start bringing its line over now.
+			if (p - c > 1)
+				__builtin_prefetch(rq_slot(rq, g, c + 1));
 			break;
+		}
 	}
 	// The WQE came from shared memory: bound what we will believe.
 	uint32_t limit = std::min(n_sge, g.max_sge ? g.max_sge : n_sge);
@@ -319,6 +333,7 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 		return EINVAL;
 	}
 	std::atomic_ref<uint64_t> prod(rq->prod);
+	std::atomic_ref<uint64_t> seen(rq->cons_seen);
 	uint64_t p = prod.load(std::memory_order_relaxed);
 	for (; wr; wr = wr->next) {
 		if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge) {
@@ -326,7 +341,13 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 			prod.store(p, std::memory_order_release);
 			return EINVAL;
 		}
-		uint64_t c = std::atomic_ref<uint64_t>(rq->cons).load(std::memory_order_acquire);
+		// Room by our bound of cons; the consumers' line only when it
+		// shows the ring full.
+		uint64_t c = seen.load(std::memory_order_acquire);
+		if (p - c >= g.entries) {
+			c = std::atomic_ref<uint64_t>(rq->cons).load(std::memory_order_acquire);
+			seen.store(c, std::memory_order_release);
+		}
 		// p - c above a lap (cons beyond prod, or either index rewritten
 		// by a peer) reads as full too: posting is refused, not misplaced.
 		if (p - c >= g.entries) {
