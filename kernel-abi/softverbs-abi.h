@@ -560,7 +560,11 @@ SV_STATIC_ASSERT(sizeof(struct sv_cqe_payload) == 192, "three cache lines of pay
  * when its bound shows the ring full (producer) or empty (consumer), or is
  * beyond a lap, so that in steady state each index line stays with the side
  * that writes it.  A bound is never trusted beyond the index it stands for:
- * one that looks impossible sends the reader to the index itself.
+ * one that looks impossible sends the reader to the index itself.  A
+ * consumer believes prod_seen only for a WQE whose seq shows the index it
+ * is taken at (the library's producers stamp it; a WQE with another seq,
+ * an agent's unstamped one or a stale slot under a bound written over, is
+ * taken only as far as prod itself says).
  * limit: SRQ limit (0 = disarmed); the consumer that takes the count below
  * it CASes limit to 0 and raises IBV_EVENT_SRQ_LIMIT_REACHED.
  */
@@ -591,7 +595,7 @@ SV_STATIC_ASSERT(sizeof(struct sv_sge) == 16, "SGE size");
 struct sv_recv_wqe {
 	uint64_t wr_id;
 	uint32_t num_sge;
-	uint32_t reserved;
+	uint32_t seq;	/* (uint32_t)(its index + 1), stamped by the producer (above) */
 	struct sv_sge sge[]; /* hdr.max_sge of them; the slot is padded to 64 */
 };
 SV_STATIC_ASSERT(sizeof(struct sv_recv_wqe) == 16, "WQE header size");

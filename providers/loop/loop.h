@@ -566,6 +566,10 @@ void qp_ex_destroy(loop_qp *qp);
 // or nullptr.
 loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel, ibv_pd *pd = nullptr);
 bool cq_pop(loop_cq *cq, sv_cqe &out);
+// The idle owner's look at the ring's shared indices (cons, cons_seen,
+// prod) against its own, as polling an empty CQ makes every so often.
+// Caller holds cq->lock.
+void cq_check_indices(loop_cq *cq);
 
 // loop_td.cpp: thread domains and parent domains
 ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr);

@@ -217,6 +217,53 @@ TEST(CqRing, OverflowIsReportedAndKeepsEntries)
 	EXPECT_EQ(e.wr_id, 16u);
 }
 
+// Producers judge room by cons_seen, a bound of cons on their own line: a
+// stale bound (or one beyond prod, written over) sends them to cons itself,
+// never to a false overflow; one written ahead of cons, which would let
+// them overwrite entries not yet taken, is set back by the owner.
+TEST(CqRing, ProducersBoundOfConsIsOnlyAHint)
+{
+	test_cq q(16);
+	std::vector<uint32_t> next(1, 0);
+	uint64_t got = 0;
+	uint32_t seq = 0;
+	for (; seq < 16; seq++) {
+		sv_cqe e = make_cqe(0, seq);
+		ASSERT_EQ(loop::cq_push(q.ring, e, false), 0);
+	}
+	consume(q, 16, next, got);
+	// The bound still says 0: the ring looks full by it, and is not.
+	EXPECT_EQ(q.ring->cons_seen, 0u);
+	sv_cqe e = make_cqe(0, seq++);
+	ASSERT_EQ(loop::cq_push(q.ring, e, false), 0) << "a stale bound is no overflow";
+	EXPECT_EQ(q.ring->cons_seen, 16u) << "the bound follows cons when read";
+	EXPECT_EQ(q.ring->overflow, 0u);
+	// Written over with a value beyond prod: ignored for cons itself.
+	q.ring->cons_seen = 1000;
+	e = make_cqe(0, seq++);
+	ASSERT_EQ(loop::cq_push(q.ring, e, false), 0);
+	EXPECT_EQ(q.ring->overflow, 0u);
+	consume(q, 18, next, got);
+	// Fill the ring, then write the bound ahead of cons (as if everything
+	// had been taken): the owner's look at its indices sets it back, and
+	// the next producer finds the ring full instead of overwriting.
+	for (uint32_t i = 0; i < 16; i++) {
+		e = make_cqe(0, seq++);
+		ASSERT_EQ(loop::cq_push(q.ring, e, false), 0);
+	}
+	q.ring->cons_seen = q.ring->prod;
+	{
+		std::lock_guard<std::mutex> g(q.cq.lock);
+		loop::cq_check_indices(&q.cq);
+	}
+	EXPECT_EQ(q.ring->cons_seen, q.ring->cons);
+	EXPECT_EQ(q.ring->overflow, 0u) << "a bound set back is not damage";
+	e = make_cqe(0, seq);
+	EXPECT_EQ(loop::cq_push(q.ring, e, false), ENOSPC);
+	consume(q, 34, next, got);
+	EXPECT_EQ(got, 34u);
+}
+
 // An abstract AF_UNIX datagram socket standing in for a completion channel.
 struct channel_sock {
 	int fd = -1;
@@ -517,6 +564,70 @@ TEST(RqRing, PostChecksAndFullRing)
 	ASSERT_EQ(loop::rq_post(q.ring, kMaxSge, &w[1], &bad), 0);
 	ASSERT_TRUE(loop::rq_take(q.ring, out, 1));
 	EXPECT_EQ(out->num_sge, SV_RECV_WQE_INVALID);
+}
+
+// Each side of an RQ keeps a bound of the other's index on its own line
+// (prod_seen for consumers, cons_seen for the producer).  Neither may be
+// believed beyond the index it stands for: a stale bound is read past, one
+// beyond a lap (written over) sends the reader to the index itself, and
+// nothing is taken that was not posted.
+TEST(RqRing, BoundsOfTheOtherIndexAreOnlyHints)
+{
+	constexpr uint32_t kMaxSge = 1;
+	test_rq q(4, kMaxSge);
+	ibv_sge s = sge_of(0, 0);
+	ibv_recv_wr w[4]{};
+	for (int i = 0; i < 4; i++) {
+		w[i].sg_list = &s;
+		w[i].num_sge = 1;
+	}
+	std::vector<uint8_t> buf(q.ring->hdr.entry_size);
+	auto *out = reinterpret_cast<sv_recv_wqe *>(buf.data());
+	ibv_recv_wr *bad = nullptr;
+	uint64_t posted = 0, taken = 0;
+	auto post = [&] {
+		w[0].wr_id = posted;
+		int err = loop::rq_post(q.ring, kMaxSge, &w[0], &bad);
+		if (!err)
+			posted++;
+		return err;
+	};
+	auto take = [&] {
+		if (!loop::rq_take(q.ring, out, kMaxSge))
+			return false;
+		EXPECT_EQ(out->wr_id, taken);
+		taken++;
+		return true;
+	};
+	// Several laps of a 4-slot ring: each bound goes stale every lap.
+	for (int lap = 0; lap < 5; lap++) {
+		for (int i = 0; i < 4; i++)
+			ASSERT_EQ(post(), 0) << "lap " << lap;
+		EXPECT_EQ(post(), ENOMEM) << "full";
+		for (int i = 0; i < 4; i++)
+			ASSERT_TRUE(take()) << "lap " << lap;
+		EXPECT_FALSE(take()) << "empty";
+	}
+	// The consumers' bound written beyond prod: nothing is taken that was
+	// not posted, and the bound is set right by the next read of prod.
+	q.ring->prod_seen = q.ring->cons + 3;
+	EXPECT_FALSE(take()) << "a bound ahead of prod within a lap is believed only as far as posted";
+	q.ring->prod_seen = q.ring->cons + 1000;
+	EXPECT_FALSE(take()) << "a bound beyond a lap";
+	ASSERT_EQ(post(), 0);
+	q.ring->prod_seen = q.ring->cons + 1000;
+	ASSERT_TRUE(take());
+	EXPECT_EQ(q.ring->prod_seen, q.ring->prod);
+	// The producer's bound written beyond prod, or far behind: posting
+	// follows cons itself.
+	q.ring->cons_seen = q.ring->prod + 1000;
+	ASSERT_EQ(post(), 0);
+	q.ring->cons_seen = 0;
+	ASSERT_EQ(post(), 0);
+	EXPECT_EQ(q.ring->cons_seen, q.ring->cons);
+	while (take()) {
+	}
+	EXPECT_EQ(taken, posted);
 }
 
 TEST(RqRing, FlushCompletesEveryWqeInOrder)

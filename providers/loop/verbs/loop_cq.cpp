@@ -856,6 +856,11 @@ bool cq_pop(loop_cq *cq, sv_cqe &out)
 	return cq_take(cq, out);
 }
 
+void cq_check_indices(loop_cq *cq)
+{
+	cq_repair(cq);
+}
+
 int loop_destroy_cq(ibv_cq *ibcq)
 {
 	loop_cq *cq = to_loop_cq(ibcq);

@@ -226,12 +226,15 @@ int push_own_sink(void *c, sv_cqe &e)
 	std::atomic_ref<uint64_t> prod(rq->prod);
 	std::atomic_ref<uint64_t> seen(rq->prod_seen);
 	uint64_t c = cons.load(std::memory_order_acquire);
+	bool by_prod = false; // Judge by prod itself, not by the bound
 	for (;;) {
 		// The consumers' bound of prod, on cons's line; the producer's
 		// line is read only when the bound shows no WQE (or a lap and
-		// more).  A bound read from prod is stored back only when sound.
+		// more), or the WQE it promised is not stamped with its index.
+		// A bound read from prod is stored back only when sound.
 		uint64_t p = seen.load(std::memory_order_acquire);
-		if (p - c - 1 >= g.entries) {
+		bool bounded = !by_prod && p - c - 1 < g.entries;
+		if (!bounded) {
 			p = prod.load(std::memory_order_acquire);
 			if (p - c <= g.entries)
 				seen.store(p, std::memory_order_release);
@@ -259,6 +262,10 @@ int push_own_sink(void *c, sv_cqe &e)
 			return false;
 		}
 		memcpy(out, rq_slot(rq, g, c), bytes);
+		if (bounded && out->seq != static_cast<uint32_t>(c + 1)) {
+			by_prod = true; // Unstamped, or the bound ran ahead of prod
+			continue;
+		}
 		if (cons.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
 			// The next WQE, already posted, is read by the next message:
 			// start bringing its line over now.
@@ -365,6 +372,10 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 			w->sge[i].length = wr->sg_list[i].length;
 			w->sge[i].lkey = wr->sg_list[i].lkey;
 		}
+		// Stamped last: consumers that go by their bound of prod take
+		// only a WQE showing its index (kernel-abi).
+		std::atomic_ref<uint32_t>(w->seq).store(static_cast<uint32_t>(p + 1),
+							std::memory_order_release);
 		p++;
 	}
 	prod.store(p, std::memory_order_release);
