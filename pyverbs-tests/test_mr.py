@@ -87,3 +87,70 @@ for ro in (0, e.IBV_ACCESS_RELAXED_ORDERING):
 out(res)
 """, env)
     assert all(v == [0, True] for v in r.values()), r
+
+
+def test_key_changes_reach_a_qp_that_used_the_key(env):
+    """A QP keeps the keys it resolved last (key_cache in loop.h); each
+    step below first uses a key on a QP, then changes the key, and the same
+    QP's next use must see the change: a deregistered rkey, a new
+    translation of a zero-based rkey, a deregistered local lkey, a
+    deregistered receive lkey."""
+    r = pyverbs(RC + """
+def raw_send(side, buf, lkey, n):
+    side.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1, sg=[SGE(buf, n, lkey)]))
+    return poll(side.cq)[0].status
+
+res = {}
+src = MR(pd, 4096, RW)
+src.write(b"A" * 64, 64)
+# An rkey, deregistered.
+a, b = pair()
+tgt = MR(pd, 4096, RW)
+res["rkey_first"] = write(a, src, tgt.buf, tgt.rkey, 64).status
+rkey, taddr = tgt.rkey, tgt.buf
+tgt.close()
+res["rkey_gone"] = write(a, src, taddr, rkey, 64).status
+# A zero-based rkey given a new translation: the same iova now names
+# other memory.
+c, d = pair()
+old = MR(pd, 4096, RW)
+new = MR(pd, 4096, RW)
+zb = MR(pd, 4096, RW | e.IBV_ACCESS_ZERO_BASED, address=old.buf)
+res["zb_first"] = write(c, src, 0, zb.rkey, 64).status
+zb.rereg(e.IBV_REREG_MR_CHANGE_TRANSLATION | e.IBV_REREG_MR_CHANGE_ACCESS, pd, new.buf, 4096,
+         RW | e.IBV_ACCESS_ZERO_BASED)
+src.write(b"B" * 64, 64)
+res["zb_second"] = write(c, src, 0, zb.rkey, 64).status
+res["zb_old"] = old.read(64, 0).decode()
+res["zb_new"] = new.read(64, 0).decode()
+# A local lkey, deregistered.
+g, h = pair()
+rbuf = MR(pd, 4096, RW)
+recv(h, rbuf, 64)
+recv(h, rbuf, 64, wr_id=8)
+loc = MR(pd, 4096, RW)
+res["lkey_first"] = raw_send(g, loc.buf, loc.lkey, 64)
+poll(h.cq)
+lbuf, lkey = loc.buf, loc.lkey
+loc.close()
+res["lkey_gone"] = raw_send(g, lbuf, lkey, 64)
+# A receive lkey, deregistered after its receive was posted.
+i, j = pair()
+rb = MR(pd, 4096, RW)
+recv(j, rb, 64)
+recv(j, rb, 64, wr_id=8)
+res["recv_first"] = raw_send(i, src.buf, src.lkey, 64)
+res["recv_first_rc"] = poll(j.cq)[0].status
+rb.close()
+res["recv_gone"] = raw_send(i, src.buf, src.lkey, 64)
+res["recv_gone_rc"] = poll(j.cq)[0].status
+res["codes"] = [e.IBV_WC_REM_ACCESS_ERR, e.IBV_WC_LOC_PROT_ERR, e.IBV_WC_REM_OP_ERR]
+out(res)
+""", env)
+    rem_access, loc_prot, rem_op = r["codes"]
+    assert r["rkey_first"] == 0 and r["rkey_gone"] == rem_access, r
+    assert r["zb_first"] == 0 and r["zb_second"] == 0, r
+    assert r["zb_old"] == "A" * 64 and r["zb_new"] == "B" * 64, r
+    assert r["lkey_first"] == 0 and r["lkey_gone"] == loc_prot, r
+    assert r["recv_first"] == 0 and r["recv_first_rc"] == 0, r
+    assert r["recv_gone"] == rem_op and r["recv_gone_rc"] == loc_prot, r

@@ -216,6 +216,32 @@ struct send_wr {
 	uint32_t psn; // Its request's sequence number (engine.h: kNoPsn until it is sent)
 };
 
+// The loop transport's last resolved keys of one QP (mr_resolve_cached,
+// verbs/loop_mr.cpp): a connected QP names the same receive MR or target
+// MR message after message, and a full resolution (the record's snapshot,
+// its checks, the peer mapping's cache under a process-wide lock) cost
+// about a quarter of a 64-byte SEND's instructions.  An entry is believed
+// only while the record is unchanged (in use, the same key and cookie: every
+// change of a record draws a new cookie) and the peer mapping is still in
+// the process-wide cache (weak: the cache, not this, keeps a mapping, so a
+// dead owner's memory still goes once the cache drops it), and for at most
+// one tick of the coarse clock, after which the full path looks at the
+// owner's liveness again.
+struct key_cache {
+	struct entry {
+		bool valid = false;
+		uint32_t key = 0;	  // The whole key asked for
+		uint32_t owner_lease = 0; // As asked for
+		sv_mr_rec rec{};	  // The record as resolved
+		seg_kind kind{};	  // What resolve_body made of it
+		char *base = nullptr;	  // Mapped kinds: our address of rec.iova's byte
+		std::weak_ptr<void> map;  // Mapped kinds: the mapping base lies in
+		int64_t tick = 0;	  // Coarse clock when resolved
+	};
+	entry e[2];
+	uint8_t next = 0;
+};
+
 struct loop_qp {
 	verbs_qp vqp; // Must be first
 	loop_context *ctx;
@@ -269,6 +295,8 @@ struct loop_qp {
 	// (small_vec.h).
 	std::vector<rseg> req_segs;
 	std::vector<rseg> req_riov;
+	// The last local keys its SGEs named (key_cache above), under sq_lock.
+	key_cache req_keys;
 	// The same for the peer's responder, which runs on this QP's requester
 	// (responder.cpp): the receive WQE taken, its segments.
 	std::vector<uint8_t> resp_wqe_buf;
@@ -333,6 +361,9 @@ struct loop_qp {
 	};
 	queue_cache tp_queues[2];
 	uint8_t tp_queue_next = 0;
+	// Its last resolved keys (key_cache above).  Used under sq_lock, or
+	// by the one thread that uses a RoCE v2 proxy QP.
+	key_cache tp_keys;
 	// Its connected peer is on another host (set at RTR from the address
 	// vector's GID, rocev2/rocev2.cpp): its requests go over RoCE v2.
 	// Under sq_lock.
@@ -438,6 +469,11 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 int mr_resolve(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
 	       uint64_t len, uint32_t need, uint32_t qpn, std::vector<rseg> &out,
 	       uint32_t *access = nullptr);
+// mr_resolve through a QP's key cache (key_cache above): the same answer,
+// the same errors.
+int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease, uint32_t pdn,
+		      uint64_t iova, uint64_t len, uint32_t need, uint32_t qpn,
+		      std::vector<rseg> &out, uint32_t *access);
 // The private opcode of a BMME fast-register WR (softverbs_post_fast_reg).
 inline constexpr ibv_wr_opcode kWrFastReg = IBV_WR_DRIVER1;
 // Its completion opcode, SOFTVERBS_WC_FAST_REG (8: unused by verbs.h).

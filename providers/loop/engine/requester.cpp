@@ -108,8 +108,9 @@ void add_null(small_vec<iovec, 16> &v, uint64_t len)
 		if (!s.length)
 			continue;
 		segs.clear();
-		if (mr_resolve(fab, s.lkey, static_cast<uint32_t>(qp->ctx->lease), qp->pdn, s.addr,
-			       s.length, need_write ? IBV_ACCESS_LOCAL_WRITE : 0, qp->qpn, segs))
+		if (mr_resolve_cached(fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),
+				      qp->pdn, s.addr, s.length,
+				      need_write ? IBV_ACCESS_LOCAL_WRITE : 0, qp->qpn, segs, nullptr))
 			return IBV_WC_LOC_PROT_ERR;
 		for (const rseg &g : segs) {
 			if (g.kind == seg_kind::null)

@@ -263,11 +263,16 @@ bool in_bounds(const sv_mr_rec &c, uint64_t iova, uint64_t len)
 
 } // namespace
 
-[[gnu::hot]] int mr_resolve(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
-	       uint64_t len, uint32_t need, uint32_t qpn, std::vector<rseg> &out,
-	       uint32_t *access)
+namespace {
+
+// mr_resolve; *plain (if given) receives the record when the key is not a
+// window (whose answer depends on a second record too).
+[[gnu::hot]] int resolve_key(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn,
+			     uint64_t iova, uint64_t len, uint32_t need, uint32_t qpn,
+			     std::vector<rseg> &out, uint32_t *access, sv_mr_rec *plain)
 {
-	sv_mr_rec c;
+	sv_mr_rec local;
+	sv_mr_rec &c = plain ? *plain : local;
 	int err = check_key(fab, key, owner_lease, pdn, iova, len, need, qpn, c);
 	if (err)
 		return err;
@@ -286,9 +291,94 @@ bool in_bounds(const sv_mr_rec &c, uint64_t iova, uint64_t len)
 			return ENOENT;
 		if (access)
 			*access |= p.access & IBV_ACCESS_RELAXED_ORDERING;
+		if (plain)
+			plain->state = SV_MR_FREE; // A window: not for the cache
 		return resolve_body(fab, slot, p, piova - p.iova, len, out);
 	}
 	return resolve_body(fab, slot, c, iova - c.iova, len, out);
+}
+
+} // namespace
+
+[[gnu::hot]] int mr_resolve(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+	       uint64_t len, uint32_t need, uint32_t qpn, std::vector<rseg> &out,
+	       uint32_t *access)
+{
+	return resolve_key(fab, key, owner_lease, pdn, iova, len, need, qpn, out, access, nullptr);
+}
+
+[[gnu::hot]] int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease,
+				   uint32_t pdn, uint64_t iova, uint64_t len, uint32_t need,
+				   uint32_t qpn, std::vector<rseg> &out, uint32_t *access)
+{
+	uint32_t slot = key >> SV_MR_KEY_BITS;
+	key_cache::entry *hit = nullptr;
+	for (key_cache::entry &e : kc.e)
+		if (e.valid && e.key == key && e.owner_lease == owner_lease)
+			hit = &e;
+	if (hit && slot && slot < SV_MAX_MRS) {
+		const sv_mr_rec &c = hit->rec;
+		sv_mr_rec &m = fab.reg()->mrs[slot];
+		// Unchanged since it was resolved: still valid, with the key and
+		// cookie it had (a change of any field draws a new cookie), read
+		// between two looks at its state as snapshot() reads it.
+		bool same = mr_state(m).load(std::memory_order_acquire) == SV_MR_VALID &&
+			    std::atomic_ref<uint32_t>(m.key).load(std::memory_order_relaxed) == c.key &&
+			    std::atomic_ref<uint32_t>(m.cookie).load(std::memory_order_relaxed) ==
+				    c.cookie;
+		std::atomic_thread_fence(std::memory_order_acquire);
+		same = same && mr_state(m).load(std::memory_order_relaxed) == SV_MR_VALID;
+		// The checks of check_key that depend on the access, not the
+		// record; a failing one goes the full way for its errno.
+		if (same && (pdn == kAnyPdn || c.pdn == pdn) && (c.access & need) == need &&
+		    in_bounds(c, iova, len)) {
+			uint64_t off = iova - c.iova;
+			if (!hit->base) {
+				out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind});
+				if (access)
+					*access = c.access;
+				return 0;
+			}
+			if (coarse_now() == hit->tick) {
+				if (std::shared_ptr<void> pin = hit->map.lock()) {
+					out.push_back({hit->base + off, len, hit->kind, std::move(pin), 0,
+						       c.addr + off});
+					if (access)
+						*access = c.access;
+					return 0;
+				}
+			}
+		}
+		hit->valid = false;
+	}
+	// The full way, remembered when it gave one segment of a kind the
+	// cache can give again.
+	size_t before = out.size();
+	key_cache::entry &e = hit ? *hit : kc.e[kc.next];
+	int64_t tick = coarse_now();
+	int err = resolve_key(fab, key, owner_lease, pdn, iova, len, need, qpn, out, access, &e.rec);
+	e.valid = false;
+	if (err || out.size() != before + 1 || e.rec.state != SV_MR_VALID ||
+	    (e.rec.flags & SV_MR_BLOCK_LIST))
+		return err;
+	const rseg &s = out.back();
+	if (s.kind != seg_kind::peer && s.kind != seg_kind::peer_checked &&
+	    s.kind != seg_kind::mapped && s.kind != seg_kind::mapped_direct)
+		return 0;
+	bool mapped = s.kind == seg_kind::mapped || s.kind == seg_kind::mapped_direct;
+	if (mapped && !s.pin)
+		return 0;
+	uint64_t off = iova - e.rec.iova;
+	e.key = key;
+	e.owner_lease = owner_lease;
+	e.kind = s.kind;
+	e.base = mapped ? static_cast<char *>(s.base) - off : nullptr;
+	e.map = mapped ? s.pin : std::weak_ptr<void>();
+	e.tick = tick;
+	e.valid = true;
+	if (!hit)
+		kc.next ^= 1;
+	return 0;
 }
 
 int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,

@@ -159,8 +159,8 @@ void lt_mcast_members(loop_qp *qp, const send_wr &w, bool eth, std::vector<peer>
 	if (p.remote) [[unlikely]]
 		return rocev2_transport_ops.resolve_key(qp, p, key, pdn, addr, len, right, out,
 							access);
-	return mr_resolve(*qp->ctx->fab, key, p.rec.owner_lease, pdn, addr, len, right, p.qpn, out,
-			  access);
+	return mr_resolve_cached(*qp->ctx->fab, qp->tp_keys, key, p.rec.owner_lease, pdn, addr, len,
+				 right, p.qpn, out, access);
 }
 
 int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)

@@ -36,15 +36,6 @@ struct fd_map {
 	int64_t looked = 0;	    // Coarse clock's tick of the last liveness look
 };
 
-// The coarse monotonic clock, in its own ticks' worth of nanoseconds: read
-// from the vDSO without the TSC, so cheaper than the fine clock.
-int64_t coarse_now()
-{
-	timespec ts;
-	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-	return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
 // Whether a plain memcpy through a writable shared mapping of fd's
 // [0, end) can never fault: a memfd on tmpfs (not hugetlbfs, whose holes
 // can fail to fill with SIGBUS) sealed against shrinking (seals are never
@@ -72,6 +63,13 @@ std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>; // At most
 // Returns the address of the record's iova and sets pin, which keeps the
 // mapping alive for as long as the caller (or a copy of pin) holds it.
 } // namespace
+
+int64_t coarse_now()
+{
+	timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin,
 	       bool &direct, bool &dead)

@@ -297,6 +297,20 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 [[gnu::hot]] int xfer_segs(pid_t pid, bool same_process, const iovec *local, int nl, const rseg *remote,
 	      int nr, xfer_dir dir, bool relaxed, bool local_checked)
 {
+	// The common small message: one local buffer, one segment of a sealed
+	// memfd mapped here, in order.  What add_pieces and run_pieces would
+	// make of it, without building the lists (about a sixth of a 64-byte
+	// SEND's instructions).
+	if (nl == 1 && nr == 1 && remote[0].kind == seg_kind::mapped_direct && !local_checked &&
+	    local[0].iov_len == remote[0].len &&
+	    (!relaxed || dir != xfer_dir::to_peer || remote[0].len < kRelaxedMinBytes)) {
+		if (dir == xfer_dir::to_peer)
+			memcpy(remote[0].base, local[0].iov_base, remote[0].len);
+		else
+			memcpy(local[0].iov_base, remote[0].base, remote[0].len);
+		service_note(SV_LEASE_DIRECT_USED);
+		return 0;
+	}
 	pieces ps;
 	add_pieces(ps, same_process, local, nl, remote, nr, dir, relaxed, local_checked);
 	size_t moved;
