@@ -8,6 +8,7 @@
 #include "fabric.h"
 #include "loop_param.h"
 #include "objects.h"
+#include "queue_geom.h"
 #include "queue_seg.h"
 #include "softverbs_dv.h"
 #include "tunables.h"
@@ -358,6 +359,7 @@ struct loop_qp {
 		obj_ref ref{};
 		sv_obj_kind kind{};
 		queue_hold hold;
+		queue_geom geom{}; // As checked when the mapping was made
 	};
 	queue_cache tp_queues[2];
 	uint8_t tp_queue_next = 0;
@@ -469,6 +471,11 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 int mr_resolve(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
 	       uint64_t len, uint32_t need, uint32_t qpn, std::vector<rseg> &out,
 	       uint32_t *access = nullptr);
+// Every change of a valid record goes: mr_begin_change (out of service),
+// the fields, mr_publish_change (a new cookie, valid again): readers'
+// snapshots and the key caches rely on it.  Under the registry lock.
+void mr_begin_change(sv_mr_rec &m);
+void mr_publish_change(sv_mr_rec &m);
 // mr_resolve through a QP's key cache (key_cache above): the same answer,
 // the same errors.
 int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease, uint32_t pdn,
@@ -521,6 +528,10 @@ int loop_modify_cq(ibv_cq *cq, ibv_modify_cq_attr *attr);
 // ENOSPC when the ring overflowed (the owner then gets IBV_EVENT_CQ_ERR).
 int cq_push(sv_cq_ring *ring, sv_cqe &e, bool solicited,
 	    const sv_cqe_payload *payload = nullptr, uint64_t *index = nullptr);
+// The same, with the geometry this process checked when it mapped the ring
+// (queue_geometry), which a caller that keeps the mapping may keep too.
+int cq_push(sv_cq_ring *ring, const queue_geom &g, sv_cqe &e, bool solicited,
+	    const sv_cqe_payload *payload, uint64_t *index);
 // The sender's side of SV_CQE_PLACE: places a deferred payload itself
 // unless the owner already took it.  Returns 0 or an errno of the copy.
 int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid);
@@ -560,6 +571,9 @@ int push_own(loop_cq *cq, sv_cqe &e);
 // ring is empty, or damaged (impossible indices, no trusted geometry: then
 // *damaged is set, if given).
 bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged = nullptr);
+// The same, with the geometry checked when the ring was mapped (cq_push).
+bool rq_take(sv_rq_ring *rq, const queue_geom &g, sv_recv_wqe *out, uint32_t max_sge,
+	     bool *damaged);
 // Posts receive WRs into ring (owner side).
 int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad);
 // Destroys a QP's receive queue (its segment, or its placed ring, given

@@ -449,9 +449,10 @@ static inline int softverbs_dv_rq_post(struct softverbs_dv_rq *rq, uint64_t wr_i
 					  (size_t)(rq->next & (rq->count - 1)) * rq->stride);
 	w->wr_id = wr_id;
 	w->num_sge = n;
-	w->reserved = (uint32_t)(rq->next + 1); /* Its index, for consumers (sv_recv_wqe.seq) */
 	if (n)
 		memcpy(w + 1, sge, (size_t)n * sizeof(*sge));
+	/* Its index, stamped last, for consumers (kernel-abi's sv_recv_wqe.seq) */
+	__atomic_store_n(&w->reserved, (uint32_t)(rq->next + 1), __ATOMIC_RELEASE);
 	rq->next++;
 	__atomic_store_n(rq->prod, rq->next, __ATOMIC_RELEASE);
 	return 0;

@@ -628,6 +628,17 @@ TEST(RqRing, BoundsOfTheOtherIndexAreOnlyHints)
 	while (take()) {
 	}
 	EXPECT_EQ(taken, posted);
+	// The producer's bound written ahead of cons on a full ring: the
+	// producer writes over a WQE nobody took.  The consumer finds a later
+	// lap's stamp where it expected its own and reports the ring damaged,
+	// rather than taking the newer WQE now and again at its own index.
+	for (int i = 0; i < 4; i++)
+		ASSERT_EQ(post(), 0);
+	q.ring->cons_seen = q.ring->prod;
+	ASSERT_EQ(post(), 0) << "the bound is believed between looks at cons";
+	bool damaged = false;
+	EXPECT_FALSE(loop::rq_take(q.ring, out, kMaxSge, &damaged));
+	EXPECT_TRUE(damaged) << "a WQE written over must be reported";
 }
 
 TEST(RqRing, FlushCompletesEveryWqeInOrder)

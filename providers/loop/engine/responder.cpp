@@ -164,7 +164,10 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 	rcv.byte_len = static_cast<uint32_t>(lb.len);
 	rcv.imm_data = w.imm_data;
 	rcv.wc_flags = IBV_WC_WITH_IMM;
-	if (t.post_cqe(qp, p, rcv, w.flags & IBV_SEND_SOLICITED, nullptr) == ENOSPC)
+	int perr = t.post_cqe(qp, p, rcv, w.flags & IBV_SEND_SOLICITED, nullptr);
+	if (perr == ESRCH || perr == ETIMEDOUT)
+		return kLost;
+	if (perr == ENOSPC)
 		return nak(IBV_WC_REM_OP_ERR);
 	return ack(lb.len);
 }

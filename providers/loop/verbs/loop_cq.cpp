@@ -706,7 +706,15 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 	// Indexed by the geometry checked at creation or mapping: a header a
 	// peer rewrote cannot send this write outside the segment.
 	queue_geom g;
-	if (!queue_geometry(ring, g) || g.kind != SV_OBJ_CQ)
+	if (!queue_geometry(ring, g))
+		return ENOSPC; // Not a ring we can trust: its QP fails, visibly
+	return cq_push(ring, g, e, solicited, payload, index);
+}
+
+[[gnu::hot]] int cq_push(sv_cq_ring *ring, const queue_geom &g, sv_cqe &e, bool solicited,
+			 const sv_cqe_payload *payload, uint64_t *index)
+{
+	if (g.kind != SV_OBJ_CQ)
 		return ENOSPC; // Not a ring we can trust: its QP fails, visibly
 	uint32_t entries = g.entries;
 	uint32_t mask = entries - 1;
@@ -719,8 +727,10 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 			return ESTALE;
 		// Room is judged by the bound on our line; the owner's cons is
 		// read only when the bound shows the ring full (or is beyond p).
+		// (And every 64 entries: a bound written over, or stored back
+		// by a producer racing the owner's repair, lasts no longer.)
 		uint64_t c = seen.load(std::memory_order_acquire);
-		if (p - c >= entries) {
+		if (p - c >= entries || !(p & 63)) {
 			c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
 			seen.store(c, std::memory_order_release);
 		}
@@ -751,7 +761,8 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 	e.place = SV_PLACE_NONE;
 	if (payload) {
 		// The caller checked the ring has a payload array (cq_has_payload).
-		sv_cqe_payload &dst = payloads(ring)[p & mask];
+		sv_cqe_payload &dst = reinterpret_cast<sv_cqe_payload *>(
+			reinterpret_cast<char *>(ring) + g.payload_offset)[p & mask];
 		dst.iova = payload->iova;
 		dst.lkey = payload->lkey;
 		dst.len = payload->len;

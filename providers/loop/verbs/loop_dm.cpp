@@ -165,7 +165,12 @@ ibv_mr *loop_reg_dm_mr(ibv_pd *pd, ibv_dm *ibdm, uint64_t offset, size_t length,
 	if (!length) {
 		fabric &fab = *to_loop_context(pd->context)->fab;
 		registry_guard g(fab);
-		fab.reg()->mrs[to_loop_mr(mr)->slot].length = 0;
+		// As every change of a record: out of service, changed, a new
+		// cookie, back (snapshot() in loop_mr.cpp).
+		sv_mr_rec &m = fab.reg()->mrs[to_loop_mr(mr)->slot];
+		mr_begin_change(m);
+		m.length = 0;
+		mr_publish_change(m);
 	}
 	auto *vmr = reinterpret_cast<verbs_mr *>(mr);
 	vmr->access = static_cast<int>(access);

@@ -145,16 +145,42 @@ int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 	return -ENOMEM;
 }
 
-// Copies a record that is in use, confirming it did not change meanwhile.
+} // namespace
+
+void mr_begin_change(sv_mr_rec &m)
+{
+	mr_state(m).store(SV_MR_INVALID, std::memory_order_relaxed);
+	// No store to a field may be made (by the compiler or the CPU) before
+	// readers can see the record out of service.
+	std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void mr_publish_change(sv_mr_rec &m)
+{
+	m.cookie = random_cookie();
+	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
+}
+
+namespace {
+
+// Copies a record that is in use, confirming it did not change meanwhile:
+// a sequence lock over state and cookie.  A writer takes the record out of
+// service first (mr_begin_change: INVALID, then its fields), draws a new
+// cookie and stores the state last, with release; so a copy whose state and
+// cookie read the same before and after it (and inside it) saw no change.
+// (The cookie is read before the copy too: read only after it, a copy cut
+// by a whole change would pair the old fields with the new cookie.)
 [[gnu::hot]] bool snapshot(sv_mr_rec &m, sv_mr_rec &c)
 {
 	uint32_t st = mr_state(m).load(std::memory_order_acquire);
 	if (st == SV_MR_FREE)
 		return false;
+	uint32_t ck = std::atomic_ref<uint32_t>(m.cookie).load(std::memory_order_acquire);
 	memcpy(&c, &m, sizeof(c));
 	std::atomic_thread_fence(std::memory_order_acquire);
-	return mr_state(m).load(std::memory_order_relaxed) == c.state && c.key == m.key &&
-	       c.cookie == m.cookie;
+	return mr_state(m).load(std::memory_order_relaxed) == st && c.state == st && c.cookie == ck &&
+	       std::atomic_ref<uint32_t>(m.cookie).load(std::memory_order_relaxed) == ck &&
+	       c.key == m.key;
 }
 
 // ---- fd-backed memory: peers map the owner's object ----
@@ -307,6 +333,51 @@ namespace {
 	return resolve_key(fab, key, owner_lease, pdn, iova, len, need, qpn, out, access, nullptr);
 }
 
+namespace {
+
+// The full way, remembered in e when it gave one segment of a kind the
+// cache can give again.  Out of line: the hit path stays small.
+[[gnu::noinline]] int resolve_and_keep(fabric &fab, key_cache &kc, key_cache::entry &e, bool was_hit,
+				       uint32_t key, uint32_t owner_lease, uint32_t pdn,
+				       uint64_t iova, uint64_t len, uint32_t need, uint32_t qpn,
+				       std::vector<rseg> &out, uint32_t *access)
+{
+	size_t before = out.size();
+	int64_t tick = coarse_now();
+	// Into a record of our own: e keeps what it had until this one is
+	// known to be worth keeping (an answer the cache cannot give again
+	// evicts nothing; a throw leaves no half-filled entry).
+	sv_mr_rec rec;
+	int err = resolve_key(fab, key, owner_lease, pdn, iova, len, need, qpn, out, access, &rec);
+	if (was_hit)
+		e.valid = false;
+	if (err || out.size() != before + 1 || rec.state != SV_MR_VALID ||
+	    (rec.flags & SV_MR_BLOCK_LIST))
+		return err;
+	const rseg &s = out.back();
+	if (s.kind != seg_kind::peer && s.kind != seg_kind::peer_checked &&
+	    s.kind != seg_kind::mapped && s.kind != seg_kind::mapped_direct)
+		return 0;
+	bool mapped = s.kind == seg_kind::mapped || s.kind == seg_kind::mapped_direct;
+	if (mapped && !s.pin)
+		return 0;
+	uint64_t off = iova - rec.iova;
+	e.valid = false;
+	e.rec = rec;
+	e.key = key;
+	e.owner_lease = owner_lease;
+	e.kind = s.kind;
+	e.base = mapped ? static_cast<char *>(s.base) - off : nullptr;
+	e.map = mapped ? s.pin : std::weak_ptr<void>();
+	e.tick = tick;
+	e.valid = true;
+	if (!was_hit)
+		kc.next ^= 1;
+	return 0;
+}
+
+} // namespace
+
 [[gnu::hot]] int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease,
 				   uint32_t pdn, uint64_t iova, uint64_t len, uint32_t need,
 				   uint32_t qpn, std::vector<rseg> &out, uint32_t *access)
@@ -322,7 +393,8 @@ namespace {
 		// Unchanged since it was resolved: still valid, with the key and
 		// cookie it had (a change of any field draws a new cookie), read
 		// between two looks at its state as snapshot() reads it.
-		bool same = mr_state(m).load(std::memory_order_acquire) == SV_MR_VALID &&
+		bool same = (c.key & 0xff) == (key & 0xff) && c.owner_lease == owner_lease &&
+			    mr_state(m).load(std::memory_order_acquire) == SV_MR_VALID &&
 			    std::atomic_ref<uint32_t>(m.key).load(std::memory_order_relaxed) == c.key &&
 			    std::atomic_ref<uint32_t>(m.cookie).load(std::memory_order_relaxed) ==
 				    c.cookie;
@@ -351,34 +423,8 @@ namespace {
 		}
 		hit->valid = false;
 	}
-	// The full way, remembered when it gave one segment of a kind the
-	// cache can give again.
-	size_t before = out.size();
-	key_cache::entry &e = hit ? *hit : kc.e[kc.next];
-	int64_t tick = coarse_now();
-	int err = resolve_key(fab, key, owner_lease, pdn, iova, len, need, qpn, out, access, &e.rec);
-	e.valid = false;
-	if (err || out.size() != before + 1 || e.rec.state != SV_MR_VALID ||
-	    (e.rec.flags & SV_MR_BLOCK_LIST))
-		return err;
-	const rseg &s = out.back();
-	if (s.kind != seg_kind::peer && s.kind != seg_kind::peer_checked &&
-	    s.kind != seg_kind::mapped && s.kind != seg_kind::mapped_direct)
-		return 0;
-	bool mapped = s.kind == seg_kind::mapped || s.kind == seg_kind::mapped_direct;
-	if (mapped && !s.pin)
-		return 0;
-	uint64_t off = iova - e.rec.iova;
-	e.key = key;
-	e.owner_lease = owner_lease;
-	e.kind = s.kind;
-	e.base = mapped ? static_cast<char *>(s.base) - off : nullptr;
-	e.map = mapped ? s.pin : std::weak_ptr<void>();
-	e.tick = tick;
-	e.valid = true;
-	if (!hit)
-		kc.next ^= 1;
-	return 0;
+	return resolve_and_keep(fab, kc, hit ? *hit : kc.e[kc.next], hit != nullptr, key, owner_lease,
+				pdn, iova, len, need, qpn, out, access);
 }
 
 int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
@@ -667,7 +713,7 @@ int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd,
 	    !mr->parents.swap(to_loop_pd(vmr->ibv_mr.pd)->life, to_loop_pd(pd)->life, kLifePd))
 		return life_bad("ibv_rereg_mr", pd, to_loop_pd(pd)->life, kLifePd);
 	// Take the key out of service while the record changes.
-	mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
+	mr_begin_change(m);
 	if (flags & IBV_REREG_MR_CHANGE_PD)
 		m.pdn = to_loop_pd(pd)->pdn;
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
@@ -823,7 +869,7 @@ int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, u
 			release_fd(&fresh);
 			return life_bad("softverbs_rereg_mr_fd", pd, to_loop_pd(pd)->life, kLifePd);
 		}
-		mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
+		mr_begin_change(m);
 		if (flags & IBV_REREG_MR_CHANGE_PD)
 			m.pdn = to_loop_pd(pd)->pdn;
 		m.access = static_cast<uint32_t>(access);
@@ -1078,7 +1124,7 @@ ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
 			return IBV_WC_MW_BIND_ERR;
 		piova = w.bind_addr;
 	}
-	mr_state(win).store(SV_MR_INVALID, std::memory_order_release);
+	mr_begin_change(win);
 	unbind_locked(r, win);
 	win.key = w.rkey & 0xff;
 	win.cookie = random_cookie();

@@ -209,14 +209,20 @@ int push_own_sink(void *c, sv_cqe &e)
 
 [[gnu::hot]] bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged)
 {
-	if (damaged)
-		*damaged = false;
 	queue_geom g;
 	if (!queue_geometry(rq, g)) {
 		if (damaged)
 			*damaged = true;
 		return false;
 	}
+	return rq_take(rq, g, out, max_sge, damaged);
+}
+
+[[gnu::hot]] bool rq_take(sv_rq_ring *rq, const queue_geom &g, sv_recv_wqe *out, uint32_t max_sge,
+			  bool *damaged)
+{
+	if (damaged)
+		*damaged = false;
 	// The caller's buffer holds max_sge SGEs; a slot holds what its size
 	// allows.  Copy no more than either.
 	uint32_t slot_sge = (g.entry_size - uint32_t(sizeof(sv_recv_wqe))) / uint32_t(sizeof(sv_sge));
@@ -261,11 +267,27 @@ int push_own_sink(void *c, sv_cqe &e)
 				*damaged = true;
 			return false;
 		}
-		memcpy(out, rq_slot(rq, g, c), bytes);
-		if (bounded && out->seq != static_cast<uint32_t>(c + 1)) {
-			by_prod = true; // Unstamped, or the bound ran ahead of prod
-			continue;
+		sv_recv_wqe *slot = rq_slot(rq, g, c);
+		uint32_t seq = std::atomic_ref<uint32_t>(slot->seq).load(std::memory_order_acquire);
+		if (seq != static_cast<uint32_t>(c + 1)) {
+			// A later lap's stamp in a slot cons has not passed: the
+			// producer wrote over a WQE nobody took (its bound of cons
+			// was written over).  One WQE is lost and another would be
+			// taken twice: the ring cannot be believed.
+			uint32_t ahead = seq - static_cast<uint32_t>(c + 1);
+			if (seq && !(ahead & (g.entries - 1)) && static_cast<int32_t>(ahead) > 0 &&
+			    cons.load(std::memory_order_acquire) == c) {
+				rq_report(rq, "had a WQE written over before it was taken", p, c);
+				if (damaged)
+					*damaged = true;
+				return false;
+			}
+			if (bounded) {
+				by_prod = true; // Unstamped, or the bound ran ahead of prod
+				continue;
+			}
 		}
+		memcpy(out, slot, bytes);
 		if (cons.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
 			// The next WQE, already posted, is read by the next message:
 			// start bringing its line over now.
@@ -349,9 +371,10 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 			return EINVAL;
 		}
 		// Room by our bound of cons; the consumers' line only when it
-		// shows the ring full.
+		// shows the ring full, and every 64 posts (a bound written over
+		// lasts no longer).
 		uint64_t c = seen.load(std::memory_order_acquire);
-		if (p - c >= g.entries) {
+		if (p - c >= g.entries || !(p & 63)) {
 			c = std::atomic_ref<uint64_t>(rq->cons).load(std::memory_order_acquire);
 			seen.store(c, std::memory_order_release);
 		}

@@ -177,7 +177,10 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 // generation, its kind), so a queue destroyed or replaced since misses.
 // The hold is returned by value: the caller's copy keeps the mapping even
 // if a nested call replaces the cache entry.  Caller holds qp->sq_lock.
-[[gnu::hot]] queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind)
+// *geom (if given) receives the geometry this process checked when it
+// mapped the queue; an empty hold leaves it as it was.
+[[gnu::hot]] queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind,
+				 queue_geom *geom = nullptr)
 {
 	fabric &fab = *qp->ctx->fab;
 	loop_qp::queue_cache *slot = &qp->tp_queues[qp->tp_queue_next];
@@ -187,8 +190,11 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 				continue;
 			sv_obj_rec &o = fab.reg()->objs[ref.slot];
 			if (std::atomic_ref<uint32_t>(o.in_use).load(std::memory_order_acquire) &&
-			    o.generation == ref.gen && o.kind == static_cast<uint32_t>(kind))
+			    o.generation == ref.gen && o.kind == static_cast<uint32_t>(kind)) {
+				if (geom)
+					*geom = c.geom;
 				return c.hold;
+			}
 			// Gone: this entry lets its mapping go, and takes the new one.
 			c = {};
 			slot = &c;
@@ -196,14 +202,20 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 		}
 	}
 	queue_hold h = queue_map(fab, ref, kind);
-	if (h) {
+	queue_geom g;
+	if (h && queue_geometry(h.as<void>(), g)) {
 		if (slot == &qp->tp_queues[qp->tp_queue_next])
 			qp->tp_queue_next ^= 1;
 		slot->ref = ref;
 		slot->kind = kind;
 		slot->hold = h;
+		slot->geom = g;
+		if (geom)
+			*geom = g;
+		return h;
 	}
-	return h;
+	// A mapping without a trusted geometry is no queue to use.
+	return {};
 }
 
 // Places every deferred SEND of the QP that its peer has not taken yet.
@@ -320,16 +332,16 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 {
 	fabric &fab = *qp->ctx->fab;
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
-	queue_hold h = qp_queue(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind);
-	auto *rq = h.as<sv_rq_ring>();
 	queue_geom g;
-	if (!rq || !queue_geometry(rq, g))
+	queue_hold h = qp_queue(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind, &g);
+	auto *rq = h.as<sv_rq_ring>();
+	if (!rq)
 		return false;
 	// Sized by the geometry checked at mapping, not by the header.
 	buf.resize(g.entry_size);
 	wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
 	bool damaged = false;
-	if (!rq_take(rq, wqe, (g.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge), &damaged)) {
+	if (!rq_take(rq, g, wqe, (g.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge), &damaged)) {
 		if (damaged && qp_set_error(fab, p.slot)) {
 			// Its indices are beyond belief: the responder's QP fails
 			// (its owner hears of it), and the requester, finding it in
@@ -387,7 +399,9 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 }
 
 // Returns 0, or ENOSPC when the responder's CQ overflowed (its QP is then
-// in ERR with IBV_EVENT_QP_FATAL, its owner told of the CQ by CQ_ERR).
+// in ERR with IBV_EVENT_QP_FATAL, its owner told of the CQ by CQ_ERR), or
+// ESRCH when the responder's process is gone (no answer: the requester
+// retries and ends in RETRY_EXC_ERR, as against any dead peer).
 // The receive CQ is the QP's, or an XRC SRQ's; the reference is read
 // afresh on every try, since a resize moves the ring.
 [[gnu::hot]] int push_peer(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
@@ -404,7 +418,8 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	uint64_t deadline = 0;
 	for (;;) {
 		obj_ref ref = cq_ref();
-		queue_hold h = qp_queue(qp, ref, SV_OBJ_CQ);
+		queue_geom g;
+		queue_hold h = qp_queue(qp, ref, SV_OBJ_CQ, &g);
 		auto *ring = h.as<sv_cq_ring>();
 		if (!ring) {
 			// A resize may have replaced the ring between our reading the
@@ -413,6 +428,13 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 			// gone from under a live QP).  The message is lost, so say
 			// so, as for a CQ that overflowed: the responder's QP goes
 			// to ERR and the sender gets REM_OP_ERR.
+			// A dead owner's CQ goes with its reaping: that is a peer
+			// that stopped answering, not a lost message to report.
+			const sv_qp_rec &q = r->qps[p.slot];
+			if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_acquire) ||
+			    q.generation != p.rec.generation ||
+			    !fab.lease_alive(p.rec.owner_lease, p.rec.owner_gen))
+				return ESRCH;
 			obj_ref again = cq_ref();
 			if (again.slot == ref.slot && again.gen == ref.gen) {
 				if (qp_set_error(fab, p.slot))
@@ -421,14 +443,14 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 			}
 			continue;
 		}
-		if (payload && !cq_has_payload(ring)) {
+		if (payload && !g.payload_offset) {
 			// Every ring of this ABI has the array; a damaged one loses
 			// the message, visibly.
 			e.status = IBV_WC_LOC_QP_OP_ERR;
 			payload = nullptr;
 		}
 		uint64_t index = 0;
-		int err = cq_push(ring, e, solicited, payload, &index);
+		int err = cq_push(ring, g, e, solicited, payload, &index);
 		if (err == ENOSPC) {
 			if (qp_set_error(fab, p.slot))
 				raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
