@@ -10,6 +10,7 @@
 
 #include "fake_transport.h"
 
+#include "own_fabric.h"
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -25,6 +26,8 @@ namespace {
 
 constexpr uint32_t kMsgWords = 64; // 512-byte messages
 constexpr uint32_t kSlots = 32;	   // Messages per buffer
+
+test_fabric::own_fabric g_own_fabric("SVT_NO_SUCH_JOIN");
 
 struct env {
 	ibv_context *ctx = nullptr;

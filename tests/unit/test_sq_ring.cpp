@@ -14,6 +14,7 @@
 
 #include "providers/loop/softverbs_dv.h"
 
+#include "own_fabric.h"
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -42,6 +43,8 @@ constexpr uint64_t kOps = 3000;
 #else
 constexpr uint64_t kOps = 60000;
 #endif
+
+test_fabric::own_fabric g_own_fabric("SVT_CQ_FABRIC");
 
 struct env {
 	ibv_context *ctx = nullptr;
