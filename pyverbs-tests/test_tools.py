@@ -105,11 +105,14 @@ def test_softverbs_run_usage(softverbs_run, tool_env, build_dir):
     assert p.stdout.strip() == str(build_dir / "libibverbs-compat")
 
 
-def test_softverbs_run_sets_library_path(softverbs_run, tool_env, build_dir):
+def test_softverbs_run_sets_library_path(softverbs_run, tool_env, build_dir, fabric):
+    # -f names the test's own fabric (softverbs-run makes its registry),
+    # which the fixture removes: a fixed name was left in /dev/shm.
     tool_env["LD_LIBRARY_PATH"] = "/somewhere/else"
-    p = run([softverbs_run, "-f", "x1", "sh", "-c",
+    tool_env.pop("SOFTVERBS_FABRIC", None)
+    p = run([softverbs_run, "-f", fabric, "sh", "-c",
              'echo "$LD_LIBRARY_PATH|$SOFTVERBS_FABRIC"'], tool_env, check=True)
-    assert p.stdout.strip() == f"{build_dir / 'libibverbs-compat'}:/somewhere/else|x1"
+    assert p.stdout.strip() == f"{build_dir / 'libibverbs-compat'}:/somewhere/else|{fabric}"
 
 
 # ---- the softverbs command ----

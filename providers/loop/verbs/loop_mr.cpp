@@ -1157,14 +1157,14 @@ int invalidate_locked(sv_registry *r, uint32_t owner, uint32_t pdn, uint32_t qpn
 		// A remote invalidation must come on the QP the window is bound to.
 		if (remote && m.bound_qpn != qpn)
 			return EACCES;
-		mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
+		mr_begin_change(m);
 		unbind_locked(r, m);
 		return 0;
 	}
 	if (m.kind == SV_MR_KIND_FRMR) {
 		if (m.bound_mws)
 			return EBUSY;
-		mr_state(m).store(SV_MR_INVALID, std::memory_order_release);
+		mr_begin_change(m);
 		return 0;
 	}
 	return EINVAL; // MRs from reg_mr and type 1 windows cannot be invalidated
