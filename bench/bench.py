@@ -15,8 +15,11 @@ Measures, each point the median of --reps runs:
 and, for the targets of issue 13:
   QP pairs   ib_send_bw and ib_write_bw at 64 B with -q 1, 2, 4 and 8
              (message rate of all pairs together);
-  fd MR      ib_write_bw 1 MiB with --mmap: both sides' buffers are files
-             in /dev/shm (fd-backed memory), removed afterwards;
+  fd MR      bench/fd_write_bw.c, built here: RDMA WRITE 1 MiB into an MR
+             that softverbs_reg_mr_fd registered from a memfd, sealed
+             against shrinking and not; and, beside it, ib_write_bw 1 MiB
+             with --mmap (perftest's buffers are files in /dev/shm that it
+             registers with a plain ibv_reg_mr), files removed afterwards;
   1000 QPs   bench/qp_scale.c, built here: 1000 connected RC QPs per
              process between two processes (depth 128), each carrying a
              checked message each way; /dev/shm and RSS per QP.
@@ -178,6 +181,26 @@ def ucx(test, size, iters):
     raise RuntimeError(f"no Final line in:\n{out}")
 
 
+def fd_write(binary, build, size, iters, mode):
+    """bench/fd_write_bw.c between two processes on a fabric of its own: its
+    RESULT line.  A run whose data check failed is a failure."""
+    env = sv_env(build)
+    cmd = [str(binary), str(size), str(iters), mode, str(TIMEOUT * 2)]
+    if PIN:
+        cmd = ["taskset", "-c", "0,1"] + cmd
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT * 2 + 10)
+    finally:
+        cleanup_fabric(env)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = {k: float(v) for k, v in (x.split("=", 1) for x in line.split()[1:])}
+            if p.returncode == 0 and r["ok"] == 1:
+                return {"bw": r["bw"], "mpps": r["mpps"]}
+    raise RuntimeError(f"fd_write_bw {mode} exit {p.returncode}: "
+                       f"{(p.stderr.strip() or p.stdout.strip())[-300:]}")
+
+
 def memcpy(binary, size):
     out = subprocess.run([str(binary), str(size), "0.2"], capture_output=True, text=True,
                          check=True).stdout.split()
@@ -334,10 +357,18 @@ def main():
                 note(("softverbs", f"{op}_bw_q{q}", 64),
                      median_of(reps, perftest, build, f"ib_{op}_bw", 64, n, q))
     if "fdmr" in parts:
-        print("RDMA WRITE into an fd-backed MR (--mmap, /dev/shm)", flush=True)
+        print("RDMA WRITE into an fd-backed MR (softverbs_reg_mr_fd; --mmap, /dev/shm)",
+              flush=True)
         size = 1 << 20
         n = max(100, int(iters_bw(size) * scale))
-        note(("softverbs", "write_bw_fd", size),
+        fw = OUT / "fd_write_bw"
+        subprocess.run(["cc", "-O2", "-Wall", "-o", str(fw), str(ROOT / "bench" / "fd_write_bw.c"),
+                        "-I" + str(build / "docs" / "examples" / "include"),
+                        "-L" + str(build / "libibverbs-compat"), "-libverbs"], check=True)
+        for mode in ("sealed", "memfd"):
+            note(("softverbs", f"write_bw_fd_{mode}", size),
+                 median_of(reps, fd_write, fw, build, size, n, mode))
+        note(("softverbs", "write_bw_fd_mmap", size),
              median_of(reps, perftest, build, "ib_write_bw", size, n, 1, True))
         need_memcpy(size)
     qps = None
@@ -450,8 +481,9 @@ def target_table(res, qps):
     for op in ("write", "read"):
         row(f"`ib_{op}_bw` 1 MiB / one-core memcpy 1 MiB",
             val("softverbs", op + "_bw", 1 << 20, "bw"), "MB/s", mc1, "memcpy", 0.7, True, 0)
-    row("RDMA WRITE 1 MiB into an fd-backed MR / memcpy (`ib_write_bw --mmap`, /dev/shm)",
-        val("softverbs", "write_bw_fd", 1 << 20, "bw"), "MB/s", mc1, "memcpy", 0.8, True, 0)
+    row("RDMA WRITE 1 MiB into an fd-backed MR / memcpy (`bench/fd_write_bw`, "
+        "`softverbs_reg_mr_fd` of a sealed memfd)",
+        val("softverbs", "write_bw_fd_sealed", 1 << 20, "bw"), "MB/s", mc1, "memcpy", 0.8, True, 0)
     for op in ("send", "write"):
         rates = [val("softverbs", f"{op}_bw_q{q}", 64, "mpps") for q in QP_PAIRS]
         shown = ", ".join(f"{q}: {num(r, 3)}" for q, r in zip(QP_PAIRS, rates))
@@ -500,17 +532,20 @@ def extra_tables(res, qps, parts):
             out.append(f"| {q} | " + " | ".join("-" if cell(op) is None else f"{cell(op):.3f}"
                                               for op in ("send", "write")) + " |")
     if "fdmr" in parts:
-        v = res.get(("softverbs", "write_bw_fd", 1 << 20), {}).get("bw")
-        w = res.get(("softverbs", "write_bw", 1 << 20), {}).get("bw")
-        c = res.get(("memcpy", "copy", 1 << 20), {}).get("bw")
+        g = lambda sys_, k: res.get((sys_, k, 1 << 20), {}).get("bw")
         f = lambda x: "-" if x is None else f"{x:.0f}"
         if out:
             out.append("")
         out.append("| 1 MiB RDMA WRITE | MB/s |")
         out.append("|---|---|")
-        out.append(f"| into an fd-backed MR (/dev/shm file, `--mmap`) | {f(v)} |")
-        out.append(f"| into perftest's own buffer | {f(w)} |")
-        out.append(f"| one-core memcpy (MiB/s) | {f(c)} |")
+        out.append("| into an fd-backed MR: `softverbs_reg_mr_fd` of a memfd sealed against "
+                   f"shrinking (`fd_write_bw sealed`) | {f(g('softverbs', 'write_bw_fd_sealed'))} |")
+        out.append("| the same memfd, unsealed (`fd_write_bw memfd`) | "
+                   f"{f(g('softverbs', 'write_bw_fd_memfd'))} |")
+        out.append("| perftest `--mmap`: a /dev/shm file's mapping, plain `ibv_reg_mr` | "
+                   f"{f(g('softverbs', 'write_bw_fd_mmap'))} |")
+        out.append(f"| into perftest's own buffer | {f(g('softverbs', 'write_bw'))} |")
+        out.append(f"| one-core memcpy (MiB/s) | {f(g('memcpy', 'copy'))} |")
     if qps:
         if out:
             out.append("")
@@ -618,13 +653,20 @@ library.
   the message rate of all pairs together, the same number of messages in
   all (perftest's `-n` is per QP).  "No drop" is read as every pair count
   keeping at least {DROP_ROOM} of the rate with 1 pair; the ratios are shown.
-- **fd-backed MR**: `ib_write_bw -s 1048576 --mmap=FILE`, each side with its
-  own sparse file in /dev/shm as its buffer (so its MR is fd-backed memory),
-  removed after the run.  perftest registers that buffer with a plain
-  `ibv_reg_mr`, not `softverbs_reg_mr_fd` or a dma-buf: the row measures
-  what the library makes of an ordinary registration of fd-backed memory
-  (at commit a3170e5, still one `process_vm_writev` per 1 MiB WRITE, as
-  without `--mmap`; `strace -f -c` on both sides).
+- **fd-backed MR**: `bench/fd_write_bw.c` forks two processes; the target
+  registers 1 MiB of a memfd with `softverbs_reg_mr_fd` (the fd-backed MR
+  of docs/memory.md), the other posts 1 MiB RDMA WRITEs into it on one RC
+  QP (128 outstanding, every 64th signaled, as `ib_write_bw`), then writes
+  a fresh pattern once more and the target checks every byte.  The row is
+  the memfd sealed against shrinking, which peers copy into with a plain
+  `memcpy`; unsealed, the owner could truncate it under a peer's copy, so
+  peers copy with the kernel's checked copy (EFAULT, not SIGBUS), shown
+  below the table.  Also shown: `ib_write_bw -s 1048576 --mmap=FILE`, each
+  side with its own sparse file in /dev/shm as its buffer, which perftest
+  registers with a plain `ibv_reg_mr`: memory that is fd-backed but not an
+  fd-backed MR.  A file the owner may truncate is not moved onto the
+  arena, so its WRITEs stay on cross-memory attach (one
+  `process_vm_writev` per 1 MiB WRITE).
 - **{QPS_N} QPs**: `bench/qp_scale.c` forks two processes that each create
   {QPS_N} RC QPs (`max_send_wr = max_recv_wr = {QPS_DEPTH}`, one CQ each),
   exchange their QPNs over a socketpair, connect every pair and send one

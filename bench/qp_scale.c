@@ -20,7 +20,9 @@
 // and the errno, connects and uses those, and exits with status 3.
 // Prints human-readable lines and one "RESULT key=value ..." line that
 // bench/bench.py parses.  Both processes give up after SECONDS (alarm).
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +39,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "pair.h"
 
 #define MSG 16 // bytes per message: sequence number, QPN, magic
 
@@ -58,57 +62,6 @@ struct side_report {
 	struct mem m0, m1, m2; // before the CQ, before the QPs, after traffic
 	double t_create, t_connect; // seconds
 };
-
-static int sock = -1;
-static const char *who = "parent";
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void die(const char *what, int e)
-{
-	fprintf(stderr, "qp_scale %s: %s: %s\n", who, what, strerror(e));
-	exit(2);
-}
-
-static void xwrite(const void *p, size_t n)
-{
-	const char *c = p;
-	while (n) {
-		ssize_t r = write(sock, c, n);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			die("socket write", r < 0 ? errno : EPIPE);
-		c += r;
-		n -= r;
-	}
-}
-
-static void xread(void *p, size_t n)
-{
-	char *c = p;
-	while (n) {
-		ssize_t r = read(sock, c, n);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			die("socket read (the other process died?)", r < 0 ? errno : EPIPE);
-		c += r;
-		n -= r;
-	}
-}
-
-static void barrier(void)
-{
-	char b = 'b';
-	xwrite(&b, 1);
-	xread(&b, 1);
-}
 
 static struct mem mem_now(void)
 {
@@ -184,14 +137,10 @@ static long long devshm_used(void)
 	return (long long)(v.f_blocks - v.f_bfree) * v.f_frsize;
 }
 
-struct peer_info {
-	uint16_t lid;
-	uint8_t gid[16];
-	int created;
-};
 
 int main(int argc, char **argv)
 {
+	prog = "qp_scale";
 	int nqp = argc > 1 ? atoi(argv[1]) : 1000;
 	int depth = argc > 2 ? atoi(argv[2]) : 128;
 	int secs = argc > 3 ? atoi(argv[3]) : 60;
@@ -205,44 +154,17 @@ int main(int argc, char **argv)
 		 fab && *fab ? fab : "default");
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
-	int sv[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv))
-		die("socketpair", errno);
-	pid_t parent_pid = getpid();
-	pid_t child = fork();
-	if (child < 0)
-		die("fork", errno);
+	pid_t child = fork_pair(secs);
 	int is_child = child == 0;
-	if (is_child) {
-		who = "child";
-		// Dies with the parent, whatever kills it.
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent_pid)
-			_exit(2);
-		close(sv[0]);
-		sock = sv[1];
-	} else {
-		close(sv[1]);
-		sock = sv[0];
-	}
-	alarm(secs); // SIGALRM ends a process that hangs; its peer then reads EOF
 
 	struct side_report me;
 	memset(&me, 0, sizeof(me));
 	long long shm[4] = {0, 0, 0, 0}, vfs[4] = {0, 0, 0, 0};
 	int files[4] = {0, 0, 0, 0};
 
-	int ndev = 0;
-	struct ibv_device **devs = ibv_get_device_list(&ndev);
-	struct ibv_context *ctx = NULL;
-	for (int i = 0; devs && i < ndev; i++)
-		if (!strcmp(ibv_get_device_name(devs[i]), "loop0"))
-			ctx = ibv_open_device(devs[i]);
-	if (!ctx)
-		die("open loop0", errno ? errno : ENODEV);
+	struct ibv_context *ctx = open_loop0();
 	struct ibv_port_attr port;
-	if (ibv_query_port(ctx, 1, &port))
-		die("ibv_query_port", errno);
+	struct peer_info mine = my_port(ctx, &port), theirs;
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	if (!pd)
 		die("ibv_alloc_pd", errno);
@@ -311,12 +233,6 @@ int main(int argc, char **argv)
 	barrier();
 
 	// Exchange: LID, GID, count, then the QPNs.
-	struct peer_info mine, theirs;
-	memset(&mine, 0, sizeof(mine));
-	mine.lid = port.lid;
-	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 0, &gid) == 0)
-		memcpy(mine.gid, gid.raw, 16);
 	mine.created = me.created;
 	xwrite(&mine, sizeof(mine));
 	xread(&theirs, sizeof(theirs));
@@ -332,45 +248,7 @@ int main(int argc, char **argv)
 
 	t = now();
 	for (int i = 0; i < n; i++) {
-		struct ibv_qp_attr a;
-		memset(&a, 0, sizeof(a));
-		a.qp_state = IBV_QPS_INIT;
-		a.pkey_index = 0;
-		a.port_num = 1;
-		a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE;
-		if (ibv_modify_qp(qp[i], &a,
-				  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-			die("modify_qp INIT", errno);
-		memset(&a, 0, sizeof(a));
-		a.qp_state = IBV_QPS_RTR;
-		a.path_mtu = port.active_mtu;
-		a.dest_qp_num = peerqpn[i];
-		a.rq_psn = 0;
-		a.max_dest_rd_atomic = 1;
-		a.min_rnr_timer = 12;
-		a.ah_attr.dlid = theirs.lid;
-		a.ah_attr.port_num = 1;
-		if (port.link_layer == IBV_LINK_LAYER_ETHERNET) {
-			a.ah_attr.is_global = 1;
-			memcpy(a.ah_attr.grh.dgid.raw, theirs.gid, 16);
-			a.ah_attr.grh.hop_limit = 1;
-		}
-		if (ibv_modify_qp(qp[i], &a,
-				  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-					  IBV_QP_MIN_RNR_TIMER))
-			die("modify_qp RTR", errno);
-		memset(&a, 0, sizeof(a));
-		a.qp_state = IBV_QPS_RTS;
-		a.timeout = 14;
-		a.retry_cnt = 7;
-		a.rnr_retry = 7;
-		a.sq_psn = 0;
-		a.max_rd_atomic = 1;
-		if (ibv_modify_qp(qp[i], &a,
-				  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-			die("modify_qp RTS", errno);
+		connect_rc(qp[i], &port, &theirs, peerqpn[i], IBV_ACCESS_LOCAL_WRITE);
 		struct ibv_sge sge = {(uintptr_t)(rbuf + (size_t)i * MSG), MSG, mr->lkey};
 		struct ibv_recv_wr rw = {.wr_id = i, .sg_list = &sge, .num_sge = 1}, *bad;
 		if (ibv_post_recv(qp[i], &rw, &bad))
@@ -511,6 +389,5 @@ int main(int argc, char **argv)
 	ibv_dereg_mr(mr);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	ibv_free_device_list(devs);
 	return 0;
 }
