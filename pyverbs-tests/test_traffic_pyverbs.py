@@ -465,3 +465,111 @@ def test_query_qp_and_bad_mask(env):
     assert r["inline"] >= 20 and r["sig_all"] == 0
     assert r["bad_mask"] == 22  # PATH_MTU cannot change in RTS->RTS
     assert r["after"] == 3
+
+
+# A receive queue kept full, as perftest keeps it: every post follows the
+# poll of a completion.  The poster's bound of the ring's cons comes from
+# the receive completions it polled (loop_qp::rq_polled), so this checks
+# that the bound lets exactly as many posts in as completions were polled,
+# never one more, also across a RESET that drops WQEs nobody took while
+# completions of taken ones still wait in the CQ.  Every message carries
+# (round, index) and lands in the buffer of the WQE its completion names.
+RQ_REFILL = r"""
+from pyverbs.pyverbs_error import PyverbsRDMAError
+a = Side(DEV_A); b = Side(DEV_B)
+connect(a, b)
+r = {"bad": [], "fill": [], "refill": []}
+SLOT = 64
+ids = iter(range(1, 1 << 30))
+posted = {}  # wr_id -> buffer offset
+def post_until_full():
+    n = 0
+    while n < 1000:
+        i = next(ids)
+        off = (i % 256) * SLOT
+        try:
+            recv(b, i, off, SLOT)
+        except PyverbsRDMAError as x:
+            return n, x.error_code
+        posted[i] = off
+        n += 1
+    return n, 0
+def send_round(rnd, count):
+    for k in range(count):
+        a.mr.write(struct.pack("<QQ", rnd, k), 16, 1024 + 16 * (k % 64))
+        a.qp.post_send(send_wr(1000 * rnd + k, e.IBV_WR_SEND,
+                               [SGE(a.mr.buf + 1024 + 16 * (k % 64), 16, a.mr.lkey)]))
+        wc = poll(a.cq)
+        if wc.status != e.IBV_WC_SUCCESS:
+            r["bad"].append(["send", rnd, k, wc.status])
+def take(rnd, count):
+    for k in range(count):
+        wc = poll(b.cq)
+        off = posted.pop(wc.wr_id, None)
+        if wc.status != e.IBV_WC_SUCCESS or off is None or wc.byte_len != 16:
+            r["bad"].append(["recv", rnd, k, wc.status, wc.wr_id])
+            continue
+        got = struct.unpack("<QQ", b.mr.read(16, off))
+        if got != (rnd, k):
+            r["bad"].append(["data", rnd, k, got])
+r["fill"].append(post_until_full())
+depth = r["fill"][0][0]
+for rnd in range(1, 7):
+    # All of them, or part: the room is what was polled, no more.
+    part = depth if rnd % 2 else depth // 2 + rnd
+    send_round(rnd, part)
+    take(rnd, part)
+    r["refill"].append([part, post_until_full()])
+    # The rest of the round's ring is still there, untaken: use it up.
+    if part < depth:
+        send_round(100 + rnd, depth - part)
+        take(100 + rnd, depth - part)
+        r["refill"].append([depth - part, post_until_full()])
+# Messages taken but their completions not polled, then RESET: the WQEs
+# nobody took are dropped (cons jumps to prod), the completions stay.
+send_round(50, 5)
+at = QPAttr(); at.qp_state = e.IBV_QPS_RESET
+b.qp.modify(at, e.IBV_QP_STATE)
+for x in (b,):
+    at = QPAttr(); at.qp_state = e.IBV_QPS_INIT; at.pkey_index = 0; at.port_num = 1
+    at.qp_access_flags = x.access
+    x.qp.modify(at, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+    at = QPAttr(); at.qp_state = e.IBV_QPS_RTR; at.path_mtu = e.IBV_MTU_1024
+    at.dest_qp_num = a.qp.qp_num; at.rq_psn = 0; at.max_dest_rd_atomic = 4; at.min_rnr_timer = 1
+    at.ah_attr = AHAttr(dlid=a.lid, port_num=1)
+    x.qp.modify(at, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN |
+                e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+    at = QPAttr(); at.qp_state = e.IBV_QPS_RTS; at.sq_psn = 0; at.timeout = 14; at.retry_cnt = 3
+    at.rnr_retry = 7; at.max_rd_atomic = 4
+    x.qp.modify(at, e.IBV_QP_STATE | e.IBV_QP_SQ_PSN | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT |
+                e.IBV_QP_RNR_RETRY | e.IBV_QP_MAX_QP_RD_ATOMIC)
+old = 0
+while True:
+    n, wcs = b.cq.poll(1)
+    if not n:
+        break
+    old += 1
+    posted.pop(wcs[0].wr_id, None)
+r["old_after_reset"] = old
+posted.clear()
+r["after_reset"] = post_until_full()
+send_round(60, depth)
+take(60, depth)
+r["after_reset_refill"] = post_until_full()
+out(r)
+"""
+
+
+def test_full_receive_queue_refills_by_polled_completions(env):
+    r = run(RQ_REFILL, env)
+    assert r["bad"] == []
+    depth, err = r["fill"][0]
+    assert depth >= 32 and err == 12, r["fill"]  # ENOMEM once full
+    # After each round exactly as many posts as completions were polled.
+    for took, (n, err) in r["refill"]:
+        assert (n, err) == (took, 12), r["refill"]
+    # The completions of taken messages may stay across the RESET (or be
+    # cleaned with it); either way the emptied ring takes exactly its depth.
+    assert r["old_after_reset"] in (0, 5)
+    assert r["after_reset"] == [depth, 12]
+    assert r["after_reset_refill"] == [depth, 12]

@@ -272,6 +272,12 @@ struct loop_qp {
 	ibv_pd *rq_alloc_pd = nullptr;
 	std::shared_ptr<placed_file> rq_placed;
 	bool rq_agent = false; // Posted to by an agent (softverbs_dv_qp_rq), under rq_lock
+	// Receive completions of this QP's own receive queue that its receive
+	// CQ's poller took (cq_take): each is a WQE some consumer took before
+	// it pushed the completion, so the count is a lower bound of the ring's
+	// cons that costs no look at the consumers' line (rq_post).  Written
+	// by the poller under the CQ's lock, read by rq_post.
+	std::atomic<uint64_t> rq_polled{0};
 	ibv_qp_attr attr;   // What modify_qp set, for query_qp
 	// The send queue: a ring of WQEs in shared memory (sv_sq_ring,
 	// kernel-abi/softverbs-abi.h).  The WQEs in [sq_cons, sq_posted) are
@@ -575,7 +581,10 @@ bool rq_take(sv_rq_ring *rq, sv_recv_wqe *out, uint32_t max_sge, bool *damaged =
 bool rq_take(sv_rq_ring *rq, const queue_geom &g, sv_recv_wqe *out, uint32_t max_sge,
 	     bool *damaged);
 // Posts receive WRs into ring (owner side).
-int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad);
+// taken: a lower bound of the ring's cons the caller knows by other means
+// (a QP's receive completions it polled: loop_qp::rq_polled), or 0.
+int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad,
+	    uint64_t taken = 0);
 // Destroys a QP's receive queue (its segment, or its placed ring, given
 // back through the allocator's free).
 void rq_destroy(fabric &fab, loop_qp *qp);

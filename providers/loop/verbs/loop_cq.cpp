@@ -365,6 +365,21 @@ void retire_sq(loop_cq *cq, const sv_cqe &e)
 		delta = static_cast<uint32_t>(e.src_qp + 1) - static_cast<uint32_t>(r);
 }
 
+// A receive completion of one of our QPs' own receive queue (not an SRQ's):
+// the WQE it used was taken, cons moved past it, before the entry was
+// published (rq_take, then the push), so counting them gives rq_post a bound
+// of cons.  A forged entry can only make that QP's posts write over WQEs not
+// yet taken, which their consumer reports as damage (rq_take).  Caller
+// holds cq->lock, the only writer of the count.
+void note_recv_taken(loop_cq *cq, const sv_cqe &e)
+{
+	loop_qp *qp = sq_owner(e.qp_num);
+	if (!qp || qp->rcq != cq || !qp->rq)
+		return;
+	qp->rq_polled.store(qp->rq_polled.load(std::memory_order_relaxed) + 1,
+			    std::memory_order_release);
+}
+
 // Resolves the placement of entry `index` before the entry is moved to
 // another index (cq_clean, resize): waits out a sender's claim (bounded by
 // its liveness, and by kSettleNs against a frozen one), places the payload
@@ -508,6 +523,8 @@ again:
 	if (out.flags & SV_CQE_SQ_INDEX) {
 		retire_sq(cq, out);
 		out.src_qp = 0; // Not the application's to see
+	} else if (out.opcode & IBV_WC_RECV) {
+		note_recv_taken(cq, out);
 	}
 	cq->head = c + 1;
 	std::atomic_ref<uint64_t>(r->cons).store(c + 1, std::memory_order_release);

@@ -353,7 +353,8 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 	qp->rq_placed.reset();
 }
 
-[[gnu::hot]] int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad)
+[[gnu::hot]] int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad,
+			  uint64_t taken)
 {
 	queue_geom g;
 	if (!queue_geometry(rq, g) ||
@@ -370,10 +371,15 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 			prod.store(p, std::memory_order_release);
 			return EINVAL;
 		}
-		// Room by our bound of cons; the consumers' line only when it
-		// shows the ring full, and every 64 posts (a bound written over
-		// lasts no longer).
+		// Room by our bound of cons, or the caller's if higher (a QP's
+		// polled receive completions: with a ring kept full, each post
+		// follows the poll of one completion, and the bound read from
+		// cons would say full every time); the consumers' line only when
+		// both show the ring full, and every 64 posts (a bound written
+		// over lasts no longer).
 		uint64_t c = seen.load(std::memory_order_acquire);
+		if (static_cast<int64_t>(taken - c) > 0 && p - taken <= g.entries)
+			c = taken;
 		if (p - c >= g.entries || !(p & 63)) {
 			c = std::atomic_ref<uint64_t>(rq->cons).load(std::memory_order_acquire);
 			seen.store(c, std::memory_order_release);
@@ -899,7 +905,8 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		*bad = wr;
 		return EINVAL; // One producer at a time: an agent posts (softverbs_dv_qp_rq)
 	}
-	int ret = rq_post(qp->rq, qp->cap.max_recv_sge, wr, bad);
+	int ret = rq_post(qp->rq, qp->cap.max_recv_sge, wr, bad,
+			  qp->rq_polled.load(std::memory_order_acquire));
 	// Receives posted to a QP in ERR complete at once as flushed.
 	if (!ret && qp_state_ref(rec).load(std::memory_order_acquire) == IBV_QPS_ERR)
 		rq_flush(qp->rq, qp->qpn, qp->rcq ? push_own_sink : nullptr, qp->rcq);
