@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 10
+#define SV_ABI_VERSION 11
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -467,12 +467,20 @@ struct sv_cq_ring {
 	 * a cookie-0 datagram; the owner's ibv_get_cq_event takes the count
 	 * with an exchange and hands out that many events (channel.cpp). */
 	uint32_t lost_events;
-	uint32_t reserved_ev;
+	uint32_t flags; /* enum sv_cq_ring_flags, set by the owner */
 	uint8_t pad3[SV_CACHELINE * 5 - 24 - 216 - 24];
 };
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, prod) == 128, "producer line");
 SV_STATIC_ASSERT(offsetof(struct sv_cq_ring, cons) == 192, "consumer line");
 SV_STATIC_ASSERT(sizeof(struct sv_cq_ring) == 576, "CQ ring header size");
+
+enum sv_cq_ring_flags {
+	/* The owner reads completion timestamps (a CQ made with
+	 * IBV_WC_EX_WITH_COMPLETION_TIMESTAMP or _WALLCLOCK): producers stamp
+	 * each entry's timestamp.  Without it the stamp is 0: reading the clock
+	 * was a tenth of a small SEND's requester time. */
+	SV_CQ_STAMP = 1 << 0,
+};
 
 enum sv_cqe_flags {
 	SV_CQE_SOLICITED = 1 << 0,

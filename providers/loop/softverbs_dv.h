@@ -176,6 +176,8 @@ struct softverbs_cqe {
 	uint8_t flags;
 	uint8_t reserved0;
 	uint32_t place;
+	/* CLOCK_MONOTONIC ns of the completion, for a CQ created with
+	 * IBV_WC_EX_WITH_COMPLETION_TIMESTAMP(_WALLCLOCK); 0 otherwise. */
 	uint64_t timestamp;
 };
 

@@ -773,7 +773,10 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 	}
 	sv_cqe &slot = slots[p & mask];
 	e.seq = 0;
-	e.timestamp = now_ns();
+	e.timestamp = (std::atomic_ref<uint32_t>(ring->flags).load(std::memory_order_relaxed) &
+		       SV_CQ_STAMP)
+			      ? now_ns()
+			      : 0;
 	e.flags = static_cast<uint8_t>((e.flags & SV_CQE_SQ_INDEX) | (solicited ? SV_CQE_SOLICITED : 0));
 	e.place = SV_PLACE_NONE;
 	if (payload) {
@@ -1011,6 +1014,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	nr->channel_len = cq->ring->channel_len;
 	nr->cookie = cq->ring->cookie;
 	nr->mod_count = cq->ring->mod_count;
+	nr->flags = cq->ring->flags;
 	// Close the old ring first: producers that find it closed (ESTALE) look
 	// the CQ up again, and keep doing so until the QPs name the new ring,
 	// which happens only once every entry of the old ring is across.  (The

@@ -228,6 +228,11 @@ ibv_cq_ex *loop_create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr)
 	x.read_slid = read_slid;
 	x.read_sl = read_sl;
 	x.read_dlid_path_bits = read_dlid_path_bits;
+	// Producers stamp entries only for a CQ that reads the stamps.  Set
+	// before the CQ is returned: no QP can complete into it earlier.
+	if (attr->wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+			      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK))
+		std::atomic_ref<uint32_t>(cq->ring->flags).store(SV_CQ_STAMP, std::memory_order_release);
 	if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
 		x.read_completion_ts = read_completion_ts;
 	if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
