@@ -548,6 +548,8 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 			*bad = wr;
 			return EINVAL;
 		}
+		if (const transport_ops &t = active_transport(); t.warm)
+			t.warm(qp);
 		send_wr w; // Filled by copy_wr (not a thread_local: small_vec.h)
 		rdma_batch b;
 		for (; wr; wr = wr->next) {

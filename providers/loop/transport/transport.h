@@ -179,6 +179,12 @@ struct transport_ops {
 	// not published), or ENOSPC (the CQ overflowed; the peer's QP is in ERR).
 	int (*post_cqe)(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
 			const tp_payload *data);
+	// A hint as a posting call begins (under sq_lock), or null: start
+	// bringing in the lines the QP's next request will touch in its peer's
+	// queues (the next receive WQE, the next CQ slot and its payload), so
+	// that their transfer from the peer's core overlaps the posting work
+	// before them instead of stalling it.  Never faults, never fails.
+	void (*warm)(loop_qp *qp);
 	// The responder failed: its QP goes to ERR and its owner hears ev.
 	void (*responder_error)(loop_qp *qp, const peer &p, ibv_event_type ev);
 	// Whether QP qpn's owner lives; reap: reclaim what dead owners left.
