@@ -13,6 +13,9 @@ Measures, each point the median of --reps runs:
              (shared memory): tag_lat, tag_bw, ucp_put_bw;
   memcpy     bench/memcpy_bw.c on one core, built here.
 and, for the targets of issue 13:
+  paired     the first five targets (8 B latency, 64 B message rate) in
+             rounds, UCX and softverbs back to back in each: the ratio is
+             the median of the rounds' ratios;
   QP pairs   ib_send_bw and ib_write_bw at 64 B with -q 1, 2, 4 and 8
              (message rate of all pairs together);
   fd MR      bench/fd_write_bw.c, built here: RDMA WRITE 1 MiB into an MR
@@ -26,7 +29,8 @@ and, for the targets of issue 13:
 Prints a table with the ratios softverbs/UCX and softverbs/memcpy and the
 issue's target table (each ratio, its target, met or not), writes
 docs/PERFORMANCE.md and docs/perf.png.  --only PART[,PART] runs some parts
-alone (lat, bw, qprate, fdmr, qps) and prints without writing the docs.
+alone (lat, bw, paired, qprate, fdmr, qps) and prints without writing the
+docs.
 Not a test: nothing here passes or fails on a number.
 """
 import argparse
@@ -177,7 +181,8 @@ def ucx(test, size, iters):
         if line.startswith("Final:"):
             f = line.split()
             # iterations, lat 50%ile, lat avg, lat overall, bw avg, bw overall, rate avg, overall
-            return {"lat_us": float(f[3]), "bw": float(f[6]), "mpps": float(f[8]) / 1e6}
+            # Latency: the 50th percentile, as perftest's t_typical is a median.
+            return {"lat_us": float(f[2]), "bw": float(f[6]), "mpps": float(f[8]) / 1e6}
     raise RuntimeError(f"no Final line in:\n{out}")
 
 
@@ -240,6 +245,34 @@ def qp_scale(binary, build, nqp, depth):
 FAILURES = []
 
 
+def paired_rounds(reps, build, scale):
+    """The figures of the issue's first five targets, taken in rounds: in
+    each, UCX and softverbs back to back (tag_lat 8 B, then ib_send_lat,
+    ib_write_lat, ib_read_lat; tag_bw 64 B, then ib_send_bw, ib_write_bw).
+    UCX and our library both move between modes on this VM for minutes at a
+    time; a ratio of two medians taken minutes apart can compare two modes,
+    the median of per-round ratios compares like with like.  A round with a
+    failed run is left out (and listed)."""
+    n_lat = max(100, int(iters_lat(8) * scale))
+    n_bw = max(100, int(iters_bw(64) * scale))
+    rounds = []
+    for _ in range(reps):
+        r = {}
+        try:
+            r["tag_lat"] = ucx("tag_lat", 8, n_lat)["lat_us"]
+            for op in ("send", "write", "read"):
+                r[op + "_lat"] = perftest(build, f"ib_{op}_lat", 8, n_lat)["lat_us"]
+            r["tag_bw"] = ucx("tag_bw", 64, n_bw)["mpps"]
+            for op in ("send", "write"):
+                r[op + "_bw"] = perftest(build, f"ib_{op}_bw", 64, n_bw)["mpps"]
+        except (RuntimeError, subprocess.SubprocessError) as x:
+            FAILURES.append(f"paired round: {str(x).splitlines()[0][:160]}")
+            continue
+        print("  round: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
+        rounds.append(r)
+    return rounds
+
+
 def median_of(reps, fn, *args):
     """Median of reps runs; a run that fails or hangs is retried once and
     then left out (and listed in the report)."""
@@ -280,7 +313,7 @@ def ratio(a, b):
     return f"{a / b:.2f}" if a == a and b == b and a and b else "-"
 
 
-PARTS = ("lat", "bw", "qprate", "fdmr", "qps")
+PARTS = ("lat", "bw", "paired", "qprate", "fdmr", "qps")
 QP_PAIRS = [1, 2, 4, 8]
 QPS_N, QPS_DEPTH = 1000, 128
 QPS_TARGET = 64 << 10  # bytes per QP at depth 128
@@ -347,6 +380,10 @@ def main():
             for t in ("tag_bw", "ucp_put_bw"):
                 note(("ucx", t, size), median_of(reps, ucx, t, size, n))
             need_memcpy(size)
+    paired = []
+    if "paired" in parts:
+        print("paired rounds (UCX and softverbs back to back)", flush=True)
+        paired = paired_rounds(reps, build, scale)
     if "qprate" in parts:
         # The same number of messages in all, spread over the pairs
         # (perftest's -n counts per QP).
@@ -417,7 +454,7 @@ def main():
         lines.append("")
         lines += [f"- `{f}`" for f in FAILURES]
     table = "\n".join(lines)
-    targets = target_table(res, qps)
+    targets = target_table(res, qps, paired)
     extra = extra_tables(res, qps, parts)
     print()
     print(f"{m['date']}  nproc {m['nproc']}  {m['cpu']}  kernel {m['kernel']}  load {m['load']}")
@@ -446,7 +483,7 @@ def verdict(r, target, higher):
     return "yes" if (r >= target if higher else r <= target) else "no"
 
 
-def target_table(res, qps):
+def target_table(res, qps, paired=()):
     """The target table of issue 13, row for row: figure, softverbs, the
     reference it is divided by, the ratio, the target, whether it is met."""
     nan = float("nan")
@@ -456,22 +493,37 @@ def target_table(res, qps):
 
     num = lambda x, digits: "-" if x != x else f"{x:.{digits}f}"
 
-    def row(figure, v, unit, ref, refname, target, higher, digits=2):
-        r = div(v, ref)
+    def row(figure, v, unit, ref, refname, target, higher, digits=2, r=None):
+        r = div(v, ref) if r is None else r
         rows.append(f"| {figure} | {num(v, digits)} {unit} | {num(ref, digits)} {unit} ({refname}) | "
                     f"{'-' if r != r else f'{r:.2f}'} | {'≥' if higher else '≤'} {target} | "
                     f"{verdict(r, target, higher)} |")
 
-    tag64 = val("ucx", "tag_bw", 64, "mpps")
+    # The first five from the paired rounds when they ran: the medians of
+    # each side, and the median of the rounds' own ratios.
+    med = lambda k: statistics.median(x[k] for x in paired) if paired else nan
+    pratio = lambda f: statistics.median(f(x) for x in paired) if paired else None
+    if paired:
+        tag64, tl8 = med("tag_bw"), med("tag_lat")
+        sv = {k: med(k) for k in ("send_bw", "write_bw", "send_lat", "write_lat", "read_lat")}
+        note = f", paired: median of {len(paired)} rounds' ratios"
+    else:
+        tag64, tl8 = val("ucx", "tag_bw", 64, "mpps"), val("ucx", "tag_lat", 8, "lat_us")
+        sv = {f"{op}_{k}": val("softverbs", f"{op}_{k}", 8 if k == "lat" else 64,
+                               "lat_us" if k == "lat" else "mpps")
+              for op in ("send", "write", "read") for k in ("bw", "lat")}
+        note = ""
     for op in ("send", "write"):
-        row(f"`ib_{op}_bw` 64 B message rate / UCX `tag_bw` 64 B",
-            val("softverbs", op + "_bw", 64, "mpps"), "Mpps", tag64, "tag_bw", 1.0, True, 3)
-    tl8 = val("ucx", "tag_lat", 8, "lat_us")
+        row(f"`ib_{op}_bw` 64 B message rate / UCX `tag_bw` 64 B{note}",
+            sv[op + "_bw"], "Mpps", tag64, "tag_bw", 1.0, True, 3,
+            pratio(lambda x: x[op + "_bw"] / x["tag_bw"]))
     for op in ("send", "write"):
-        row(f"`ib_{op}_lat` 8 B / UCX `tag_lat` 8 B",
-            val("softverbs", op + "_lat", 8, "lat_us"), "us", tl8, "tag_lat", 1.0, False)
-    row("`ib_read_lat` 8 B / (2 × UCX `tag_lat` 8 B)", val("softverbs", "read_lat", 8, "lat_us"),
-        "us", 2 * tl8, "2 × tag_lat", 1.0, False)
+        row(f"`ib_{op}_lat` 8 B / UCX `tag_lat` 8 B{note}",
+            sv[op + "_lat"], "us", tl8, "tag_lat", 1.0, False, 2,
+            pratio(lambda x: x[op + "_lat"] / x["tag_lat"]))
+    row(f"`ib_read_lat` 8 B / (2 × UCX `tag_lat` 8 B){note}", sv["read_lat"],
+        "us", 2 * tl8, "2 × tag_lat", 1.0, False, 2,
+        pratio(lambda x: x["read_lat"] / (2 * x["tag_lat"])))
     for size in (4096, 65536):
         for op in ("send", "write", "read"):
             row(f"`ib_{op}_bw` {fmt_size(size)} / UCX `tag_bw` {fmt_size(size)}",
@@ -621,7 +673,8 @@ load on the machine shows up directly.
   Bandwidth is `BW average`, message rate `MsgRate`.
 - **UCX**: `ucx_perftest` (ucx-utils 1.13) between two processes with
   `UCX_TLS=posix,cma,self`, UCX's shared-memory transports: `tag_lat`
-  (half round trip), `tag_bw`, `ucp_put_bw` (compared with write and read).
+  (half round trip; its typical, 50th-percentile, latency, as perftest's
+  is a median), `tag_bw`, `ucp_put_bw` (compared with write and read).
 - **memcpy**: one core copying between two buffers (`bench/memcpy_bw.c`); its
   "latency" is the time of one copy.  Small copies stay in cache.
 
@@ -648,6 +701,14 @@ Each row of the issue's target table, measured in this run.  A ratio is
 softverbs divided by the figure named; "met" compares it with the target.
 These are figures of one run on one machine, never a pass or fail of the
 library.
+
+- **Paired rounds** (the first five rows): UCX's and softverbs' figures
+  for 8 B latency and 64 B message rate are taken in rounds, UCX and
+  softverbs back to back in each, and the ratio is the median of the
+  rounds' own ratios; the two figures shown are each side's median.  Both
+  move between modes on this VM (UCX's `tag_lat` between about 0.1 and
+  0.7 us, for minutes at a time), and a ratio of medians taken minutes
+  apart can divide one mode by another.
 
 - **QP pairs**: `ib_send_bw` and `ib_write_bw` at 64 B with `-q 1, 2, 4, 8`,
   the message rate of all pairs together, the same number of messages in
