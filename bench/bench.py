@@ -516,14 +516,14 @@ def target_table(res, qps, paired=()):
     for op in ("send", "write"):
         row(f"`ib_{op}_bw` 64 B message rate / UCX `tag_bw` 64 B{note}",
             sv[op + "_bw"], "Mpps", tag64, "tag_bw", 1.0, True, 3,
-            pratio(lambda x: x[op + "_bw"] / x["tag_bw"]))
+            pratio(lambda x: div(x[op + "_bw"], x["tag_bw"])))
     for op in ("send", "write"):
         row(f"`ib_{op}_lat` 8 B / UCX `tag_lat` 8 B{note}",
             sv[op + "_lat"], "us", tl8, "tag_lat", 1.0, False, 2,
-            pratio(lambda x: x[op + "_lat"] / x["tag_lat"]))
+            pratio(lambda x: div(x[op + "_lat"], x["tag_lat"])))
     row(f"`ib_read_lat` 8 B / (2 × UCX `tag_lat` 8 B){note}", sv["read_lat"],
         "us", 2 * tl8, "2 × tag_lat", 1.0, False, 2,
-        pratio(lambda x: x["read_lat"] / (2 * x["tag_lat"])))
+        pratio(lambda x: div(x["read_lat"], 2 * x["tag_lat"])))
     for size in (4096, 65536):
         for op in ("send", "write", "read"):
             row(f"`ib_{op}_bw` {fmt_size(size)} / UCX `tag_bw` {fmt_size(size)}",
@@ -673,8 +673,8 @@ load on the machine shows up directly.
   Bandwidth is `BW average`, message rate `MsgRate`.
 - **UCX**: `ucx_perftest` (ucx-utils 1.13) between two processes with
   `UCX_TLS=posix,cma,self`, UCX's shared-memory transports: `tag_lat`
-  (half round trip; its typical, 50th-percentile, latency, as perftest's
-  is a median), `tag_bw`, `ucp_put_bw` (compared with write and read).
+  (half round trip; its typical latency, the 50th percentile of its last
+  2048 iterations, as perftest's `t_typical` is a median), `tag_bw`, `ucp_put_bw` (compared with write and read).
 - **memcpy**: one core copying between two buffers (`bench/memcpy_bw.c`); its
   "latency" is the time of one copy.  Small copies stay in cache.
 

@@ -487,6 +487,12 @@ void mr_publish_change(sv_mr_rec &m);
 int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease, uint32_t pdn,
 		      uint64_t iova, uint64_t len, uint32_t need, uint32_t qpn,
 		      std::vector<rseg> &out, uint32_t *access);
+// Its hit alone, for memory reached by its own address (no mapping to pin):
+// true with the address of [iova, iova + len) in out and the segment's kind,
+// or false when mr_resolve_cached must decide (a miss, a change, a mapped
+// peer, a check that fails).  No list to build: a local SGE's fast path.
+bool mr_cached_own(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease, uint32_t pdn,
+		   uint64_t iova, uint64_t len, uint32_t need, iovec &out, seg_kind &kind);
 // The private opcode of a BMME fast-register WR (softverbs_post_fast_reg).
 inline constexpr ibv_wr_opcode kWrFastReg = IBV_WR_DRIVER1;
 // Its completion opcode, SOFTVERBS_WC_FAST_REG (8: unused by verbs.h).

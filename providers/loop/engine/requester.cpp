@@ -89,6 +89,17 @@ void add_null(small_vec<iovec, 16> &v, uint64_t len)
 	}
 }
 
+// One resolved piece of a local SGE into b.
+void add_seg(local_buf &b, const iovec &v, seg_kind k)
+{
+	if (k == seg_kind::null)
+		add_null(b.iov, v.iov_len);
+	else
+		b.iov.push_back(v);
+	b.checked |= k == seg_kind::peer_checked;
+	b.mapped |= k == seg_kind::mapped || k == seg_kind::mapped_direct;
+}
+
 [[gnu::hot]] ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &b)
 {
 	b.iov.clear();
@@ -107,19 +118,22 @@ void add_null(small_vec<iovec, 16> &v, uint64_t len)
 		const ibv_sge &s = w.sge[i];
 		if (!s.length)
 			continue;
+		iovec v;
+		seg_kind k;
+		if (mr_cached_own(fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),
+				  qp->pdn, s.addr, s.length, need_write ? IBV_ACCESS_LOCAL_WRITE : 0, v,
+				  k)) {
+			add_seg(b, v, k);
+			b.len += s.length;
+			continue;
+		}
 		segs.clear();
 		if (mr_resolve_cached(fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),
 				      qp->pdn, s.addr, s.length,
 				      need_write ? IBV_ACCESS_LOCAL_WRITE : 0, qp->qpn, segs, nullptr))
 			return IBV_WC_LOC_PROT_ERR;
-		for (const rseg &g : segs) {
-			if (g.kind == seg_kind::null)
-				add_null(b.iov, g.len);
-			else
-				b.iov.push_back({g.base, g.len});
-			b.checked |= g.kind == seg_kind::peer_checked;
-			b.mapped |= g.kind == seg_kind::mapped || g.kind == seg_kind::mapped_direct;
-		}
+		for (const rseg &g : segs)
+			add_seg(b, {g.base, g.len}, g.kind);
 		b.len += s.length;
 	}
 	return IBV_WC_SUCCESS;

@@ -378,53 +378,85 @@ namespace {
 
 } // namespace
 
+namespace {
+
+// The entry of kc that still stands for key: its record unchanged since it
+// was resolved (VALID, with the key and cookie it had: a change of any field
+// draws a new cookie), read between two looks at its state as snapshot()
+// reads it, and the access asked for within what it checked (PD, rights,
+// range).  Null otherwise; *found then receives an entry kept for key that
+// no longer stands, or one whose check failed (the full path refills it,
+// and gives the errno).
+[[gnu::hot]] key_cache::entry *cache_lookup(fabric &fab, key_cache &kc, uint32_t key,
+					    uint32_t owner_lease, uint32_t pdn, uint64_t iova,
+					    uint64_t len, uint32_t need, key_cache::entry *&found)
+{
+	uint32_t slot = key >> SV_MR_KEY_BITS;
+	found = nullptr;
+	for (key_cache::entry &e : kc.e)
+		if (e.valid && e.key == key && e.owner_lease == owner_lease)
+			found = &e;
+	if (!found || !slot || slot >= SV_MAX_MRS)
+		return nullptr;
+	const sv_mr_rec &c = found->rec;
+	sv_mr_rec &m = fab.reg()->mrs[slot];
+	bool same = (c.key & 0xff) == (key & 0xff) && c.owner_lease == owner_lease &&
+		    mr_state(m).load(std::memory_order_acquire) == SV_MR_VALID &&
+		    std::atomic_ref<uint32_t>(m.key).load(std::memory_order_relaxed) == c.key &&
+		    std::atomic_ref<uint32_t>(m.cookie).load(std::memory_order_relaxed) == c.cookie;
+	std::atomic_thread_fence(std::memory_order_acquire);
+	same = same && mr_state(m).load(std::memory_order_relaxed) == SV_MR_VALID;
+	// The checks of check_key that depend on the access, not the record;
+	// a failing one goes the full way for its errno.
+	if (same && (pdn == kAnyPdn || c.pdn == pdn) && (c.access & need) == need &&
+	    in_bounds(c, iova, len))
+		return found;
+	found->valid = false;
+	return nullptr;
+}
+
+} // namespace
+
 [[gnu::hot]] int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease,
 				   uint32_t pdn, uint64_t iova, uint64_t len, uint32_t need,
 				   uint32_t qpn, std::vector<rseg> &out, uint32_t *access)
 {
-	uint32_t slot = key >> SV_MR_KEY_BITS;
-	key_cache::entry *hit = nullptr;
-	for (key_cache::entry &e : kc.e)
-		if (e.valid && e.key == key && e.owner_lease == owner_lease)
-			hit = &e;
-	if (hit && slot && slot < SV_MAX_MRS) {
+	key_cache::entry *found;
+	if (key_cache::entry *hit = cache_lookup(fab, kc, key, owner_lease, pdn, iova, len, need, found)) {
 		const sv_mr_rec &c = hit->rec;
-		sv_mr_rec &m = fab.reg()->mrs[slot];
-		// Unchanged since it was resolved: still valid, with the key and
-		// cookie it had (a change of any field draws a new cookie), read
-		// between two looks at its state as snapshot() reads it.
-		bool same = (c.key & 0xff) == (key & 0xff) && c.owner_lease == owner_lease &&
-			    mr_state(m).load(std::memory_order_acquire) == SV_MR_VALID &&
-			    std::atomic_ref<uint32_t>(m.key).load(std::memory_order_relaxed) == c.key &&
-			    std::atomic_ref<uint32_t>(m.cookie).load(std::memory_order_relaxed) ==
-				    c.cookie;
-		std::atomic_thread_fence(std::memory_order_acquire);
-		same = same && mr_state(m).load(std::memory_order_relaxed) == SV_MR_VALID;
-		// The checks of check_key that depend on the access, not the
-		// record; a failing one goes the full way for its errno.
-		if (same && (pdn == kAnyPdn || c.pdn == pdn) && (c.access & need) == need &&
-		    in_bounds(c, iova, len)) {
-			uint64_t off = iova - c.iova;
-			if (!hit->base) {
-				out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind});
+		uint64_t off = iova - c.iova;
+		if (!hit->base) {
+			out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind});
+			if (access)
+				*access = c.access;
+			return 0;
+		}
+		if (coarse_now() == hit->tick) {
+			if (std::shared_ptr<void> pin = hit->map.lock()) {
+				out.push_back({hit->base + off, len, hit->kind, std::move(pin), 0,
+					       c.addr + off});
 				if (access)
 					*access = c.access;
 				return 0;
 			}
-			if (coarse_now() == hit->tick) {
-				if (std::shared_ptr<void> pin = hit->map.lock()) {
-					out.push_back({hit->base + off, len, hit->kind, std::move(pin), 0,
-						       c.addr + off});
-					if (access)
-						*access = c.access;
-					return 0;
-				}
-			}
 		}
 		hit->valid = false;
 	}
-	return resolve_and_keep(fab, kc, hit ? *hit : kc.e[kc.next], hit != nullptr, key, owner_lease,
-				pdn, iova, len, need, qpn, out, access);
+	return resolve_and_keep(fab, kc, found ? *found : kc.e[kc.next], found != nullptr, key,
+				owner_lease, pdn, iova, len, need, qpn, out, access);
+}
+
+[[gnu::hot]] bool mr_cached_own(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease,
+				uint32_t pdn, uint64_t iova, uint64_t len, uint32_t need, iovec &out,
+				seg_kind &kind)
+{
+	key_cache::entry *found;
+	key_cache::entry *hit = cache_lookup(fab, kc, key, owner_lease, pdn, iova, len, need, found);
+	if (!hit || hit->base)
+		return false;
+	out = {reinterpret_cast<void *>(hit->rec.addr + (iova - hit->rec.iova)), len};
+	kind = hit->kind;
+	return true;
 }
 
 int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,

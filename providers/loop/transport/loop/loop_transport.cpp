@@ -268,8 +268,17 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 {
 	if (qp->wire_remote)
 		return;
+	sv_registry *r = qp->ctx->fab->reg();
 	for (const loop_qp::queue_cache &c : qp->tp_queues) {
-		if (!c.hold)
+		if (!c.hold || c.ref.slot >= SV_MAX_OBJS)
+			continue;
+		// The indices are real loads: only of a queue that still exists,
+		// as qp_queue checks it.  A queue its owner placed in a file and
+		// destroyed may lie in a range the owner has since truncated
+		// (SIGBUS here).
+		const sv_obj_rec &o = r->objs[c.ref.slot];
+		if (!std::atomic_ref<const uint32_t>(o.in_use).load(std::memory_order_acquire) ||
+		    o.generation != c.ref.gen || o.kind != static_cast<uint32_t>(c.kind))
 			continue;
 		char *base = c.hold.as<char>();
 		uint64_t mask = c.geom.entries - 1;
