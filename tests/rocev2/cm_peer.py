@@ -104,6 +104,10 @@ def main():
             s.sendto(packet(m, src, dst, 4791), (dst, 4791))
             time.sleep(0.002)
         got = answers(s, 3)
+        if not got:
+            # A listener slowed down (ASan beside the pyverbs suite in CI)
+            # answers late, not never: wait for its first answer longer.
+            got = answers(s, 20)
         reps = len({a[1] for a in got if a[0] == REP})
         rejs = {}
         for a in got:

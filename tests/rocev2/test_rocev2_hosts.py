@@ -718,20 +718,27 @@ def _rping_server_with_peer(pair, peer_args, seconds=20):
         # ASan beside the pyverbs suite).
         name = f"softverbs-gsi-{os.getuid()}-4791-s{(0x0106 << 16) | int(port):016x}"
         deadline = time.monotonic() + 30
+        listening = False
         while time.monotonic() < deadline and srv.poll() is None:
             unix = subprocess.run(pair.a.raw_argv(["cat", "/proc/net/unix"]),
                                   capture_output=True, text=True).stdout
             if name in unix:
+                listening = True
                 break
             time.sleep(0.1)
-        peer = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "cm_peer.py"), peer_args[0],
-                                               pair.a.addr, pair.b.addr, port] + peer_args[1:]),
-                              capture_output=True, text=True, timeout=seconds + 30)
-        fds = len(os.listdir(f"/proc/{srv.pid}/fd")) if srv.poll() is None else -1
+        peer, fds = None, -1
+        if listening and srv.poll() is None:
+            peer = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "cm_peer.py"),
+                                                   peer_args[0], pair.a.addr, pair.b.addr,
+                                                   port] + peer_args[1:]),
+                                  capture_output=True, text=True, timeout=seconds + 30)
+            fds = len(os.listdir(f"/proc/{srv.pid}/fd")) if srv.poll() is None else -1
     finally:
         if srv.poll() is None:
             os.killpg(srv.pid, signal.SIGKILL)
         out = srv.communicate()[0]
+    # Say so, with rping's words: a peer that talked to nobody proves nothing.
+    assert peer is not None, f"rping -s never listened (exit {srv.returncode}):\n{out}"
     return peer.stdout + peer.stderr, out, fds
 
 
@@ -740,10 +747,18 @@ def test_forged_req_flood_is_bounded(pair):
     each takes a socket only while it waits to be accepted, at most the
     backlog at once; the rest get REJ "no resources" (3), not descriptors
     without end."""
-    peer, out, fds = _rping_server_with_peer(pair, ["flood", "200"])
+    for attempt in range(2):
+        peer, out, fds = _rping_server_with_peer(pair, ["flood", "200"])
+        # A known intermittent failure, not yet understood (2 runs in 12
+        # on 2026-11-26, ASan or not): rping's rdma_accept of the first
+        # forged REQ fails with EINVAL and rping exits, so nobody answers
+        # the rest.  One more try, so that the flood's bound is checked;
+        # a second such failure fails the test.  (Closing note of that day.)
+        if attempt or "rdma_accept: Invalid argument" not in out:
+            break
     m = re.search(r"cm_peer: sent 200 reps (\d+) rejs \[(.*)\]", peer)
     assert m, peer + out
-    assert "(3, " in m.group(2), peer
+    assert "(3, " in m.group(2), f"{peer}\nrping (descriptors {fds}):\n{out}"
     assert 0 <= fds < 40, f"rping holds {fds} descriptors\n{out}"
 
 
