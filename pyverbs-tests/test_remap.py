@@ -11,7 +11,7 @@ import pytest
 import svtest
 
 SCENARIOS = ["traffic", "kernel", "signals", "writers", "dontneed", "attrs", "maxmap", "memory",
-             "fork", "mremap", "sighandler", "race", "closedfd", "munmap"]
+             "fork", "mremap", "sighandler", "race", "closedfd", "munmap", "express"]
 
 
 @pytest.fixture

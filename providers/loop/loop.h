@@ -369,6 +369,22 @@ struct loop_qp {
 	};
 	queue_cache tp_queues[2];
 	uint8_t tp_queue_next = 0;
+	// The peer the loop transport last found for this QP (find_qp), for
+	// the address it was asked (QP number, LID, link layer): its record as
+	// found, its port's LID, its owner's pid.  A connected QP asks for the
+	// same peer every time; each use checks the record again (slot in use,
+	// same generation and owner, the owner's lease not reaped) and reads
+	// it afresh.  Not for UD, nor for a QP of this process.  Under sq_lock.
+	struct peer_cache {
+		bool valid = false;
+		bool eth = false;
+		uint16_t dlid = 0;
+		uint16_t lid = 0;
+		uint32_t qpn = 0;
+		uint32_t slot = 0;
+		int32_t pid = 0;
+		sv_qp_rec rec{};
+	} tp_peer;
 	// Its last resolved keys (key_cache above).  Used under sq_lock, or
 	// by the one thread that uses a RoCE v2 proxy QP.
 	key_cache tp_keys;
@@ -493,6 +509,14 @@ int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_l
 // peer, a check that fails).  No list to build: a local SGE's fast path.
 bool mr_cached_own(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease, uint32_t pdn,
 		   uint64_t iova, uint64_t len, uint32_t need, iovec &out, seg_kind &kind);
+// The express way's target (loop_transport.cpp: lt_express_write): a hit of
+// kc as mr_resolve_cached would give it, as one segment: true with its
+// address in dst, its kind, the key's rights in access, and pin holding a
+// mapping dst lies in (mapped kinds); false when mr_resolve_cached must
+// decide (a miss, a change, a stale mapping, a check that fails).
+bool mr_cached_target(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease, uint32_t pdn,
+		      uint64_t iova, uint64_t len, uint32_t need, char *&dst, seg_kind &kind,
+		      uint32_t &access, std::shared_ptr<void> &pin);
 // The private opcode of a BMME fast-register WR (softverbs_post_fast_reg).
 inline constexpr ibv_wr_opcode kWrFastReg = IBV_WR_DRIVER1;
 // Its completion opcode, SOFTVERBS_WC_FAST_REG (8: unused by verbs.h).

@@ -39,6 +39,13 @@
  *             into that file, and the library never punches it
  *   munmap    a range unmapped and mapped anew before deregistration (as
  *             UCX does) keeps the new contents
+ *   express   the requester's express way (a WRITE copied at once from what
+ *             its caches hold: the peer QP, both keys, the mapping) after
+ *             each change behind a warm cache: the responder QP's rights
+ *             taken away, the MR deregistered and registered again at the
+ *             same address, a WRITE one byte past the MR's end, a read-only
+ *             MR, the responder QP destroyed and a new one made: each fails
+ *             as the general way fails it, and no byte lands where it may not
  *
  * With SOFTVERBS_REMAP=0 nothing may move, and the traffic checks hold all
  * the same.  Prints "OK sv_remap SCENARIO" or "SKIP ..." and exits 0; a
@@ -952,6 +959,100 @@ static void sc_race(void)
 	}
 }
 
+/* Both ends back to RTS after the peer's QP went to ERR (the owner's QP
+ * too, since a responder error takes it there). */
+static void reconnect_both(void)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+	CHECK(ibv_modify_qp(QP, &a, IBV_QP_STATE) == 0);
+	struct ibv_wc wc;
+	while (ibv_poll_cq(CQ, 1, &wc) > 0)
+		;
+	struct svt_conn c = {SVT_ALL_ACCESS, 12, 14, 7, 7};
+	svt_connect(QP, B->qpn[1], B->lid[1], &c);
+	B->op = OP_RECONNECT;
+	uint32_t n = atomic_load(&B->req) + 1;
+	atomic_store(&B->req, n);
+	storm_wait();
+}
+
+/* Warm WRITEs of 64 bytes at 64 * i, checked. */
+static void warm(struct ibv_mr *mr, unsigned seed, const char *what)
+{
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(peer_do(OP_WRITE, mr, 64 * i, 64, seed + i), IBV_WC_SUCCESS);
+		check_bytes((char *)mr->addr + 64 * i, 64, seed + i, what);
+	}
+}
+
+/* A peer WRITE that must fail with want, the memory left as it was. */
+static void refused(struct ibv_mr *mr, size_t off, uint32_t len, int want, char *m, size_t mlen,
+		    unsigned seed, const char *what)
+{
+	svt_fill(m, mlen, seed);
+	int st = peer_do(OP_WRITE, mr, off, len, seed + 1);
+	if (st != want)
+		FAIL("%s: the peer's WRITE ended with %s, expected %s", what,
+		     ibv_wc_status_str(st), ibv_wc_status_str(want));
+	check_bytes(m, mlen, seed, what);
+}
+
+static void sc_express(void)
+{
+	size_t len = 16 * PAGE;
+	/* One page more, never registered: a WRITE past the MR lands nowhere. */
+	char *m = anon(len + PAGE);
+	struct ibv_mr *mr = reg(m, len);
+	expect_moved(m, len, remap_on, "the express target");
+	warm(mr, 200, "warm WRITEs");
+
+	/* The responder QP stops granting remote writes. */
+	struct ibv_qp_attr a = {.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ};
+	CHECK(ibv_modify_qp(QP, &a, IBV_QP_ACCESS_FLAGS) == 0);
+	refused(mr, 0, 64, IBV_WC_REM_ACCESS_ERR, m, len + PAGE, 210, "rights taken away");
+	reconnect_both();
+	warm(mr, 220, "WRITEs after the rights came back");
+
+	/* Deregistered, and registered again at the same address. */
+	uint32_t old_rkey = mr->rkey;
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	mr = reg(m, len);
+	struct ibv_mr stale = *mr;
+	stale.rkey = old_rkey;
+	if (old_rkey != mr->rkey)
+		refused(&stale, 0, 64, IBV_WC_REM_ACCESS_ERR, m, len + PAGE, 230,
+			"the key of a deregistered MR");
+	reconnect_both();
+	warm(mr, 240, "WRITEs with the new key");
+
+	/* Past the end by one byte, after hits on the same key. */
+	refused(mr, len - 63, 64, IBV_WC_REM_ACCESS_ERR, m, len + PAGE, 250,
+		"a WRITE one byte past the MR");
+	reconnect_both();
+	warm(mr, 260, "WRITEs after the range error");
+
+	/* The same memory under a key without remote write. */
+	struct ibv_mr *ro = ibv_reg_mr(D.pd, m, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	CHECK(ro);
+	warm(mr, 270, "WRITEs before the read-only key");
+	refused(ro, 0, 64, IBV_WC_REM_ACCESS_ERR, m, len + PAGE, 280, "a read-only MR");
+	reconnect_both();
+	CHECK_EQ(ibv_dereg_mr(ro), 0);
+	warm(mr, 290, "WRITEs after the read-only key");
+
+	/* The responder QP destroyed and another made: the peer's QP still
+	 * names the old number, which nobody answers (retries run out). */
+	CHECK_EQ(ibv_destroy_qp(QP), 0);
+	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = CQ, .rcq = CQ};
+	QP = svt_qp(&D, &o);
+	B->qpn[0] = QP->qp_num;
+	refused(mr, 0, 64, IBV_WC_RETRY_EXC_ERR, m, len + PAGE, 300, "a destroyed responder QP");
+	reconnect_both();
+	warm(mr, 310, "WRITEs to the new QP");
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	munmap(m, len + PAGE);
+}
+
 /* The descriptor of this process's arena, or -1. */
 static int arena_fd(void)
 {
@@ -1093,6 +1194,8 @@ int main(int argc, char **argv)
 		sc_closedfd();
 	else if (!strcmp(sc, "munmap"))
 		sc_munmap();
+	else if (!strcmp(sc, "express"))
+		sc_express();
 	else
 		FAIL("unknown scenario %s", sc);
 	peer_quit();

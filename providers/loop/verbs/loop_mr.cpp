@@ -459,6 +459,34 @@ namespace {
 	return true;
 }
 
+[[gnu::hot]] bool mr_cached_target(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease,
+				    uint32_t pdn, uint64_t iova, uint64_t len, uint32_t need,
+				    char *&dst, seg_kind &kind, uint32_t &access,
+				    std::shared_ptr<void> &pin)
+{
+	key_cache::entry *found;
+	key_cache::entry *hit = cache_lookup(fab, kc, key, owner_lease, pdn, iova, len, need, found);
+	if (!hit)
+		return false;
+	const sv_mr_rec &c = hit->rec;
+	uint64_t off = iova - c.iova;
+	kind = hit->kind;
+	access = c.access;
+	if (!hit->base) {
+		dst = reinterpret_cast<char *>(c.addr + off);
+		return true;
+	}
+	// As mr_resolve_cached: a mapping is trusted for the tick it was
+	// resolved in, and only while this process still holds it.
+	if (coarse_now() != hit->tick)
+		return false;
+	pin = hit->map.lock();
+	if (!pin)
+		return false;
+	dst = hit->base + off;
+	return true;
+}
+
 int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uint64_t iova,
 	      uint64_t len, uint32_t need, uint32_t qpn, mr_hit &hit)
 {

@@ -14,6 +14,7 @@
 #include "queue_geom.h"
 #include "queue_seg.h"
 #include "rocev2/rocev2.h"
+#include "service.h"
 #include "transport.h"
 #include "xfer.h"
 
@@ -76,6 +77,54 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 	return true;
 }
 
+// find_qp through the QP's peer cache (loop.h: peer_cache): the answer
+// find_qp would give, without the port and lease lookups when the record
+// still is the QP found last time.
+[[gnu::hot]] bool find_qp_cached(loop_qp *qp, uint32_t qpn, uint16_t dlid, bool eth, peer &out)
+{
+	loop_qp::peer_cache &c = qp->tp_peer;
+	if (c.valid && c.qpn == qpn && c.dlid == dlid && c.eth == eth) {
+		sv_registry *r = qp->ctx->fab->reg();
+		sv_qp_rec &q = r->qps[c.slot];
+		if (std::atomic_ref<uint32_t>(q.in_use).load(std::memory_order_acquire)) {
+			memcpy(&out.rec, &q, sizeof(q));
+			std::atomic_thread_fence(std::memory_order_acquire);
+			const sv_lease &l = r->leases[c.rec.owner_lease];
+			if (out.rec.in_use && out.rec.generation == c.rec.generation &&
+			    out.rec.owner_lease == c.rec.owner_lease &&
+			    out.rec.owner_gen == c.rec.owner_gen &&
+			    std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_relaxed) ==
+				    c.rec.owner_gen &&
+			    static_cast<int32_t>(std::atomic_ref<const uint32_t>(l.pid).load(
+				    std::memory_order_relaxed)) == c.pid) {
+				out.lid = c.lid;
+				out.pid = c.pid;
+				out.self = false;
+				out.slot = c.slot;
+				out.qpn = qpn;
+				out.xrc_srq = -1;
+				return true;
+			}
+		}
+	}
+	c.valid = false;
+	if (!find_qp(qp->ctx, qpn, dlid, eth, out))
+		return false;
+	// Not for a QP of this process: "self" needs find_qp's look at our
+	// pid (a child of fork is another process with the same lease).
+	if (qp->type != IBV_QPT_UD && !out.self) {
+		c.eth = eth;
+		c.dlid = dlid;
+		c.lid = out.lid;
+		c.qpn = qpn;
+		c.slot = out.slot;
+		c.pid = out.pid;
+		c.rec = out.rec;
+		c.valid = true;
+	}
+	return true;
+}
+
 [[gnu::hot]] int lt_resolve(loop_qp *qp, const tp_dest &d, peer &p)
 {
 	if (d.dgid && qp->ctx->ldev->cfg.rocev2) [[unlikely]] {
@@ -85,7 +134,7 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 					   : qp->wire_remote)
 			return rocev2_transport_ops.resolve(qp, d, p);
 	}
-	if (!find_qp(qp->ctx, d.qpn, d.dlid, d.eth, p))
+	if (!find_qp_cached(qp, d.qpn, d.dlid, d.eth, p))
 		return ENOENT;
 	if (d.xrc_srqn == kNoXrcSrq)
 		return 0;
@@ -309,6 +358,62 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 	if (done)
 		*done = k;
 	return err;
+}
+
+[[gnu::hot]] bool lt_express_write(loop_qp *qp, const send_wr &w, uint32_t &len)
+{
+	if (qp->wire_remote || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
+		return false;
+	const char *src;
+	if (w.is_inline) {
+		src = reinterpret_cast<const char *>(w.inline_data);
+		len = w.inline_len;
+	} else {
+		if (w.num_sge != 1)
+			return false;
+		src = nullptr;
+		len = w.sge[0].length;
+	}
+	if (!len)
+		return false;
+	const ibv_qp_attr &a = qp->attr;
+	peer p;
+	if (!find_qp_cached(qp, a.dest_qp_num, a.ah_attr.dlid, fabric_port_is_eth(qp->ctx, a.port_num),
+			    p) ||
+	    !peer_receives(p.rec) || p.rec.qp_type != qp->type ||
+	    !(p.rec.access & IBV_ACCESS_REMOTE_WRITE))
+		return false;
+	fabric &fab = *qp->ctx->fab;
+	if (!src) {
+		iovec v;
+		seg_kind k;
+		const ibv_sge &s = w.sge[0];
+		if (!mr_cached_own(fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),
+				   qp->pdn, s.addr, s.length, 0, v, k) ||
+		    k != seg_kind::peer)
+			return false;
+		src = static_cast<const char *>(v.iov_base);
+	}
+	char *dst;
+	seg_kind k;
+	uint32_t access;
+	std::shared_ptr<void> pin;
+	if (!mr_cached_target(fab, qp->tp_keys, w.rkey, p.rec.owner_lease, p.rec.pdn, w.remote_addr, len,
+			      IBV_ACCESS_REMOTE_WRITE, dst, k, access, pin))
+		return false;
+	if ((access & IBV_ACCESS_RELAXED_ORDERING) && len >= kRelaxedMinBytes)
+		return false; // Placed out of order, the general way
+	if (k != seg_kind::mapped_direct && !(k == seg_kind::peer && p.self))
+		return false; // A system call's copy, the general way
+	flush_deferred(qp); // Earlier SENDs land first
+	if (k == seg_kind::mapped_direct) {
+		// A sealed memfd at least this long, mapped writable (xfer.cpp).
+		memcpy(dst, src, len);
+		service_note(SV_LEASE_DIRECT_USED);
+	} else {
+		memmove(dst, src, len); // Within this process
+	}
+	return true;
 }
 
 // Reads or writes an atomic's target word: in the peer (cross-memory attach,
@@ -572,6 +677,7 @@ const transport_ops loop_transport_ops = {
 	.take_recv = lt_take_recv,
 	.post_cqe = lt_post_cqe,
 	.warm = lt_warm,
+	.express_write = lt_express_write,
 	.responder_error = lt_responder_error,
 	.alive = lt_alive,
 };
