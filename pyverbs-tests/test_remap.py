@@ -11,7 +11,8 @@ import pytest
 import svtest
 
 SCENARIOS = ["traffic", "kernel", "signals", "writers", "dontneed", "attrs", "maxmap", "memory",
-             "fork", "mremap", "sighandler", "race", "closedfd", "munmap", "express"]
+             "fork", "mremap", "sighandler", "race", "closedfd", "munmap", "express",
+             "express-send"]
 
 
 @pytest.fixture

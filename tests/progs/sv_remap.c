@@ -39,6 +39,9 @@
  *             into that file, and the library never punches it
  *   munmap    a range unmapped and mapped anew before deregistration (as
  *             UCX does) keeps the new contents
+ *   express-send  the same for a SEND: the receive WQE's first SGE taking
+ *             the message in moved memory; two SGEs, too small a buffer,
+ *             no receive posted (RNR), a deregistered receive key
  *   express   the requester's express way (a WRITE copied at once from what
  *             its caches hold: the peer QP, both keys, the mapping) after
  *             each change behind a warm cache: the responder QP's rights
@@ -64,7 +67,7 @@
 #define PAGE 4096
 #define PEER_BUF (4u << 20)
 
-enum { OP_WRITE = 1, OP_READ, OP_STORM, OP_RECONNECT, OP_QUIT };
+enum { OP_WRITE = 1, OP_READ, OP_STORM, OP_RECONNECT, OP_QUIT, OP_SEND };
 
 struct board {
 	_Atomic int peer_up, owner_up;
@@ -124,8 +127,21 @@ static void peer_main(void)
 			atomic_store(&B->done, seen);
 			continue;
 		}
-		if (B->op == OP_WRITE || B->op == OP_STORM)
+		if (B->op == OP_WRITE || B->op == OP_STORM || B->op == OP_SEND)
 			svt_fill(mr->addr, B->len, B->seed);
+		if (B->op == OP_SEND) {
+			/* A SEND WITH IMM of len bytes, the seed as immediate. */
+			struct ibv_send_wr wr = {.wr_id = 2, .sg_list = &s, .num_sge = 1,
+						 .opcode = IBV_WR_SEND_WITH_IMM,
+						 .send_flags = IBV_SEND_SIGNALED,
+						 .imm_data = htonl(B->seed)};
+			struct ibv_send_wr *bad;
+			CHECK(ibv_post_send(QP, &wr, &bad) == 0);
+			wc = svt_wait(CQ, "peer SEND");
+			B->status = wc.status;
+			atomic_store(&B->done, seen);
+			continue;
+		}
 		if (B->op == OP_STORM) {
 			/* WRITEs until told to stop or one fails. */
 			int st = IBV_WC_SUCCESS;
@@ -161,18 +177,19 @@ static void peer_main(void)
 	}
 }
 
-/* Asks the peer for one operation on [mr->addr + off, + len) and returns
- * its completion status (1000: a READ brought back other bytes). */
-static int peer_do(int op, struct ibv_mr *mr, size_t off, uint32_t len, unsigned seed)
+/* Asks the peer for one operation on [mr->addr + off, + len) (a SEND:
+ * len bytes, mr unused) and returns its completion status (1000: a READ
+ * brought back other bytes), or 0 at once for a storm or when !wait. */
+static int peer_req(int op, struct ibv_mr *mr, size_t off, uint32_t len, unsigned seed, int wait)
 {
 	B->op = op;
-	B->rkey = mr->rkey;
-	B->addr = (uintptr_t)mr->addr + off;
+	B->rkey = mr ? mr->rkey : 0;
+	B->addr = mr ? (uintptr_t)mr->addr + off : 0;
 	B->len = len;
 	B->seed = seed;
 	uint32_t n = atomic_load(&B->req) + 1;
 	atomic_store(&B->req, n);
-	if (op == OP_STORM)
+	if (op == OP_STORM || !wait)
 		return 0;
 	uint64_t end = svt_now_ms() + 10000;
 	while (atomic_load(&B->done) != n) {
@@ -181,6 +198,11 @@ static int peer_do(int op, struct ibv_mr *mr, size_t off, uint32_t len, unsigned
 		usleep(50);
 	}
 	return B->status;
+}
+
+static int peer_do(int op, struct ibv_mr *mr, size_t off, uint32_t len, unsigned seed)
+{
+	return peer_req(op, mr, off, len, seed, 1);
 }
 
 static void storm_wait(void)
@@ -1053,6 +1075,120 @@ static void sc_express(void)
 	munmap(m, len + PAGE);
 }
 
+/* The owner's receive completion for wr_id, with its status. */
+static struct ibv_wc recv_wc(uint64_t wr_id, const char *what)
+{
+	struct ibv_wc wc = svt_wait(CQ, what);
+	if (wc.wr_id != wr_id || wc.opcode != IBV_WC_RECV)
+		FAIL("%s: completion of wr_id %llu opcode %d, expected the receive %llu", what,
+		     (unsigned long long)wc.wr_id, wc.opcode, (unsigned long long)wr_id);
+	return wc;
+}
+
+/* A SEND of len bytes from the peer into the receive WQE sge/nsge: both
+ * completions as expected, and the memory [m, m + mlen) holding the message
+ * at off (success) and otherwise what it held. */
+static void send_into(struct ibv_sge *sge, int nsge, uint32_t len, int want_recv, int want_send,
+		      char *m, size_t mlen, size_t off, unsigned seed, const char *what)
+{
+	svt_fill(m, mlen, seed + 7);
+	static uint64_t id = 1000;
+	uint64_t wr_id = ++id;
+	svt_post_recv1(QP, wr_id, sge, nsge);
+	int st = peer_do(OP_SEND, NULL, 0, len, seed);
+	struct ibv_wc wc = recv_wc(wr_id, what);
+	if ((int)wc.status != want_recv || st != want_send)
+		FAIL("%s: receive %s, SEND %s; expected %s and %s", what,
+		     ibv_wc_status_str(wc.status), ibv_wc_status_str(st),
+		     ibv_wc_status_str(want_recv), ibv_wc_status_str(want_send));
+	unsigned char *want = malloc(mlen);
+	CHECK(want);
+	svt_fill(want, mlen, seed + 7);
+	if (want_recv == IBV_WC_SUCCESS) {
+		if (wc.byte_len != len || !(wc.wc_flags & IBV_WC_WITH_IMM) ||
+		    ntohl(wc.imm_data) != seed || wc.src_qp != B->qpn[1] || wc.qp_num != QP->qp_num)
+			FAIL("%s: byte_len %u flags 0x%x imm %u src_qp 0x%x qp 0x%x", what, wc.byte_len,
+			     wc.wc_flags, ntohl(wc.imm_data), wc.src_qp, wc.qp_num);
+		svt_fill(want + off, len, seed);
+	}
+	for (size_t i = 0; i < mlen; i++)
+		if ((unsigned char)m[i] != want[i])
+			FAIL("%s: byte %zu is 0x%02x, expected 0x%02x", what, i, (unsigned char)m[i],
+			     want[i]);
+	free(want);
+}
+
+/* The express way of a SEND (the receive WQE's first SGE takes the whole
+ * message, its lkey cached, in memory moved onto the arena), against the
+ * general way behind it: every completion field and byte checked. */
+static void sc_express_send(void)
+{
+	size_t len = 16 * PAGE;
+	char *m = anon(len);
+	struct ibv_mr *mr = reg(m, len);
+	expect_moved(m, len, remap_on, "the receive buffer");
+	for (int i = 0; i < 8; i++) {
+		struct ibv_sge s = svt_sge(mr, 512 * i, 256);
+		send_into(&s, 1, 64 + i, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 512 * i, 400 + i,
+			  "warm SENDs");
+	}
+	/* Two SGEs, the first too short for the message: split 40 + 60. */
+	{
+		struct ibv_sge two[2] = {svt_sge(mr, 100, 40), svt_sge(mr, 4096, 200)};
+		svt_fill(m, len, 417);
+		svt_post_recv1(QP, 88, two, 2);
+		CHECK_EQ(peer_do(OP_SEND, NULL, 0, 100, 410), IBV_WC_SUCCESS);
+		struct ibv_wc wc = recv_wc(88, "two SGEs");
+		CHECK_EQ(wc.status, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.byte_len, 100);
+		unsigned char *want = malloc(len), msg[100];
+		CHECK(want);
+		svt_fill(want, len, 417);
+		svt_fill(msg, sizeof(msg), 410);
+		memcpy(want + 100, msg, 40);
+		memcpy(want + 4096, msg + 40, 60);
+		for (size_t i = 0; i < len; i++)
+			if ((unsigned char)m[i] != want[i])
+				FAIL("two SGEs: byte %zu is 0x%02x, expected 0x%02x", i,
+				     (unsigned char)m[i], want[i]);
+		free(want);
+	}
+	/* Too small a receive buffer: LOC_LEN_ERR there, REM_INV_REQ_ERR here. */
+	struct ibv_sge small = svt_sge(mr, 0, 32);
+	send_into(&small, 1, 64, IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR, m, len, 0, 420,
+		  "a receive buffer too small");
+	reconnect_both();
+	struct ibv_sge s0 = svt_sge(mr, 0, 256);
+	send_into(&s0, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 430, "after the length error");
+	/* No receive posted: the SEND waits (RNR) until one is. */
+	{
+		svt_fill(m, len, 437);
+		peer_req(OP_SEND, NULL, 0, 64, 440, 0);
+		usleep(30000);
+		struct ibv_wc wc;
+		if (ibv_poll_cq(CQ, 1, &wc) != 0)
+			FAIL("a completion before any receive was posted");
+		svt_post_recv1(QP, 77, &s0, 1);
+		storm_wait();
+		if (B->status != IBV_WC_SUCCESS)
+			FAIL("the SEND that waited for a receive ended with %s",
+			     ibv_wc_status_str(B->status));
+		wc = recv_wc(77, "the receive posted late");
+		CHECK_EQ(wc.status, IBV_WC_SUCCESS);
+		check_bytes(m, 64, 440, "the SEND that waited for a receive");
+	}
+	/* The receive key deregistered behind a warm cache: LOC_PROT_ERR there,
+	 * REM_OP_ERR here, and no byte lands. */
+	send_into(&s0, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 450, "warm again");
+	struct ibv_mr stale = *mr;
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	struct ibv_sge gone = svt_sge(&stale, 0, 256);
+	send_into(&gone, 1, 64, IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR, m, len, 0, 460,
+		  "a deregistered receive key");
+	reconnect_both();
+	munmap(m, len);
+}
+
 /* The descriptor of this process's arena, or -1. */
 static int arena_fd(void)
 {
@@ -1196,6 +1332,8 @@ int main(int argc, char **argv)
 		sc_munmap();
 	else if (!strcmp(sc, "express"))
 		sc_express();
+	else if (!strcmp(sc, "express-send"))
+		sc_express_send();
 	else
 		FAIL("unknown scenario %s", sc);
 	peer_quit();

@@ -38,6 +38,11 @@ inline bool peer_receives(const sv_qp_rec &q)
 bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op);
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op);
 step run_wr(loop_qp *qp, send_wr &w);
+// The first try of a connected QP's WRITE or SEND through the transport's
+// express way (transport.h): false when it was not taken (run_wr then);
+// true with what the try came to in s, as run_wr's.  Caller holds sq_lock,
+// the QP in RTS, w at the head of the send queue.
+bool run_express(loop_qp *qp, send_wr &w, step &s);
 // A doorbell batch: consecutive RDMA WRITEs, or READs, of one posting call
 // to one peer in another process, staged in WR order (loop_qp::batch_*)
 // once each passed the checks run_rdma makes; their bytes then move in one

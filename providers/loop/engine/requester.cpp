@@ -471,6 +471,16 @@ step run_ud(loop_qp *qp, send_wr &w)
 	return run_connected(qp, w);
 }
 
+[[gnu::hot]] bool run_express(loop_qp *qp, send_wr &w, step &s)
+{
+	const transport_ops &t = active_transport();
+	tp_answer a;
+	if (!t.express || !t.express(qp, w, a))
+		return false;
+	s = finish(qp, w, a);
+	return true;
+}
+
 bool wire_handoff(loop_qp *qp, send_wr &w, uint64_t posted, const void *inline_copy)
 {
 	if (!qp->wire_remote || qp->type != IBV_QPT_RC || w.opcode != IBV_WR_RDMA_WRITE ||

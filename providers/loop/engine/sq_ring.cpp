@@ -491,20 +491,14 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 			}
 		} else {
 			w.psn = kNoPsn;
-			// An RDMA WRITE whose peer, keys and target mapping are in the
-			// QP's caches: a copy and its completion (transport.h).
-			uint32_t len;
-			if (const transport_ops &t = active_transport();
-			    w.opcode == IBV_WR_RDMA_WRITE && state == IBV_QPS_RTS && t.express_write &&
-			    t.express_write(qp, w, len)) {
-				w.psn = (qp->attr.sq_psn + qp->req_psn++) & kPsnMask;
-				complete(qp, w, IBV_WC_SUCCESS, len);
-				sq_set_cons(qp, posted + 1);
-				state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
-				return 0;
-			}
 		}
-		s = run_wr(qp, *h);
+		// A WRITE or SEND whose peer, keys and target memory are in the
+		// QP's caches takes the express way (transport.h).
+		if (h != &w || state != IBV_QPS_RTS ||
+		    (w.opcode != IBV_WR_RDMA_WRITE && w.opcode != IBV_WR_SEND &&
+		     w.opcode != IBV_WR_SEND_WITH_IMM) ||
+		    !run_express(qp, w, s))
+			s = run_wr(qp, *h);
 		if (s == step::done) {
 			sq_set_cons(qp, posted + 1);
 		} else {

@@ -185,15 +185,18 @@ struct transport_ops {
 	// that their transfer from the peer's core overlaps the posting work
 	// before them instead of stalling it.  Never faults, never fails.
 	void (*warm)(loop_qp *qp);
-	// The express way of a connected QP's RDMA WRITE, or null: what the
-	// requester would do for w (resolve, gather_local, resolve_key, move),
-	// done at once when all it needs is in the QP's caches and the target
-	// memory is a plain copy away (mapped here from a sealed memfd, or in
-	// this process).  True: w's len bytes landed, the caller completes it.
-	// False, having moved nothing: run it the general way, which answers
-	// every error and fills the caches.  Under sq_lock, the QP in RTS, w at
-	// the head of its send queue.
-	bool (*express_write)(loop_qp *qp, const send_wr &w, uint32_t &len);
+	// The express way of a connected QP's RDMA WRITE, SEND or SEND WITH
+	// IMM, or null: what the requester and the peer's responder would do
+	// for w, done at once when all it needs is in the QP's caches and the
+	// target memory is a plain copy away (mapped here from a sealed memfd,
+	// or, for a WRITE, in this process).  False, having changed nothing:
+	// run w the general way, which answers every error and fills the
+	// caches.  True: w ran, a is its answer as deliver (or, for a WRITE,
+	// the requester's own ack) gives it; w.psn is set.  A SEND that took a
+	// receive WQE its way cannot finish (a WQE of another shape, a key not
+	// cached) is finished by respond_taken.  Under sq_lock, the QP in RTS,
+	// w at the head of its send queue.
+	bool (*express)(loop_qp *qp, send_wr &w, tp_answer &a);
 	// The responder failed: its QP goes to ERR and its owner hears ev.
 	void (*responder_error)(loop_qp *qp, const peer &p, ibv_event_type ev);
 	// Whether QP qpn's owner lives; reap: reclaim what dead owners left.

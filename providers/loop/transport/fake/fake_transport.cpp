@@ -187,7 +187,7 @@ const transport_ops &fake_ops()
 		o.atomic = fake_atomic;
 		// Every request goes through the wire above, to be dropped,
 		// duplicated or reordered: no express way around it.
-		o.express_write = nullptr;
+		o.express = nullptr;
 		return o;
 	}();
 	return ops;

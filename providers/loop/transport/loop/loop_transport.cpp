@@ -90,7 +90,11 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 			memcpy(&out.rec, &q, sizeof(q));
 			std::atomic_thread_fence(std::memory_order_acquire);
 			const sv_lease &l = r->leases[c.rec.owner_lease];
+			// The same QP on the same port (a QP may move to another
+			// port, whose LID the address must carry; a port's LID and
+			// link layer never change).
 			if (out.rec.in_use && out.rec.generation == c.rec.generation &&
+			    out.rec.device == c.rec.device && out.rec.port == c.rec.port &&
 			    out.rec.owner_lease == c.rec.owner_lease &&
 			    out.rec.owner_gen == c.rec.owner_gen &&
 			    std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_relaxed) ==
@@ -360,62 +364,6 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 	return err;
 }
 
-[[gnu::hot]] bool lt_express_write(loop_qp *qp, const send_wr &w, uint32_t &len)
-{
-	if (qp->wire_remote || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
-		return false;
-	const char *src;
-	if (w.is_inline) {
-		src = reinterpret_cast<const char *>(w.inline_data);
-		len = w.inline_len;
-	} else {
-		if (w.num_sge != 1)
-			return false;
-		src = nullptr;
-		len = w.sge[0].length;
-	}
-	if (!len)
-		return false;
-	const ibv_qp_attr &a = qp->attr;
-	peer p;
-	if (!find_qp_cached(qp, a.dest_qp_num, a.ah_attr.dlid, fabric_port_is_eth(qp->ctx, a.port_num),
-			    p) ||
-	    !peer_receives(p.rec) || p.rec.qp_type != qp->type ||
-	    !(p.rec.access & IBV_ACCESS_REMOTE_WRITE))
-		return false;
-	fabric &fab = *qp->ctx->fab;
-	if (!src) {
-		iovec v;
-		seg_kind k;
-		const ibv_sge &s = w.sge[0];
-		if (!mr_cached_own(fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),
-				   qp->pdn, s.addr, s.length, 0, v, k) ||
-		    k != seg_kind::peer)
-			return false;
-		src = static_cast<const char *>(v.iov_base);
-	}
-	char *dst;
-	seg_kind k;
-	uint32_t access;
-	std::shared_ptr<void> pin;
-	if (!mr_cached_target(fab, qp->tp_keys, w.rkey, p.rec.owner_lease, p.rec.pdn, w.remote_addr, len,
-			      IBV_ACCESS_REMOTE_WRITE, dst, k, access, pin))
-		return false;
-	if ((access & IBV_ACCESS_RELAXED_ORDERING) && len >= kRelaxedMinBytes)
-		return false; // Placed out of order, the general way
-	if (k != seg_kind::mapped_direct && !(k == seg_kind::peer && p.self))
-		return false; // A system call's copy, the general way
-	flush_deferred(qp); // Earlier SENDs land first
-	if (k == seg_kind::mapped_direct) {
-		// A sealed memfd at least this long, mapped writable (xfer.cpp).
-		memcpy(dst, src, len);
-		service_note(SV_LEASE_DIRECT_USED);
-	} else {
-		memmove(dst, src, len); // Within this process
-	}
-	return true;
-}
-
 // Reads or writes an atomic's target word: in the peer (cross-memory attach,
 // or memcpy in-process), or in our mapping of a peer's fd-backed MR through
 // the kernel (a file shrunk under us is EFAULT, not SIGBUS); on-demand
@@ -634,6 +582,139 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	return push_peer(qp, p, e, solicited, nullptr, nullptr);
 }
 
+// The express way's local source of w: its inline bytes, or its one SGE
+// when the QP's key cache holds the lkey for plain memory of ours.
+[[gnu::hot]] bool express_source(loop_qp *qp, const send_wr &w, const char *&src, uint32_t &len)
+{
+	if (w.is_inline) {
+		src = reinterpret_cast<const char *>(w.inline_data);
+		len = w.inline_len;
+		return len != 0;
+	}
+	if (w.num_sge != 1 || !w.sge[0].length)
+		return false;
+	const ibv_sge &s = w.sge[0];
+	iovec v;
+	seg_kind k;
+	if (!mr_cached_own(*qp->ctx->fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),
+			   qp->pdn, s.addr, s.length, 0, v, k) ||
+	    k != seg_kind::peer)
+		return false;
+	src = static_cast<const char *>(v.iov_base);
+	len = s.length;
+	return true;
+}
+
+// The SEND part of lt_express: the peer's receive queue (not an SRQ),
+// through the same calls respond() makes, but for the common receive WQE
+// (its first SGE holds the message, its lkey cached, in a sealed memfd
+// mapped here) placed with one memcpy.
+[[gnu::hot]] bool express_send(loop_qp *qp, send_wr &w, const peer &p, const char *src,
+			       uint32_t len, tp_answer &a)
+{
+	if (p.rec.has_srq || p.self)
+		return false;
+	const ibv_qp_attr &at = qp->attr;
+	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
+	local_buf lb;
+	lb.iov.push_back({const_cast<char *>(src), len});
+	lb.len = len;
+	tp_request r{};
+	r.w = &w;
+	r.lb = &lb;
+	r.psn = w.psn;
+	r.src_qpn = qp->qpn;
+	r.slid = fabric_port_lid(qp->ctx, at.port_num);
+	r.sl = at.ah_attr.sl;
+	sv_recv_wqe *wqe = nullptr;
+	uint32_t pdn = 0;
+	if (!lt_take_recv(qp, p, qp->resp_wqe_buf, wqe, pdn)) {
+		a = {tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
+		return true;
+	}
+	char *dst;
+	seg_kind k;
+	uint32_t access;
+	std::shared_ptr<void> pin;
+	if (wqe->num_sge == SV_RECV_WQE_INVALID || wqe->num_sge < 1 || wqe->sge[0].length < len ||
+	    !mr_cached_target(*qp->ctx->fab, qp->tp_keys, wqe->sge[0].lkey, p.rec.owner_lease, pdn,
+			      wqe->sge[0].addr, len, IBV_ACCESS_LOCAL_WRITE, dst, k, access, pin) ||
+	    k != seg_kind::mapped_direct) {
+		a = respond_taken(loop_transport_ops, qp, p, r, wqe, pdn);
+		return true;
+	}
+	flush_deferred(qp); // Earlier SENDs land first
+	memcpy(dst, src, len);
+	service_note(SV_LEASE_DIRECT_USED);
+	// The completion respond_send makes.
+	sv_cqe e{};
+	e.wr_id = wqe->wr_id;
+	e.qp_num = p.qpn;
+	e.src_qp = r.src_qpn;
+	e.slid = r.slid;
+	e.sl = r.sl;
+	e.opcode = IBV_WC_RECV;
+	e.byte_len = len;
+	e.status = IBV_WC_SUCCESS;
+	if (w.opcode == IBV_WR_SEND_WITH_IMM) {
+		e.imm_data = w.imm_data;
+		e.wc_flags = IBV_WC_WITH_IMM;
+	}
+	int err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, nullptr, nullptr);
+	if (err == ESRCH || err == ETIMEDOUT)
+		a = {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
+	else if (err == ENOSPC)
+		a = {tp_answer::kind::nak, IBV_WC_REM_OP_ERR, 0}; // Its CQ overflowed
+	else
+		a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
+	return true;
+}
+
+[[gnu::hot]] bool lt_express(loop_qp *qp, send_wr &w, tp_answer &a)
+{
+	if (qp->wire_remote || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
+		return false;
+	bool write = w.opcode == IBV_WR_RDMA_WRITE;
+	if (!write && w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM)
+		return false;
+	const char *src;
+	uint32_t len;
+	if (!express_source(qp, w, src, len))
+		return false;
+	const ibv_qp_attr &at = qp->attr;
+	peer p;
+	if (!find_qp_cached(qp, at.dest_qp_num, at.ah_attr.dlid,
+			    fabric_port_is_eth(qp->ctx, at.port_num), p) ||
+	    !peer_receives(p.rec) || p.rec.qp_type != qp->type)
+		return false;
+	if (!write)
+		return express_send(qp, w, p, src, len, a);
+	if (!(p.rec.access & IBV_ACCESS_REMOTE_WRITE))
+		return false;
+	char *dst;
+	seg_kind k;
+	uint32_t access;
+	std::shared_ptr<void> pin;
+	if (!mr_cached_target(*qp->ctx->fab, qp->tp_keys, w.rkey, p.rec.owner_lease, p.rec.pdn,
+			      w.remote_addr, len, IBV_ACCESS_REMOTE_WRITE, dst, k, access, pin))
+		return false;
+	if ((access & IBV_ACCESS_RELAXED_ORDERING) && len >= kRelaxedMinBytes)
+		return false; // Placed out of order, the general way
+	if (k != seg_kind::mapped_direct && !(k == seg_kind::peer && p.self))
+		return false; // A system call's copy, the general way
+	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
+	flush_deferred(qp); // Earlier SENDs land first
+	if (k == seg_kind::mapped_direct) {
+		// A sealed memfd at least this long, mapped writable (xfer.cpp).
+		memcpy(dst, src, len);
+		service_note(SV_LEASE_DIRECT_USED);
+	} else {
+		memmove(dst, src, len); // Within this process
+	}
+	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
+	return true;
+}
+
 void lt_responder_error(loop_qp *qp, const peer &p, ibv_event_type ev)
 {
 	if (p.remote) // The responder on the other host moved itself to ERR
@@ -677,7 +758,7 @@ const transport_ops loop_transport_ops = {
 	.take_recv = lt_take_recv,
 	.post_cqe = lt_post_cqe,
 	.warm = lt_warm,
-	.express_write = lt_express_write,
+	.express = lt_express,
 	.responder_error = lt_responder_error,
 	.alive = lt_alive,
 };
