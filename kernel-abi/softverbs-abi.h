@@ -127,6 +127,7 @@ enum sv_lease_flags {
 	SV_LEASE_SERVICE_USED = 1 << 2, /* It moved bytes through a peer's service segment */
 	SV_LEASE_MAPPED_USED = 1 << 3,	/* ... through its mapping of a peer's fd-backed MR */
 	SV_LEASE_DIRECT_USED = 1 << 4,	/* ... by memcpy into a peer's sealed memfd MR */
+	SV_LEASE_EXPRESS_USED = 1 << 5, /* Its requester ran WRs the express way */
 };
 
 struct sv_lease {

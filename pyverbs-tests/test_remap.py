@@ -6,6 +6,8 @@ so that peers copy into it with memcpy.  tests/progs/sv_remap.c rules on
 each hazard of the move with a peer process and every byte checked; each
 scenario also runs with SOFTVERBS_REMAP=0, where nothing may move and the
 data checks hold all the same."""
+import subprocess
+
 import pytest
 
 import svtest
@@ -25,7 +27,7 @@ def remap(build_dir):
 
 @pytest.mark.parametrize("setting", ["on", "off"])
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_remap_hazard(remap, env, scenario, setting):
+def test_remap_hazard(remap, env, softverbs, fabric, scenario, setting):
     if setting == "off":
         env["SOFTVERBS_REMAP"] = "0"
     p = svtest.run([str(remap), scenario], env, timeout=200)
@@ -38,3 +40,12 @@ def test_remap_hazard(remap, env, scenario, setting):
             assert setting == "off", text
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert f"OK sv_remap {scenario}" in p.stdout, text
+    if scenario.startswith("express"):
+        # The express way ran (the peer's lease says so) where the target
+        # memory moved onto the arena, and only there: the checks above
+        # then held on both ways.
+        show = subprocess.run([softverbs, "show", fabric], env=env, capture_output=True,
+                              text=True, timeout=30).stdout
+        slots = [l for l in show.splitlines() if l.strip().startswith("slot ")]
+        express = [l for l in slots if " express" in l]
+        assert (len(express) > 0) == (setting == "on"), show

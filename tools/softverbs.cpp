@@ -181,6 +181,8 @@ int cmd_show(int argc, char **argv)
 			path += " mapped-file";
 		if (l.flags & SV_LEASE_DIRECT_USED)
 			path += " mapped-direct";
+		if (l.flags & SV_LEASE_EXPRESS_USED)
+			path += " express";
 		printf("    slot %-3u pid %-8u %s%s%s\n", l.slot, l.pid,
 		       l.live ? "live" : l.closed ? "closed" : "exited",
 		       path.empty() ? "" : "  data path:", path.c_str());

@@ -509,7 +509,7 @@ int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_l
 // peer, a check that fails).  No list to build: a local SGE's fast path.
 bool mr_cached_own(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease, uint32_t pdn,
 		   uint64_t iova, uint64_t len, uint32_t need, iovec &out, seg_kind &kind);
-// The express way's target (loop_transport.cpp: lt_express_write): a hit of
+// The express way's target (loop_transport.cpp: lt_express): a hit of
 // kc as mr_resolve_cached would give it, as one segment: true with its
 // address in dst, its kind, the key's rights in access, and pin holding a
 // mapping dst lies in (mapped kinds); false when mr_resolve_cached must

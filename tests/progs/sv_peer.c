@@ -9,7 +9,8 @@
  *                         for "READY", then SEND (sizes 1 B..1 MiB), RDMA
  *                         WRITE / READ, atomics, all verified; "DONE".
  *   sv_peer victim DEV    like server, but sits still (to be SIGKILLed).
- *   sv_peer survivor DEV  streams RDMA WRITEs and SENDs at the victim,
+ *   sv_peer survivor DEV [sends]  streams RDMA WRITEs and SENDs (with
+ *                         "sends": SENDs only, slowly) at the victim,
  *                         prints "STREAMING" once traffic flows, and after
  *                         the victim dies reports "ERR <status> flushed=N
  *                         ok_after=0 posted=N first_err_wr=N" (flushed must
@@ -221,7 +222,10 @@ static void run_client(const char *dev)
 	printf("DONE\n");
 }
 
-static void run_survivor(const char *dev)
+/* sends: SENDs only (64 KiB into the victim's 200 receives), and once
+ * streaming one per millisecond, so that the first WR to meet the dead
+ * victim after the requester's caches expire is surely a SEND. */
+static void run_survivor(const char *dev, int sends)
 {
 	struct info peer;
 	get_info(&peer);
@@ -250,7 +254,9 @@ static void run_survivor(const char *dev)
 			FAIL("no error completion: posted %llu done %llu",
 			     (unsigned long long)posted, (unsigned long long)done);
 		while (first_err == IBV_WC_SUCCESS && posted - done < 16) {
-			int send = (posted % 8) == 7 && sent < 150;
+			if (sends && (sent >= 190 || (streaming && posted != done)))
+				break; /* The victim has 200 receives; one at a time */
+			int send = sends || ((posted % 8) == 7 && sent < 150);
 			struct ibv_sge ss = svt_sge(s.mr, (posted % 32) * 65536, 65536);
 			int r;
 			if (send) {
@@ -286,11 +292,13 @@ static void run_survivor(const char *dev)
 				     ibv_wc_status_str(first_err));
 			}
 		}
-		if (!streaming && done >= 200) {
+		if (!streaming && done >= (sends ? 50u : 200u)) {
 			streaming = 1;
 			printf("STREAMING\n");
 		}
-		if (!n)
+		if (sends && streaming)
+			usleep(1000); /* Paced: the kill comes while SENDs go on */
+		else if (!n)
 			usleep(streaming ? 200 : 20);
 	}
 	/* Every WR posted behind the one that failed is flushed, each exactly
@@ -511,7 +519,7 @@ int main(int argc, char **argv)
 	else if (!strcmp(argv[1], "client"))
 		run_client(argv[2]);
 	else if (!strcmp(argv[1], "survivor"))
-		run_survivor(argv[2]);
+		run_survivor(argv[2], argc > 3 && !strcmp(argv[3], "sends"));
 	else if (!strcmp(argv[1], "batch-target"))
 		run_batch_target(argv[2], argc > 3 ? argv[3] : NULL);
 	else if (!strcmp(argv[1], "batch") && argc > 3)

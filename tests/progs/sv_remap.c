@@ -81,6 +81,7 @@ struct board {
 	int status;		/* ibv_wc_status, or 1000: bytes read back differ */
 	_Atomic int stop;
 	_Atomic long storm_ok, storm_err;
+	_Atomic uint32_t posted; /* The request whose WR the peer posted last */
 };
 
 static struct board *B;
@@ -137,6 +138,8 @@ static void peer_main(void)
 						 .imm_data = htonl(B->seed)};
 			struct ibv_send_wr *bad;
 			CHECK(ibv_post_send(QP, &wr, &bad) == 0);
+			/* Its first try ran in the post (the requester's). */
+			atomic_store(&B->posted, seen);
 			wc = svt_wait(CQ, "peer SEND");
 			B->status = wc.status;
 			atomic_store(&B->done, seen);
@@ -1105,10 +1108,12 @@ static void send_into(struct ibv_sge *sge, int nsge, uint32_t len, int want_recv
 	CHECK(want);
 	svt_fill(want, mlen, seed + 7);
 	if (want_recv == IBV_WC_SUCCESS) {
-		if (wc.byte_len != len || !(wc.wc_flags & IBV_WC_WITH_IMM) ||
-		    ntohl(wc.imm_data) != seed || wc.src_qp != B->qpn[1] || wc.qp_num != QP->qp_num)
-			FAIL("%s: byte_len %u flags 0x%x imm %u src_qp 0x%x qp 0x%x", what, wc.byte_len,
-			     wc.wc_flags, ntohl(wc.imm_data), wc.src_qp, wc.qp_num);
+		if (wc.byte_len != len || wc.wc_flags != IBV_WC_WITH_IMM ||
+		    ntohl(wc.imm_data) != seed || wc.src_qp != B->qpn[1] || wc.qp_num != QP->qp_num ||
+		    wc.slid != B->lid[1] || wc.sl != 0)
+			FAIL("%s: byte_len %u flags 0x%x imm %u src_qp 0x%x qp 0x%x slid %u sl %u", what,
+			     wc.byte_len, wc.wc_flags, ntohl(wc.imm_data), wc.src_qp, wc.qp_num, wc.slid,
+			     wc.sl);
 		svt_fill(want + off, len, seed);
 	}
 	for (size_t i = 0; i < mlen; i++)
@@ -1164,7 +1169,16 @@ static void sc_express_send(void)
 	{
 		svt_fill(m, len, 437);
 		peer_req(OP_SEND, NULL, 0, 64, 440, 0);
-		usleep(30000);
+		/* Once the peer's post returned, its first try met the empty
+		 * receive queue (RNR); it retries on the RNR timer (0.64 ms). */
+		uint32_t n = atomic_load(&B->req);
+		uint64_t end = svt_now_ms() + 10000;
+		while (atomic_load(&B->posted) != n)
+			if (svt_now_ms() > end)
+				FAIL("the peer did not post its SEND");
+			else
+				usleep(50);
+		usleep(5000);
 		struct ibv_wc wc;
 		if (ibv_poll_cq(CQ, 1, &wc) != 0)
 			FAIL("a completion before any receive was posted");

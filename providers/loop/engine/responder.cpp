@@ -12,6 +12,7 @@
 // of ours: the transport executes them (transport.h: move, atomic).
 #include "engine.h"
 
+#include <cerrno>
 #include <cstring>
 
 namespace loop {
@@ -32,9 +33,11 @@ constexpr tp_answer kRnr{tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
 constexpr tp_answer kLost{tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
 
 // The segments of a receive WQE for len bytes.  Returns a status for the
-// responder.
+// responder; *gone is set when a key's owner turned out to be dead (no
+// answer: not the responder's error to report).
 [[gnu::hot]] ibv_wc_status scatter(const transport_ops &t, loop_qp *qp, const peer &p,
-		      const sv_recv_wqe *wqe, uint32_t pdn, uint64_t len, std::vector<rseg> &out)
+		      const sv_recv_wqe *wqe, uint32_t pdn, uint64_t len, std::vector<rseg> &out,
+		      bool *gone)
 {
 	out.clear();
 	if (wqe->num_sge == SV_RECV_WQE_INVALID)
@@ -45,9 +48,11 @@ constexpr tp_answer kLost{tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
 		if (!s.length)
 			continue;
 		uint64_t n = std::min<uint64_t>(s.length, len - room);
-		if (t.resolve_key(qp, p, s.lkey, pdn, s.addr, n, IBV_ACCESS_LOCAL_WRITE, out,
-				  nullptr))
+		if (int err = t.resolve_key(qp, p, s.lkey, pdn, s.addr, n, IBV_ACCESS_LOCAL_WRITE,
+					    out, nullptr)) {
+			*gone = err == ESRCH || err == ETIMEDOUT;
 			return IBV_WC_LOC_PROT_ERR;
+		}
 		room += n;
 	}
 	if (room < len)
@@ -73,7 +78,10 @@ sv_cqe recv_cqe(const peer &p, const tp_request &r, uint64_t wr_id)
 	const local_buf &lb = *r.lb;
 	bool uc = p.rec.qp_type == IBV_QPT_UC;
 	std::vector<rseg> &riov = qp->resp_riov;
-	ibv_wc_status rs = scatter(t, qp, p, wqe, pdn, lb.len, riov);
+	bool gone = false;
+	ibv_wc_status rs = scatter(t, qp, p, wqe, pdn, lb.len, riov, &gone);
+	if (gone)
+		return kLost; // The receiver died: as if the request was lost
 	sv_cqe rcv = recv_cqe(p, r, wqe->wr_id);
 	rcv.opcode = IBV_WC_RECV;
 	rcv.byte_len = static_cast<uint32_t>(lb.len);
@@ -135,6 +143,8 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 			       ? EACCES
 			       : t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr, lb.len,
 					       IBV_ACCESS_REMOTE_WRITE, riov, &raccess);
+	if (kerr == ESRCH || kerr == ETIMEDOUT)
+		return kLost; // The target died: as if the request was lost
 	if (kerr) {
 		// The consumed receive completes in error on the responder.
 		rcv.status = IBV_WC_REM_ACCESS_ERR;
@@ -186,7 +196,10 @@ tp_answer respond_ud(const transport_ops &t, loop_qp *qp, const peer &p, const t
 	uint32_t pdn = 0;
 	if (!t.take_recv(qp, p, wqe_buf, wqe, pdn))
 		return ack(0);
-	ibv_wc_status rs = scatter(t, qp, p, wqe, pdn, sizeof(ibv_grh) + lb.len, riov);
+	bool gone = false;
+	ibv_wc_status rs = scatter(t, qp, p, wqe, pdn, sizeof(ibv_grh) + lb.len, riov, &gone);
+	if (gone)
+		return ack(0); // The receiver died: the datagram is lost
 	if (rs == IBV_WC_SUCCESS) {
 		small_vec<iovec, 17> liov;
 		liov.push_back({const_cast<ibv_grh *>(r.grh), sizeof(ibv_grh)});

@@ -645,7 +645,7 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	}
 	flush_deferred(qp); // Earlier SENDs land first
 	memcpy(dst, src, len);
-	service_note(SV_LEASE_DIRECT_USED);
+	service_note(SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
 	// The completion respond_send makes.
 	sv_cqe e{};
 	e.wr_id = wqe->wr_id;
@@ -670,9 +670,19 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	return true;
 }
 
+// SOFTVERBS_EXPRESS=0 turns the express way off (docs/configuration.md).
+bool express_enabled()
+{
+	static const bool on = [] {
+		const char *s = getenv("SOFTVERBS_EXPRESS");
+		return !s || strcmp(s, "0") != 0;
+	}();
+	return on;
+}
+
 [[gnu::hot]] bool lt_express(loop_qp *qp, send_wr &w, tp_answer &a)
 {
-	if (qp->wire_remote || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
+	if (!express_enabled() || qp->wire_remote || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
 		return false;
 	bool write = w.opcode == IBV_WR_RDMA_WRITE;
 	if (!write && w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM)
@@ -707,9 +717,10 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	if (k == seg_kind::mapped_direct) {
 		// A sealed memfd at least this long, mapped writable (xfer.cpp).
 		memcpy(dst, src, len);
-		service_note(SV_LEASE_DIRECT_USED);
+		service_note(SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
 	} else {
 		memmove(dst, src, len); // Within this process
+		service_note(SV_LEASE_EXPRESS_USED);
 	}
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
 	return true;

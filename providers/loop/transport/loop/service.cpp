@@ -273,7 +273,7 @@ void note_path(fabric &fab, uint32_t lease, uint32_t flag)
 	if (lease >= SV_MAX_PROCS)
 		return;
 	std::atomic_ref<uint32_t> f(fab.reg()->leases[lease].flags);
-	if (!(f.load(std::memory_order_relaxed) & flag))
+	if ((f.load(std::memory_order_relaxed) & flag) != flag)
 		f.fetch_or(flag, std::memory_order_relaxed);
 }
 
