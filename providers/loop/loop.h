@@ -116,6 +116,32 @@ void loop_unimport_pd(ibv_pd *pd);
 ibv_mr *loop_import_mr(ibv_pd *pd, uint32_t handle);
 void loop_unimport_mr(ibv_mr *mr);
 
+// The loop transport's last resolved keys of one QP (mr_resolve_cached,
+// verbs/loop_mr.cpp): a connected QP names the same receive MR or target
+// MR message after message, and a full resolution (the record's snapshot,
+// its checks, the peer mapping's cache under a process-wide lock) cost
+// about a quarter of a 64-byte SEND's instructions.  An entry is believed
+// only while the record is unchanged (in use, the same key and cookie: every
+// change of a record draws a new cookie) and the peer mapping is still in
+// the process-wide cache (weak: the cache, not this, keeps a mapping, so a
+// dead owner's memory still goes once the cache drops it), and for at most
+// one tick of the coarse clock, after which the full path looks at the
+// owner's liveness again.
+struct key_cache {
+	struct entry {
+		bool valid = false;
+		uint32_t key = 0;	  // The whole key asked for
+		uint32_t owner_lease = 0; // As asked for
+		sv_mr_rec rec{};	  // The record as resolved
+		seg_kind kind{};	  // What resolve_body made of it
+		char *base = nullptr;	  // Mapped kinds: our address of rec.iova's byte
+		std::weak_ptr<void> map;  // Mapped kinds: the mapping base lies in
+		int64_t tick = 0;	  // Coarse clock when resolved
+	};
+	entry e[2];
+	uint8_t next = 0;
+};
+
 struct loop_cq {
 	verbs_cq vcq; // Must be first
 	loop_context *ctx;
@@ -142,6 +168,13 @@ struct loop_cq {
 	bool placing_self;
 	uint64_t head; // Next entry to poll: the owner's own copy of the ring's cons
 	bool agent = false; // Polled by an agent (softverbs_dv_cq_agent), under lock
+	// The poller's (under lock): the payload array of ring pls_ring with
+	// pls_mask + 1 entries, as payloads() found it; and the receive keys
+	// place() last resolved (key_cache).
+	sv_cq_ring *pls_ring = nullptr;
+	uint32_t pls_mask = 0;
+	sv_cqe_payload *pls = nullptr;
+	key_cache keys;
 	// A ring placed by a parent domain's allocator: the domain (held in
 	// parents) whose free gives it back, and the published file peers map.
 	ibv_pd *alloc_pd = nullptr;
@@ -217,31 +250,6 @@ struct send_wr {
 	uint32_t psn; // Its request's sequence number (engine.h: kNoPsn until it is sent)
 };
 
-// The loop transport's last resolved keys of one QP (mr_resolve_cached,
-// verbs/loop_mr.cpp): a connected QP names the same receive MR or target
-// MR message after message, and a full resolution (the record's snapshot,
-// its checks, the peer mapping's cache under a process-wide lock) cost
-// about a quarter of a 64-byte SEND's instructions.  An entry is believed
-// only while the record is unchanged (in use, the same key and cookie: every
-// change of a record draws a new cookie) and the peer mapping is still in
-// the process-wide cache (weak: the cache, not this, keeps a mapping, so a
-// dead owner's memory still goes once the cache drops it), and for at most
-// one tick of the coarse clock, after which the full path looks at the
-// owner's liveness again.
-struct key_cache {
-	struct entry {
-		bool valid = false;
-		uint32_t key = 0;	  // The whole key asked for
-		uint32_t owner_lease = 0; // As asked for
-		sv_mr_rec rec{};	  // The record as resolved
-		seg_kind kind{};	  // What resolve_body made of it
-		char *base = nullptr;	  // Mapped kinds: our address of rec.iova's byte
-		std::weak_ptr<void> map;  // Mapped kinds: the mapping base lies in
-		int64_t tick = 0;	  // Coarse clock when resolved
-	};
-	entry e[2];
-	uint8_t next = 0;
-};
 
 struct loop_qp {
 	verbs_qp vqp; // Must be first

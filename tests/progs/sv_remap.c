@@ -1200,6 +1200,29 @@ static void sc_express_send(void)
 	send_into(&gone, 1, 64, IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR, m, len, 0, 460,
 		  "a deregistered receive key");
 	reconnect_both();
+	/* Deregistered after the SEND arrived, before the poll, behind a warm
+	 * key cache.  Memory that stayed in place gets small messages in the
+	 * completion, placed by the poll: the key is checked then, and the
+	 * bytes must not land (LOC_PROT_ERR).  Moved memory got them at once. */
+	mr = reg(m, len);
+	struct ibv_sge s1 = svt_sge(mr, 0, 256);
+	for (int i = 0; i < 3; i++)
+		send_into(&s1, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 470 + i,
+			  "warm before the late deregistration");
+	svt_fill(m, len, 477);
+	svt_post_recv1(QP, 99, &s1, 1);
+	CHECK_EQ(peer_do(OP_SEND, NULL, 0, 64, 480), IBV_WC_SUCCESS);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	struct ibv_wc wc = recv_wc(99, "deregistered before the poll");
+	if (remap_on) {
+		CHECK_EQ(wc.status, IBV_WC_SUCCESS);
+		check_bytes(m, 64, 480, "moved memory, deregistered before the poll");
+	} else {
+		if (wc.status != IBV_WC_LOC_PROT_ERR)
+			FAIL("deregistered before the poll: %s, expected %s",
+			     ibv_wc_status_str(wc.status), ibv_wc_status_str(IBV_WC_LOC_PROT_ERR));
+		check_bytes(m, len, 477, "memory deregistered before the poll");
+	}
 	munmap(m, len);
 }
 

@@ -109,6 +109,25 @@ int place_bytes(const mr_hit &hit, const uint8_t *data, uint32_t len)
 void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
 {
 	uint32_t len = std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX);
+	// The key the last messages named, still standing (key_cache): plain
+	// memory of ours, one memcpy.
+	iovec v;
+	seg_kind k;
+	if (mr_cached_own(*cq->ctx->fab, cq->keys, pl.lkey, static_cast<uint32_t>(cq->ctx->lease),
+			  kAnyPdn, pl.iova, len, IBV_ACCESS_LOCAL_WRITE, v, k) &&
+	    k == seg_kind::peer) {
+		memcpy(v.iov_base, pl.data, len);
+		return;
+	}
+	// The full way, which fills the cache for the next.
+	thread_local std::vector<rseg> segs;
+	segs.clear();
+	if (!mr_resolve_cached(*cq->ctx->fab, cq->keys, pl.lkey, static_cast<uint32_t>(cq->ctx->lease),
+			       kAnyPdn, pl.iova, len, IBV_ACCESS_LOCAL_WRITE, 0, segs, nullptr) &&
+	    segs.size() == 1 && segs[0].kind == seg_kind::peer) {
+		memcpy(segs[0].base, pl.data, len);
+		return;
+	}
 	mr_hit hit;
 	if (mr_lookup(*cq->ctx->fab, pl.lkey, static_cast<uint32_t>(cq->ctx->lease), kAnyPdn,
 		      pl.iova, len, IBV_ACCESS_LOCAL_WRITE, 0, hit) ||
@@ -506,7 +525,16 @@ again:
 		}
 		return false;
 	}
-	sv_cqe_payload *pls = (slot.flags & SV_CQE_PLACE) ? payloads(r) : nullptr;
+	sv_cqe_payload *pls = nullptr;
+	if (slot.flags & SV_CQE_PLACE) {
+		// payloads() looks the ring's geometry up: once per ring.
+		if (cq->pls_ring != r || cq->pls_mask != cq->mask) {
+			cq->pls = payloads(r);
+			cq->pls_ring = r;
+			cq->pls_mask = cq->mask;
+		}
+		pls = cq->pls;
+	}
 	if (pls && !take_placement(cq, slot, c))
 		return false; // Its sender is placing the bytes: not ready yet
 	t_empty_polls = 0;
