@@ -194,6 +194,8 @@ def test_killed_peer(progs, env, procs, fabric, traffic):
     os.kill(vic.p.pid, signal.SIGKILL)
     t0 = time.monotonic()
     vic.p.wait(timeout=10)
+    if traffic == "sends":
+        sur.send("GO")  # The survivor waits for the kill before its next SEND
     first = sur.line(20)
     elapsed = time.monotonic() - t0
     assert first == "FIRSTERR transport retry counter exceeded", first

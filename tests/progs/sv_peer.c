@@ -295,6 +295,27 @@ static void run_survivor(const char *dev, int sends)
 		if (!streaming && done >= (sends ? 50u : 200u)) {
 			streaming = 1;
 			printf("STREAMING\n");
+			if (sends) {
+				/* Nothing in flight: the test kills the victim, then
+				 * says GO; past a tick of the coarse clock every
+				 * cached view of the victim is looked at again, and
+				 * the next SEND is the first WR to meet it dead. */
+				while (done < posted) {
+					struct ibv_wc w1;
+					int k = ibv_poll_cq(s.cq, 1, &w1);
+					CHECK(k >= 0);
+					if (k) {
+						if (w1.wr_id != done || w1.status != IBV_WC_SUCCESS)
+							FAIL("SEND %llu before GO: %s",
+							     (unsigned long long)w1.wr_id,
+							     ibv_wc_status_str(w1.status));
+						done++;
+					}
+				}
+				expect_line("GO");
+				usleep(20000);
+				deadline = svt_now_ms() + 40000;
+			}
 		}
 		if (sends && streaming)
 			usleep(1000); /* Paced: the kill comes while SENDs go on */

@@ -50,7 +50,9 @@ constexpr tp_answer kLost{tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
 		uint64_t n = std::min<uint64_t>(s.length, len - room);
 		if (int err = t.resolve_key(qp, p, s.lkey, pdn, s.addr, n, IBV_ACCESS_LOCAL_WRITE,
 					    out, nullptr)) {
-			*gone = err == ESRCH || err == ETIMEDOUT;
+			// A dead owner may show as any key error (its mapping could
+			// not be made, or a reaping freed the record first): ask.
+			*gone = err == ESRCH || err == ETIMEDOUT || !t.alive(qp, p.qpn, false).alive;
 			return IBV_WC_LOC_PROT_ERR;
 		}
 		room += n;
@@ -80,8 +82,10 @@ sv_cqe recv_cqe(const peer &p, const tp_request &r, uint64_t wr_id)
 	std::vector<rseg> &riov = qp->resp_riov;
 	bool gone = false;
 	ibv_wc_status rs = scatter(t, qp, p, wqe, pdn, lb.len, riov, &gone);
-	if (gone)
+	if (gone) {
+		riov.clear(); // Pins nothing of the dead receiver's memory
 		return kLost; // The receiver died: as if the request was lost
+	}
 	sv_cqe rcv = recv_cqe(p, r, wqe->wr_id);
 	rcv.opcode = IBV_WC_RECV;
 	rcv.byte_len = static_cast<uint32_t>(lb.len);
@@ -105,8 +109,10 @@ sv_cqe recv_cqe(const peer &p, const tp_request &r, uint64_t wr_id)
 		tp_payload d{&lb, wqe, riov.data(), static_cast<int>(riov.size())};
 		rcv.status = IBV_WC_SUCCESS;
 		perr = t.post_cqe(qp, p, rcv, solicited, &d);
-		if (perr == ESRCH || perr == ETIMEDOUT)
+		if (perr == ESRCH || perr == ETIMEDOUT) {
+			riov.clear();
 			return kLost;
+		}
 		if (perr == EFAULT) {
 			rs = IBV_WC_LOC_PROT_ERR;
 			rcv.wc_flags &= ~IBV_WC_WITH_INV;
@@ -143,8 +149,10 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 			       ? EACCES
 			       : t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr, lb.len,
 					       IBV_ACCESS_REMOTE_WRITE, riov, &raccess);
-	if (kerr == ESRCH || kerr == ETIMEDOUT)
+	if (kerr && (kerr == ESRCH || kerr == ETIMEDOUT || !t.alive(qp, p.qpn, false).alive)) {
+		riov.clear();
 		return kLost; // The target died: as if the request was lost
+	}
 	if (kerr) {
 		// The consumed receive completes in error on the responder.
 		rcv.status = IBV_WC_REM_ACCESS_ERR;
@@ -162,8 +170,10 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 			  lb.checked,
 			  (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0};
 		int err = t.move(qp, p, &m, 1, nullptr);
-		if (err == ESRCH || err == ETIMEDOUT)
+		if (err == ESRCH || err == ETIMEDOUT) {
+			riov.clear();
 			return kLost;
+		}
 		if (err) {
 			// The registered range is not mapped in the target any more.
 			if (!uc)
@@ -175,8 +185,10 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 	rcv.imm_data = w.imm_data;
 	rcv.wc_flags = IBV_WC_WITH_IMM;
 	int perr = t.post_cqe(qp, p, rcv, w.flags & IBV_SEND_SOLICITED, nullptr);
-	if (perr == ESRCH || perr == ETIMEDOUT)
+	if (perr == ESRCH || perr == ETIMEDOUT) {
+		riov.clear();
 		return kLost;
+	}
 	if (perr == ENOSPC)
 		return nak(IBV_WC_REM_OP_ERR);
 	return ack(lb.len);
