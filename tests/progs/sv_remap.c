@@ -950,6 +950,23 @@ static void sc_sighandler(void)
 	munmap(m, len);
 }
 
+/* Both ends back to RTS after the peer's QP went to ERR (the owner's QP
+ * too, since a responder error takes it there). */
+static void reconnect_both(void)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+	CHECK(ibv_modify_qp(QP, &a, IBV_QP_STATE) == 0);
+	struct ibv_wc wc;
+	while (ibv_poll_cq(CQ, 1, &wc) > 0)
+		;
+	struct svt_conn c = {SVT_ALL_ACCESS, 12, 14, 7, 7};
+	svt_connect(QP, B->qpn[1], B->lid[1], &c);
+	B->op = OP_RECONNECT;
+	uint32_t n = atomic_load(&B->req) + 1;
+	atomic_store(&B->req, n);
+	storm_wait();
+}
+
 static void sc_race(void)
 {
 	size_t len = 16 * PAGE;
@@ -973,32 +990,8 @@ static void sc_race(void)
 			     ibv_wc_status_str(B->status));
 		munmap(m, len);
 		/* The peer's QP is in error now: both ends start again. */
-		struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
-		CHECK(ibv_modify_qp(QP, &a, IBV_QP_STATE) == 0);
-		struct svt_conn c = {SVT_ALL_ACCESS, 12, 14, 7, 7};
-		svt_connect(QP, B->qpn[1], B->lid[1], &c);
-		B->op = OP_RECONNECT;
-		uint32_t n = atomic_load(&B->req) + 1;
-		atomic_store(&B->req, n);
-		storm_wait();
+		reconnect_both();
 	}
-}
-
-/* Both ends back to RTS after the peer's QP went to ERR (the owner's QP
- * too, since a responder error takes it there). */
-static void reconnect_both(void)
-{
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
-	CHECK(ibv_modify_qp(QP, &a, IBV_QP_STATE) == 0);
-	struct ibv_wc wc;
-	while (ibv_poll_cq(CQ, 1, &wc) > 0)
-		;
-	struct svt_conn c = {SVT_ALL_ACCESS, 12, 14, 7, 7};
-	svt_connect(QP, B->qpn[1], B->lid[1], &c);
-	B->op = OP_RECONNECT;
-	uint32_t n = atomic_load(&B->req) + 1;
-	atomic_store(&B->req, n);
-	storm_wait();
 }
 
 /* Warm WRITEs of 64 bytes at 64 * i, checked. */
