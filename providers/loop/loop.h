@@ -396,6 +396,40 @@ struct loop_qp {
 	// Its last resolved keys (key_cache above).  Used under sq_lock, or
 	// by the one thread that uses a RoCE v2 proxy QP.
 	key_cache tp_keys;
+	// The express way's memo of its last express RDMA WRITE into mapped
+	// memory (loop_transport.cpp: memo_write): what lt_express checked
+	// through the peer and key caches, kept so that the next WRITE of the
+	// same keys rechecks only what can change (the records' state, key,
+	// cookie and generation, the peer's state and rights, the tick of
+	// the mapping) instead of looking the keys up again.  Under sq_lock.
+	struct express_memo {
+		bool valid = false;
+		bool relaxed = false; // The target granted relaxed ordering
+		uint8_t port = 0;     // The QP's address it was made for
+		uint16_t dlid = 0;
+		uint32_t dest_qpn = 0;
+		// The peer QP: its slot and the record fields of its life.
+		uint32_t p_slot = 0;
+		uint32_t p_gen = 0;
+		uint32_t p_owner_lease = 0;
+		uint32_t p_owner_gen = 0;
+		uint32_t p_type = 0;
+		int32_t p_pid = 0;
+		// The local MR (plain memory of ours): its record's identity and
+		// iova window, and the address of the window's first byte.
+		uint32_t lkey = 0, l_slot = 0, l_key = 0, l_cookie = 0;
+		uint64_t l_iova = 0, l_len = 0, l_addr = 0;
+		// The target MR, mapped here: likewise, with our address of its
+		// first byte, the mapping and the tick it was trusted in.
+		uint32_t rkey = 0, r_slot = 0, r_key = 0, r_cookie = 0;
+		uint64_t r_iova = 0, r_len = 0;
+		char *r_base = nullptr;
+		std::weak_ptr<void> r_map;
+		int64_t r_tick = 0;
+	} xmemo;
+	// The lease flags (SV_LEASE_*) its express WRs have noted already
+	// (loop_transport.cpp: express_note).  Under sq_lock.
+	uint32_t express_noted = 0;
 	// Its connected peer is on another host (set at RTR from the address
 	// vector's GID, rocev2/rocev2.cpp): its requests go over RoCE v2.
 	// Under sq_lock.

@@ -47,7 +47,9 @@
  *             each change behind a warm cache: the responder QP's rights
  *             taken away, the MR deregistered and registered again at the
  *             same address, a WRITE one byte past the MR's end, a read-only
- *             MR, the responder QP destroyed and a new one made: each fails
+ *             MR, the requester's SGE one byte past its own MR, its MR
+ *             deregistered and registered again (the old lkey), the
+ *             responder QP destroyed and a new one made: each fails
  *             as the general way fails it, and no byte lands where it may not
  *
  * With SOFTVERBS_REMAP=0 nothing may move, and the traffic checks hold all
@@ -67,7 +69,7 @@
 #define PAGE 4096
 #define PEER_BUF (4u << 20)
 
-enum { OP_WRITE = 1, OP_READ, OP_STORM, OP_RECONNECT, OP_QUIT, OP_SEND };
+enum { OP_WRITE = 1, OP_READ, OP_STORM, OP_RECONNECT, OP_QUIT, OP_SEND, OP_LOCAL_PAST, OP_STALE_LKEY };
 
 struct board {
 	_Atomic int peer_up, owner_up;
@@ -159,6 +161,52 @@ static void peer_main(void)
 					atomic_fetch_add(&B->storm_err, 1);
 			}
 			B->status = st;
+			atomic_store(&B->done, seen);
+			continue;
+		}
+		if (B->op == OP_LOCAL_PAST || B->op == OP_STALE_LKEY) {
+			/* A WRITE whose local SGE is one byte past the peer's MR,
+			 * or names the key of a small MR of the peer's used a few
+			 * times (the caches hold it: its WRITEs carry the bytes the
+			 * target already holds, filled with the same seed), then
+			 * deregistered and the same memory registered again at
+			 * once: 2000 when the new registration drew the old key,
+			 * so nothing was tried. */
+			struct ibv_sge bad = s;
+			struct ibv_mr *small = NULL;
+			if (B->op == OP_LOCAL_PAST) {
+				bad.addr = (uintptr_t)mr->addr + PEER_BUF - B->len + 1;
+			} else {
+				void *buf = aligned_alloc(PAGE, PAGE);
+				CHECK(buf);
+				svt_fill(buf, B->len, B->seed);
+				small = ibv_reg_mr(D.pd, buf, PAGE, SVT_ALL_ACCESS);
+				CHECK(small);
+				struct ibv_sge ok = {(uintptr_t)buf, B->len, small->lkey};
+				for (int i = 0; i < 3; i++) {
+					CHECK(svt_post_send1(QP, 1, IBV_WR_RDMA_WRITE, &ok, 1,
+							     IBV_SEND_SIGNALED, B->addr, B->rkey) == 0);
+					CHECK_EQ(svt_wait(CQ, "peer WRITE from its small MR").status,
+						 IBV_WC_SUCCESS);
+				}
+				bad = ok;
+				CHECK(ibv_dereg_mr(small) == 0);
+				small = ibv_reg_mr(D.pd, buf, PAGE, SVT_ALL_ACCESS);
+				CHECK(small);
+			}
+			if (small && small->lkey == bad.lkey) {
+				B->status = 2000;
+			} else {
+				CHECK(svt_post_send1(QP, 1, IBV_WR_RDMA_WRITE, &bad, 1, IBV_SEND_SIGNALED,
+						     B->addr, B->rkey) == 0);
+				wc = svt_wait(CQ, "peer WRITE of a bad SGE");
+				B->status = wc.status;
+			}
+			if (small) {
+				void *buf = small->addr;
+				CHECK(ibv_dereg_mr(small) == 0);
+				free(buf);
+			}
 			atomic_store(&B->done, seen);
 			continue;
 		}
@@ -1057,6 +1105,27 @@ static void sc_express(void)
 	reconnect_both();
 	CHECK_EQ(ibv_dereg_mr(ro), 0);
 	warm(mr, 290, "WRITEs after the read-only key");
+
+	/* The requester's own SGE one byte past its MR, then its MR
+	 * deregistered and the memory registered again, each after hits on
+	 * the same keys: LOC_PROT_ERR, and no byte lands. */
+	warm(mr, 292, "WRITEs before the bad local SGE");
+	svt_fill(m, len + PAGE, 294);
+	int st = peer_do(OP_LOCAL_PAST, mr, 0, 64, 295);
+	if (st != IBV_WC_LOC_PROT_ERR)
+		FAIL("a local SGE past the peer's MR: %s, expected LOC_PROT_ERR",
+		     ibv_wc_status_str(st));
+	check_bytes(m, len + PAGE, 294, "a local SGE past the peer's MR");
+	reconnect_both();
+	warm(mr, 296, "WRITEs before the peer's MR is registered again");
+	svt_fill(m, len + PAGE, 297);
+	st = peer_do(OP_STALE_LKEY, mr, 0, 64, 297);
+	if (st != IBV_WC_LOC_PROT_ERR && st != 2000)
+		FAIL("the key of the peer's deregistered MR: %s, expected LOC_PROT_ERR",
+		     ibv_wc_status_str(st));
+	check_bytes(m, len + PAGE, 297, "the key of the peer's deregistered MR");
+	reconnect_both();
+	warm(mr, 299, "WRITEs from the peer's new MR");
 
 	/* The responder QP destroyed and another made: the peer's QP still
 	 * names the old number, which nobody answers (retries run out). */

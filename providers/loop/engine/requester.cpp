@@ -477,6 +477,11 @@ step run_ud(loop_qp *qp, send_wr &w)
 	tp_answer a;
 	if (!t.express || !t.express(qp, w, a))
 		return false;
+	// An unsignaled success completes nothing (complete()'s rule).
+	if (a.k == tp_answer::kind::ack && !qp->sq_sig_all && !(w.flags & IBV_SEND_SIGNALED)) {
+		s = step::done;
+		return true;
+	}
 	s = finish(qp, w, a);
 	return true;
 }

@@ -528,6 +528,103 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 	return 0;
 }
 
+// The express way straight from the caller's WR (issue 13): an RDMA WRITE,
+// SEND or SEND WITH IMM of one SGE (or inline), posted to a connected QP in
+// RTS whose send queue is empty, runs from the ibv_send_wr without copy_wr's
+// general decoding and without its WQE: a WR the express way finishes at
+// once never sits in the ring, so nothing (backlog, flush, retry) would read
+// the slot.  The WR takes its slot (sq_posted) before it runs, as publish()
+// gives it, so that its completion, polled by another thread at once,
+// retires it (retire_sq bounds by sq_posted); a WR the express way declines
+// gives the slot back untouched, and one that did not finish (RNR, no
+// answer) is written into the ring then and booked for its retry as
+// submit() does.  Returns -1 when it declined (the general way takes w, with
+// nothing done), else what submit() returns.  Caller holds sq_lock, state is
+// RTS and refreshed.
+[[gnu::hot]] int post_direct(loop_qp *qp, const ibv_send_wr *in, send_wr &w, uint32_t &state,
+			     bool &need_progress)
+{
+	uint32_t raw_op; // As copy_wr reads it: any bits may come in
+	memcpy(&raw_op, &in->opcode, sizeof(raw_op));
+	if ((raw_op != IBV_WR_RDMA_WRITE && raw_op != IBV_WR_SEND && raw_op != IBV_WR_SEND_WITH_IMM) ||
+	    in->num_sge != 1 || !qp->sq || qp->wire_remote ||
+	    (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) || qp->cap.max_send_sge < 1 ||
+	    (in->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE |
+				IBV_SEND_FENCE)))
+		return -1;
+	const ibv_sge &s = in->sg_list[0];
+	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
+	if (!s.length || qp->sq_cons != posted ||
+	    posted - qp->sq_retired.load(std::memory_order_acquire) >= qp->cap.max_send_wr)
+		return -1;
+	// copy_wr's form of it, the fields the express way, the completion and
+	// (when it does not finish) wqe_write read.
+	w.wr_id = in->wr_id;
+	w.opcode = in->opcode;
+	w.flags = in->send_flags;
+	if (in->send_flags & IBV_SEND_INLINE) {
+		if (s.length > qp->cap.max_inline_data)
+			return -1; // copy_wr's EINVAL
+		memcpy(w.inline_data, reinterpret_cast<const void *>(s.addr), s.length);
+		w.is_inline = true;
+		w.inline_len = s.length;
+		w.num_sge = 0;
+	} else {
+		w.sge[0] = s;
+		w.is_inline = false;
+		w.inline_len = 0;
+		w.num_sge = 1;
+	}
+	w.imm_data = in->imm_data;
+	w.invalidate_rkey = 0;
+	bool write = raw_op == IBV_WR_RDMA_WRITE;
+	w.remote_addr = write ? in->wr.rdma.remote_addr : 0;
+	w.rkey = write ? in->wr.rdma.rkey : 0;
+	w.compare_add = 0;
+	w.swap = 0;
+	w.xrc_srqn = 0;
+	w.rnr_left = qp->attr.rnr_retry;
+	w.retry_left = qp->attr.retry_cnt;
+	w.next_try_ns = 0;
+	w.sq_index = posted;
+	w.psn = kNoPsn;
+	qp->sq_posted.store(posted + 1, std::memory_order_release);
+	step st;
+	try { // c_boundary.h: out of memory gives the slot back, as in submit()
+		if (!run_express(qp, w, st)) {
+			qp->sq_posted.store(posted, std::memory_order_relaxed);
+			return -1;
+		}
+	} catch (abi::__forced_unwind &) {
+		throw;
+	} catch (...) {
+		qp->sq_posted.store(posted, std::memory_order_release);
+		return current_exception_errno();
+	}
+	sv_sq_ring *r = qp->sq;
+	if (st == step::done) {
+		// Posted and finished: the ring's indices move past it together
+		// (no engine waits on this QP's doorbell: it has no agent).
+		std::atomic_ref<uint64_t>(r->retired).store(qp->sq_retired.load(std::memory_order_acquire),
+							    std::memory_order_release);
+		std::atomic_ref<uint64_t>(r->prod).store(posted + 1, std::memory_order_release);
+		std::atomic_ref<uint64_t>(r->db_record).store(posted + 1, std::memory_order_release);
+		sq_set_cons(qp, posted + 1);
+	} else {
+		// The first try of a WR that waits (RNR, no answer yet): it now
+		// needs its WQE, and becomes the head the progress thread retries.
+		wqe_write(qp, w, posted);
+		sq_doorbell(qp, posted + 1);
+		qp->sq_head = w;
+		qp->sq_head_valid = true;
+		book_retry(qp, qp->sq_head, st, now_ns());
+		need_progress = qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
+	}
+	state = std::atomic_ref<uint32_t>(qp->ctx->fab->reg()->qps[qp->slot].state)
+			.load(std::memory_order_acquire);
+	return 0;
+}
+
 } // namespace
 
 [[gnu::hot]] int loop_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad)
@@ -559,6 +656,16 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 		send_wr w; // Filled by copy_wr (not a thread_local: small_vec.h)
 		rdma_batch b;
 		for (; wr; wr = wr->next) {
+			if (!x && state == IBV_QPS_RTS) {
+				ret = post_direct(qp, wr, w, state, need_progress);
+				if (!ret)
+					continue;
+				if (ret > 0) {
+					*bad = wr;
+					break;
+				}
+				ret = 0;
+			}
 			try { // c_boundary.h: ENOMEM at this WR, those before it posted
 				ret = copy_wr(qp, wr, w, x);
 			} catch (abi::__forced_unwind &) {

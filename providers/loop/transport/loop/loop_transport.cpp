@@ -11,6 +11,7 @@
 // resolves to a remote peer, and every call for that peer goes on to the
 // rocev2 transport (rocev2/rocev2.h): the engine sees one transport.
 #include "engine.h"
+#include "peer_maps.h"
 #include "queue_geom.h"
 #include "queue_seg.h"
 #include "rocev2/rocev2.h"
@@ -273,10 +274,8 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 
 // Places every deferred SEND of the QP that its peer has not taken yet.
 // Called before the QP moves any other bytes, and on state changes.
-void flush_deferred(loop_qp *qp)
+[[gnu::noinline]] void flush_deferred_all(loop_qp *qp)
 {
-	if (qp->deferred.empty())
-		return;
 	for (const loop_qp::deferred_send &d : qp->deferred) {
 		queue_hold h = qp_queue(qp, d.cq, SV_OBJ_CQ);
 		auto *ring = h.as<sv_cq_ring>();
@@ -284,6 +283,13 @@ void flush_deferred(loop_qp *qp)
 			cq_place_deferred(ring, d.index, d.dst, d.pid);
 	}
 	qp->deferred.clear();
+}
+
+// The common case inline: nothing deferred (every express WR asks).
+inline void flush_deferred(loop_qp *qp)
+{
+	if (!qp->deferred.empty()) [[unlikely]]
+		flush_deferred_all(qp);
 }
 
 // Forgets deferred SENDs the peer has taken; bounds the list.
@@ -582,6 +588,16 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	return push_peer(qp, p, e, solicited, nullptr, nullptr);
 }
 
+// service_note once per QP and flag: the lease's flags only ever gain bits
+// (a process's QPs all note into its one lease).
+inline void express_note(loop_qp *qp, uint32_t flag)
+{
+	if ((qp->express_noted & flag) != flag) [[unlikely]] {
+		service_note(flag);
+		qp->express_noted |= flag;
+	}
+}
+
 // The express way's local source of w: its inline bytes, or its one SGE
 // when the QP's key cache holds the lkey for plain memory of ours.
 [[gnu::hot]] bool express_source(loop_qp *qp, const send_wr &w, const char *&src, uint32_t &len)
@@ -645,7 +661,7 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	}
 	flush_deferred(qp); // Earlier SENDs land first
 	memcpy(dst, src, len);
-	service_note(SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
+	express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
 	// The completion respond_send makes.
 	sv_cqe e{};
 	e.wr_id = wqe->wr_id;
@@ -670,6 +686,142 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	return true;
 }
 
+// The entry of kc for key of owner_lease, if any (the express memo's
+// build: the entry lt_express's lookup just hit).
+const key_cache::entry *cached_entry(const key_cache &kc, uint32_t key, uint32_t owner_lease)
+{
+	for (const key_cache::entry &e : kc.e)
+		if (e.valid && e.key == key && e.owner_lease == owner_lease)
+			return &e;
+	return nullptr;
+}
+
+// Whether the MR record of slot still is the registration of key and
+// cookie, valid (cache_lookup's test, in its order: state, the fields, a
+// fence, the state again).
+[[gnu::always_inline]] inline bool mr_still(const sv_registry *r, uint32_t slot, uint32_t key,
+					    uint32_t cookie)
+{
+	const sv_mr_rec &m = r->mrs[slot];
+	bool same = std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_acquire) ==
+			    SV_MR_VALID &&
+		    std::atomic_ref<const uint32_t>(m.key).load(std::memory_order_relaxed) == key &&
+		    std::atomic_ref<const uint32_t>(m.cookie).load(std::memory_order_relaxed) == cookie;
+	std::atomic_thread_fence(std::memory_order_acquire);
+	return same &&
+	       std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_relaxed) == SV_MR_VALID;
+}
+
+// [iova, iova + len) within the window [lo, lo + wlen); len is not 0.
+[[gnu::always_inline]] inline bool in_window(uint64_t iova, uint64_t len, uint64_t lo, uint64_t wlen)
+{
+	return iova >= lo && len <= wlen && iova - lo <= wlen - len;
+}
+
+// Keeps what the express WRITE w (not inline, into mapped memory of peer p
+// at dst) was checked against, for memo_write.
+void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
+{
+	loop_qp::express_memo &m = qp->xmemo;
+	m.valid = false;
+	const loop_qp::peer_cache &c = qp->tp_peer;
+	const key_cache::entry *le =
+		cached_entry(qp->req_keys, w.sge[0].lkey, static_cast<uint32_t>(qp->ctx->lease));
+	const key_cache::entry *re = cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease);
+	if (!c.valid || c.slot != p.slot || !le || le->base || le->kind != seg_kind::peer || !re ||
+	    !re->base || re->kind != seg_kind::mapped_direct)
+		return;
+	const ibv_qp_attr &at = qp->attr;
+	m.port = at.port_num;
+	m.dlid = at.ah_attr.dlid;
+	m.dest_qpn = at.dest_qp_num;
+	m.p_slot = p.slot;
+	m.p_gen = p.rec.generation;
+	m.p_owner_lease = p.rec.owner_lease;
+	m.p_owner_gen = p.rec.owner_gen;
+	m.p_type = p.rec.qp_type;
+	m.p_pid = p.pid;
+	m.lkey = w.sge[0].lkey;
+	m.l_slot = m.lkey >> SV_MR_KEY_BITS;
+	m.l_key = le->rec.key;
+	m.l_cookie = le->rec.cookie;
+	m.l_iova = le->rec.iova;
+	m.l_len = le->rec.length;
+	m.l_addr = le->rec.addr;
+	m.rkey = w.rkey;
+	m.r_slot = m.rkey >> SV_MR_KEY_BITS;
+	m.r_key = re->rec.key;
+	m.r_cookie = re->rec.cookie;
+	m.r_iova = re->rec.iova;
+	m.r_len = re->rec.length;
+	m.r_base = re->base;
+	m.r_map = re->map;
+	m.r_tick = re->tick;
+	m.relaxed = re->rec.access & IBV_ACCESS_RELAXED_ORDERING;
+	m.valid = m.l_slot && m.l_slot < SV_MAX_MRS && m.r_slot && m.r_slot < SV_MAX_MRS;
+}
+
+// The express WRITE through the memo: the same answer lt_express would
+// give, when w names the keys of the last one and nothing they were
+// checked against has changed (the QP's address; the peer QP's life,
+// state, type and rights, its owner's lease; each MR record's
+// registration; the mapping's tick).  False leaves w to lt_express.
+[[gnu::hot]] bool memo_write(loop_qp *qp, send_wr &w, tp_answer &a)
+{
+	loop_qp::express_memo &m = qp->xmemo;
+	const ibv_qp_attr &at = qp->attr;
+	if (!m.valid || w.rkey != m.rkey || at.dest_qp_num != m.dest_qpn ||
+	    at.ah_attr.dlid != m.dlid || at.port_num != m.port)
+		return false;
+	const char *src;
+	uint64_t len;
+	if (w.is_inline) {
+		src = reinterpret_cast<const char *>(w.inline_data);
+		len = w.inline_len;
+	} else {
+		const ibv_sge &s = w.sge[0];
+		len = s.length;
+		if (w.num_sge != 1 || s.lkey != m.lkey || !in_window(s.addr, len, m.l_iova, m.l_len))
+			return false;
+		src = reinterpret_cast<const char *>(m.l_addr + (s.addr - m.l_iova));
+	}
+	if (!len || !in_window(w.remote_addr, len, m.r_iova, m.r_len) ||
+	    (m.relaxed && len >= kRelaxedMinBytes))
+		return false;
+	const sv_registry *r = qp->ctx->fab->reg();
+	const sv_qp_rec &q = r->qps[m.p_slot];
+	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_acquire))
+		return false;
+	uint32_t gen = std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed);
+	uint32_t lease = std::atomic_ref<const uint32_t>(q.owner_lease).load(std::memory_order_relaxed);
+	uint32_t ogen = std::atomic_ref<const uint32_t>(q.owner_gen).load(std::memory_order_relaxed);
+	uint32_t st = std::atomic_ref<const uint32_t>(q.state).load(std::memory_order_relaxed);
+	uint32_t acc = std::atomic_ref<const uint32_t>(q.access).load(std::memory_order_relaxed);
+	uint8_t type = std::atomic_ref<const uint8_t>(q.qp_type).load(std::memory_order_relaxed);
+	std::atomic_thread_fence(std::memory_order_acquire);
+	const sv_lease &l = r->leases[m.p_owner_lease];
+	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) ||
+	    gen != m.p_gen || lease != m.p_owner_lease || ogen != m.p_owner_gen || type != m.p_type ||
+	    (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) ||
+	    !(acc & IBV_ACCESS_REMOTE_WRITE) ||
+	    std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_relaxed) != ogen ||
+	    static_cast<int32_t>(std::atomic_ref<const uint32_t>(l.pid).load(
+		    std::memory_order_relaxed)) != m.p_pid)
+		return false;
+	if ((!w.is_inline && !mr_still(r, m.l_slot, m.l_key, m.l_cookie)) ||
+	    !mr_still(r, m.r_slot, m.r_key, m.r_cookie) || coarse_now() != m.r_tick)
+		return false;
+	std::shared_ptr<void> pin = m.r_map.lock(); // Kept until the copy is done
+	if (!pin)
+		return false;
+	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
+	flush_deferred(qp); // Earlier SENDs land first
+	memcpy(m.r_base + (w.remote_addr - m.r_iova), src, len);
+	express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
+	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(len)};
+	return true;
+}
+
 // SOFTVERBS_EXPRESS=0 turns the express way off (docs/configuration.md).
 bool express_enabled()
 {
@@ -685,6 +837,8 @@ bool express_enabled()
 	if (!express_enabled() || qp->wire_remote || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
 		return false;
 	bool write = w.opcode == IBV_WR_RDMA_WRITE;
+	if (write && memo_write(qp, w, a))
+		return true;
 	if (!write && w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM)
 		return false;
 	const char *src;
@@ -717,10 +871,12 @@ bool express_enabled()
 	if (k == seg_kind::mapped_direct) {
 		// A sealed memfd at least this long, mapped writable (xfer.cpp).
 		memcpy(dst, src, len);
-		service_note(SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
+		if (!w.is_inline)
+			memo_keep(qp, w, p);
+		express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
 	} else {
 		memmove(dst, src, len); // Within this process
-		service_note(SV_LEASE_EXPRESS_USED);
+		express_note(qp, SV_LEASE_EXPRESS_USED);
 	}
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
 	return true;
