@@ -400,8 +400,8 @@ struct loop_qp {
 	// memory (loop_transport.cpp: memo_write): what lt_express checked
 	// through the peer and key caches, kept so that the next WRITE of the
 	// same keys rechecks only what can change (the records' state, key,
-	// cookie and generation, the peer's state and rights, the tick of
-	// the mapping) instead of looking the keys up again.  Under sq_lock.
+	// cookie and generation, the peer's state, port and rights, the tick
+	// of the mapping) instead of looking the keys up again.  Under sq_lock.
 	struct express_memo {
 		bool valid = false;
 		bool relaxed = false; // The target granted relaxed ordering
@@ -414,6 +414,7 @@ struct loop_qp {
 		uint32_t p_owner_lease = 0;
 		uint32_t p_owner_gen = 0;
 		uint32_t p_type = 0;
+		uint32_t p_port = 0; // A QP may move to another port (RESET->INIT)
 		int32_t p_pid = 0;
 		// The local MR (plain memory of ours): its record's identity and
 		// iova window, and the address of the window's first byte.

@@ -412,7 +412,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 // Caller holds sq_lock; state is refreshed for the next WR.  Returns 0 or
 // ENOMEM.
 [[gnu::hot]] int submit(loop_qp *qp, send_wr &w, uint32_t &state, bool &need_progress, rdma_batch &b,
-	   bool more)
+	   bool more, bool express_declined = false)
 {
 	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
 	if (!qp->sq)
@@ -494,7 +494,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 		}
 		// A WRITE or SEND whose peer, keys and target memory are in the
 		// QP's caches takes the express way (transport.h).
-		if (h != &w || state != IBV_QPS_RTS ||
+		if (h != &w || state != IBV_QPS_RTS || express_declined ||
 		    (w.opcode != IBV_WR_RDMA_WRITE && w.opcode != IBV_WR_SEND &&
 		     w.opcode != IBV_WR_SEND_WITH_IMM) ||
 		    !run_express(qp, w, s))
@@ -538,8 +538,10 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 // retires it (retire_sq bounds by sq_posted); a WR the express way declines
 // gives the slot back untouched, and one that did not finish (RNR, no
 // answer) is written into the ring then and booked for its retry as
-// submit() does.  Returns -1 when it declined (the general way takes w, with
-// nothing done), else what submit() returns.  Caller holds sq_lock, state is
+// submit() does.  Returns -1 when it declined before the express way, -2
+// when the express way declined (the general way takes w, with nothing
+// done, and need not ask the express way again), else what submit()
+// returns.  Caller holds sq_lock, state is
 // RTS and refreshed.
 [[gnu::hot]] int post_direct(loop_qp *qp, const ibv_send_wr *in, send_wr &w, uint32_t &state,
 			     bool &need_progress)
@@ -593,9 +595,13 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 	try { // c_boundary.h: out of memory gives the slot back, as in submit()
 		if (!run_express(qp, w, st)) {
 			qp->sq_posted.store(posted, std::memory_order_relaxed);
-			return -1;
+			return -2;
 		}
 	} catch (abi::__forced_unwind &) {
+		// Cancelled inside (a channel's notify, a queue's open): the WR
+		// stays posted, with its WQE, as submit() leaves one.
+		wqe_write(qp, w, posted);
+		sq_doorbell(qp, posted + 1);
 		throw;
 	} catch (...) {
 		qp->sq_posted.store(posted, std::memory_order_release);
@@ -605,9 +611,9 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 	if (st == step::done) {
 		// Posted and finished: the ring's indices move past it together
 		// (no engine waits on this QP's doorbell: it has no agent).
+		std::atomic_ref<uint64_t>(r->prod).store(posted + 1, std::memory_order_release);
 		std::atomic_ref<uint64_t>(r->retired).store(qp->sq_retired.load(std::memory_order_acquire),
 							    std::memory_order_release);
-		std::atomic_ref<uint64_t>(r->prod).store(posted + 1, std::memory_order_release);
 		std::atomic_ref<uint64_t>(r->db_record).store(posted + 1, std::memory_order_release);
 		sq_set_cons(qp, posted + 1);
 	} else {
@@ -656,6 +662,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 		send_wr w; // Filled by copy_wr (not a thread_local: small_vec.h)
 		rdma_batch b;
 		for (; wr; wr = wr->next) {
+			bool declined = false;
 			if (!x && state == IBV_QPS_RTS) {
 				ret = post_direct(qp, wr, w, state, need_progress);
 				if (!ret)
@@ -664,6 +671,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 					*bad = wr;
 					break;
 				}
+				declined = ret == -2;
 				ret = 0;
 			}
 			try { // c_boundary.h: ENOMEM at this WR, those before it posted
@@ -674,7 +682,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 				ret = current_exception_errno();
 			}
 			if (!ret)
-				ret = submit(qp, w, state, need_progress, b, wr->next);
+				ret = submit(qp, w, state, need_progress, b, wr->next, declined);
 			if (ret) {
 				*bad = wr;
 				break;

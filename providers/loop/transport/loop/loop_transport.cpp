@@ -740,6 +740,7 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	m.p_owner_lease = p.rec.owner_lease;
 	m.p_owner_gen = p.rec.owner_gen;
 	m.p_type = p.rec.qp_type;
+	m.p_port = p.rec.port;
 	m.p_pid = p.pid;
 	m.lkey = w.sge[0].lkey;
 	m.l_slot = m.lkey >> SV_MR_KEY_BITS;
@@ -764,7 +765,7 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 // The express WRITE through the memo: the same answer lt_express would
 // give, when w names the keys of the last one and nothing they were
 // checked against has changed (the QP's address; the peer QP's life,
-// state, type and rights, its owner's lease; each MR record's
+// state, type, port and rights, its owner's lease; each MR record's
 // registration; the mapping's tick).  False leaves w to lt_express.
 [[gnu::hot]] bool memo_write(loop_qp *qp, send_wr &w, tp_answer &a)
 {
@@ -798,10 +799,12 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	uint32_t st = std::atomic_ref<const uint32_t>(q.state).load(std::memory_order_relaxed);
 	uint32_t acc = std::atomic_ref<const uint32_t>(q.access).load(std::memory_order_relaxed);
 	uint8_t type = std::atomic_ref<const uint8_t>(q.qp_type).load(std::memory_order_relaxed);
+	uint8_t port = std::atomic_ref<const uint8_t>(q.port).load(std::memory_order_relaxed);
 	std::atomic_thread_fence(std::memory_order_acquire);
 	const sv_lease &l = r->leases[m.p_owner_lease];
 	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) ||
 	    gen != m.p_gen || lease != m.p_owner_lease || ogen != m.p_owner_gen || type != m.p_type ||
+	    port != m.p_port ||
 	    (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) ||
 	    !(acc & IBV_ACCESS_REMOTE_WRITE) ||
 	    std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_relaxed) != ogen ||
