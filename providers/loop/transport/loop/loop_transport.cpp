@@ -233,9 +233,10 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 // if a nested call replaces the cache entry.  Caller holds qp->sq_lock.
 // *geom (if given) receives the geometry this process checked when it
 // mapped the queue; an empty hold leaves it as it was.
-[[gnu::hot]] queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind,
-				 queue_geom *geom = nullptr)
+[[gnu::hot]] const queue_hold &qp_queue_ref(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind,
+					    queue_geom *geom = nullptr)
 {
+	static const queue_hold none;
 	fabric &fab = *qp->ctx->fab;
 	loop_qp::queue_cache *slot = &qp->tp_queues[qp->tp_queue_next];
 	if (ref.slot < SV_MAX_OBJS) {
@@ -262,14 +263,22 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 			qp->tp_queue_next ^= 1;
 		slot->ref = ref;
 		slot->kind = kind;
-		slot->hold = h;
+		slot->hold = std::move(h);
 		slot->geom = g;
 		if (geom)
 			*geom = g;
-		return h;
+		return slot->hold;
 	}
 	// A mapping without a trusted geometry is no queue to use.
-	return {};
+	return none;
+}
+
+// qp_queue_ref's hold as a copy of its own: for a caller that may look up
+// another queue of the QP (which may replace the entry) while it uses this
+// one.
+queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind, queue_geom *geom = nullptr)
+{
+	return qp_queue_ref(qp, ref, kind, geom);
 }
 
 // Places every deferred SEND of the QP that its peer has not taken yet.
@@ -432,7 +441,9 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	fabric &fab = *qp->ctx->fab;
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
 	queue_geom g;
-	queue_hold h = qp_queue(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind, &g);
+	// By reference, no count taken: nothing below looks up another queue
+	// of this QP (which could replace the entry), and sq_lock is held.
+	const queue_hold &h = qp_queue_ref(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind, &g);
 	auto *rq = h.as<sv_rq_ring>();
 	if (!rq)
 		return false;
@@ -518,7 +529,9 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 	for (;;) {
 		obj_ref ref = cq_ref();
 		queue_geom g;
-		queue_hold h = qp_queue(qp, ref, SV_OBJ_CQ, &g);
+		// By reference, no count taken: the ring is used only until
+		// cq_push returns, before note_deferred may look up other queues.
+		const queue_hold &h = qp_queue_ref(qp, ref, SV_OBJ_CQ, &g);
 		auto *ring = h.as<sv_cq_ring>();
 		if (!ring) {
 			// A resize may have replaced the ring between our reading the
