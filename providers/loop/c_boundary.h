@@ -19,6 +19,7 @@
 
 #include <cerrno>
 #include <cxxabi.h>
+#include <pthread.h>
 #include <new>
 #include <system_error>
 #include <tuple>
@@ -29,6 +30,29 @@ struct ibv_wc;
 struct verbs_sysfs_dev;
 
 namespace loop {
+
+// Holds off thread cancellation for its scope: around a system call that
+// is a cancellation point (sendto, open, close) made after the WR it serves
+// already took effect, so that a cancelled poster never leaves a WR posted
+// to run a second time (a receive WQE consumed twice, a completion pushed
+// twice).
+class cancel_off {
+public:
+	cancel_off() noexcept
+	{
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old_);
+	}
+	~cancel_off()
+	{
+		int ignored;
+		pthread_setcancelstate(old_, &ignored);
+	}
+	cancel_off(const cancel_off &) = delete;
+	cancel_off &operator=(const cancel_off &) = delete;
+
+private:
+	int old_ = PTHREAD_CANCEL_ENABLE;
+};
 
 // The errno an escaping exception stands for.  Call inside a catch block.
 inline int current_exception_errno() noexcept

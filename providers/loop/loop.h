@@ -367,8 +367,8 @@ struct loop_qp {
 	std::vector<deferred_send> deferred; // Room for kMaxDeferred + 1, reserved at creation
 	// The loop transport's last two peer queues (the peer's receive queue
 	// and its CQ, for a connected QP), held: a SEND maps them without the
-	// process-wide map's lock (loop_transport.cpp: qp_queue).  Used under
-	// sq_lock.
+	// process-wide map's lock (loop_transport.cpp: qp_queue_ref).  Used
+	// under sq_lock, or by the one thread that uses a RoCE v2 proxy QP.
 	struct queue_cache {
 		obj_ref ref{};
 		sv_obj_kind kind{};

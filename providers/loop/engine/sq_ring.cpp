@@ -260,9 +260,9 @@ namespace {
 // no engine needs waking.
 [[gnu::hot]] void sq_doorbell(loop_qp *qp, uint64_t prod)
 {
+	std::atomic_ref<uint64_t>(qp->sq->prod).store(prod, std::memory_order_release);
 	std::atomic_ref<uint64_t>(qp->sq->retired)
 		.store(qp->sq_retired.load(std::memory_order_acquire), std::memory_order_release);
-	std::atomic_ref<uint64_t>(qp->sq->prod).store(prod, std::memory_order_release);
 	std::atomic_ref<uint64_t>(qp->sq->db_record).store(prod, std::memory_order_seq_cst);
 }
 

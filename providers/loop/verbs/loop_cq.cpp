@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Completion queues: a multi-producer ring in shared memory (the protocol is
 // at sv_cq_ring in kernel-abi/softverbs-abi.h), polled by its owner.
+#include "c_boundary.h"
 #include "loop.h"
 #include "objects.h"
 #include "queue_geom.h"
@@ -40,6 +41,7 @@ bool send_dgram(const uint8_t *addr, uint32_t len, const void *msg, size_t msg_l
 	sockaddr_un sa{};
 	sa.sun_family = AF_UNIX;
 	memcpy(sa.sun_path, addr, len);
+	cancel_off hold; // The completion it announces is pushed already
 	return sendto(notify_socket(), msg, msg_len, MSG_DONTWAIT,
 		      reinterpret_cast<sockaddr *>(&sa),
 		      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len)) ==

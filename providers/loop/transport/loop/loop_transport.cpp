@@ -236,7 +236,7 @@ int lt_invalidate(loop_qp *qp, const peer &p, uint32_t rkey)
 [[gnu::hot]] const queue_hold &qp_queue_ref(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind,
 					    queue_geom *geom = nullptr)
 {
-	static const queue_hold none;
+	static const queue_hold &none = *new queue_hold; // Never destroyed: threads outlive main
 	fabric &fab = *qp->ctx->fab;
 	loop_qp::queue_cache *slot = &qp->tp_queues[qp->tp_queue_next];
 	if (ref.slot < SV_MAX_OBJS) {
@@ -442,7 +442,8 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
 	queue_geom g;
 	// By reference, no count taken: nothing below looks up another queue
-	// of this QP (which could replace the entry), and sq_lock is held.
+	// of this QP (which could replace the entry), and the QP's one user
+	// holds it (sq_lock, or the RoCE v2 proxy QP's receive thread).
 	const queue_hold &h = qp_queue_ref(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind, &g);
 	auto *rq = h.as<sv_rq_ring>();
 	if (!rq)
@@ -816,6 +817,7 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	std::atomic_thread_fence(std::memory_order_acquire);
 	const sv_lease &l = r->leases[m.p_owner_lease];
 	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) ||
+	    std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) != gen ||
 	    gen != m.p_gen || lease != m.p_owner_lease || ogen != m.p_owner_gen || type != m.p_type ||
 	    port != m.p_port ||
 	    (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) ||

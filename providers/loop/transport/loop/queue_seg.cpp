@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: MIT
+#include "c_boundary.h"
 #include "queue_seg.h"
 #include "queue_geom.h"
 
@@ -388,6 +389,9 @@ namespace {
 void *map_segment(fabric &fab, const obj_ref &ref, std::string &name, size_t &size)
 {
 	name = queue_name(fab, ref);
+	// A requester maps a peer's queue in the middle of a WR (after taking
+	// its receive WQE): no cancellation in between (c_boundary.h).
+	cancel_off hold;
 	int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return nullptr;
