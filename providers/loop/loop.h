@@ -396,13 +396,30 @@ struct loop_qp {
 	// Its last resolved keys (key_cache above).  Used under sq_lock, or
 	// by the one thread that uses a RoCE v2 proxy QP.
 	key_cache tp_keys;
-	// The express way's memo of its last express RDMA WRITE into mapped
-	// memory (loop_transport.cpp: memo_write): what lt_express checked
-	// through the peer and key caches, kept so that the next WRITE of the
-	// same keys rechecks only what can change (the records' state, key,
-	// cookie and generation, the peer's state, port and rights, the tick
-	// of the mapping) instead of looking the keys up again.  Under sq_lock.
+	// The express way's memo (loop_transport.cpp: memo_write, memo_key):
+	// what lt_express checked through the peer and key caches for its
+	// last express RDMA WRITE into mapped memory, and for its last SEND's
+	// keys, kept so that the next WR of the same keys rechecks only what
+	// can change (the records' state, key, cookie and generation, the
+	// peer's state, port and rights, the tick of a mapping) instead of
+	// looking the keys up again.  Under sq_lock.
+	struct key_memo {
+		uint32_t key = 0; // The whole key (0: none; slot 0 is never a key)
+		uint32_t kbyte = 0, cookie = 0; // Its record's key byte and cookie
+		uint64_t iova = 0, len = 0;	// The record's window
+		uint64_t addr = 0;		// Plain memory of ours: iova's byte here
+		char *base = nullptr;		// Mapped here: our address of iova's byte
+		std::weak_ptr<void> map;	// Mapped: the mapping base lies in
+		int64_t tick = 0;		// Mapped: the coarse tick it was trusted in
+	};
 	struct express_memo {
+		// The local key of its last express WRITE or SEND (plain memory).
+		key_memo local;
+		// The last express SEND's receive key (mapped here), asked for a
+		// peer of this owner lease and PD.
+		key_memo recv;
+		uint32_t recv_owner = 0, recv_pdn = 0;
+		// The rest is the WRITE's: valid while the peer and target hold.
 		bool valid = false;
 		bool relaxed = false; // The target granted relaxed ordering
 		uint8_t port = 0;     // The QP's address it was made for
@@ -416,17 +433,7 @@ struct loop_qp {
 		uint32_t p_type = 0;
 		uint32_t p_port = 0; // A QP may move to another port (RESET->INIT)
 		int32_t p_pid = 0;
-		// The local MR (plain memory of ours): its record's identity and
-		// iova window, and the address of the window's first byte.
-		uint32_t lkey = 0, l_slot = 0, l_key = 0, l_cookie = 0;
-		uint64_t l_iova = 0, l_len = 0, l_addr = 0;
-		// The target MR, mapped here: likewise, with our address of its
-		// first byte, the mapping and the tick it was trusted in.
-		uint32_t rkey = 0, r_slot = 0, r_key = 0, r_cookie = 0;
-		uint64_t r_iova = 0, r_len = 0;
-		char *r_base = nullptr;
-		std::weak_ptr<void> r_map;
-		int64_t r_tick = 0;
+		key_memo target; // The target MR, mapped here
 	} xmemo;
 	// The lease flags (SV_LEASE_*) its express WRs have noted already
 	// (loop_transport.cpp: express_note).  Under sq_lock.

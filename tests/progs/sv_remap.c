@@ -41,7 +41,8 @@
  *             UCX does) keeps the new contents
  *   express-send  the same for a SEND: the receive WQE's first SGE taking
  *             the message in moved memory; two SGEs, too small a buffer,
- *             no receive posted (RNR), a deregistered receive key
+ *             no receive posted (RNR), a receive SGE past its MR's end, a
+ *             deregistered receive key
  *   express   the requester's express way (a WRITE copied at once from what
  *             its caches hold: the peer QP, both keys, the mapping) after
  *             each change behind a warm cache: the responder QP's rights
@@ -1253,15 +1254,39 @@ static void sc_express_send(void)
 		CHECK_EQ(wc.status, IBV_WC_SUCCESS);
 		check_bytes(m, 64, 440, "the SEND that waited for a receive");
 	}
+	/* A receive SGE running past the receive MR's end (its length would
+	 * hold the message), right after SENDs into the same key: LOC_PROT_ERR
+	 * there, REM_OP_ERR here, and no byte lands.  Three times: the express
+	 * way's memo of the receive key serves only within one tick of the
+	 * coarse clock (1-4 ms), which one try may straddle. */
+	for (int t = 0; t < 3; t++) {
+		for (int i = 0; i < 2; i++)
+			send_into(&s0, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 443 + i,
+				  "warm before the SGE past the end");
+		struct ibv_sge past = svt_sge(mr, len - 32, 256);
+		send_into(&past, 1, 64, IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR, m, len, 0, 447,
+			  "a receive SGE past the MR's end");
+		reconnect_both();
+	}
 	/* The receive key deregistered behind a warm cache: LOC_PROT_ERR there,
-	 * REM_OP_ERR here, and no byte lands. */
-	send_into(&s0, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 450, "warm again");
-	struct ibv_mr stale = *mr;
-	CHECK_EQ(ibv_dereg_mr(mr), 0);
-	struct ibv_sge gone = svt_sge(&stale, 0, 256);
-	send_into(&gone, 1, 64, IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR, m, len, 0, 460,
-		  "a deregistered receive key");
-	reconnect_both();
+	 * REM_OP_ERR here, and no byte lands.  Three times, the memory
+	 * registered again in between, as above: the memo of the receive key
+	 * is warm again after two SENDs in one tick. */
+	for (int t = 0; t < 3; t++) {
+		if (t) {
+			mr = reg(m, len);
+			s0 = svt_sge(mr, 0, 256);
+		}
+		for (int i = 0; i < 3; i++)
+			send_into(&s0, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 450 + i,
+				  "warm again");
+		struct ibv_mr stale = *mr;
+		CHECK_EQ(ibv_dereg_mr(mr), 0);
+		struct ibv_sge gone = svt_sge(&stale, 0, 256);
+		send_into(&gone, 1, 64, IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR, m, len, 0, 460,
+			  "a deregistered receive key");
+		reconnect_both();
+	}
 	/* Deregistered after the SEND arrived, before the poll, behind a warm
 	 * key cache.  Memory that stayed in place gets small messages in the
 	 * completion, placed by the poll: the key is checked then, and the

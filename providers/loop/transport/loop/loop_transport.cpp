@@ -612,94 +612,6 @@ inline void express_note(loop_qp *qp, uint32_t flag)
 	}
 }
 
-// The express way's local source of w: its inline bytes, or its one SGE
-// when the QP's key cache holds the lkey for plain memory of ours.
-[[gnu::hot]] bool express_source(loop_qp *qp, const send_wr &w, const char *&src, uint32_t &len)
-{
-	if (w.is_inline) {
-		src = reinterpret_cast<const char *>(w.inline_data);
-		len = w.inline_len;
-		return len != 0;
-	}
-	if (w.num_sge != 1 || !w.sge[0].length)
-		return false;
-	const ibv_sge &s = w.sge[0];
-	iovec v;
-	seg_kind k;
-	if (!mr_cached_own(*qp->ctx->fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),
-			   qp->pdn, s.addr, s.length, 0, v, k) ||
-	    k != seg_kind::peer)
-		return false;
-	src = static_cast<const char *>(v.iov_base);
-	len = s.length;
-	return true;
-}
-
-// The SEND part of lt_express: the peer's receive queue (not an SRQ),
-// through the same calls respond() makes, but for the common receive WQE
-// (its first SGE holds the message, its lkey cached, in a sealed memfd
-// mapped here) placed with one memcpy.
-[[gnu::hot]] bool express_send(loop_qp *qp, send_wr &w, const peer &p, const char *src,
-			       uint32_t len, tp_answer &a)
-{
-	if (p.rec.has_srq || p.self)
-		return false;
-	const ibv_qp_attr &at = qp->attr;
-	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
-	local_buf lb;
-	lb.iov.push_back({const_cast<char *>(src), len});
-	lb.len = len;
-	tp_request r{};
-	r.w = &w;
-	r.lb = &lb;
-	r.psn = w.psn;
-	r.src_qpn = qp->qpn;
-	r.slid = fabric_port_lid(qp->ctx, at.port_num);
-	r.sl = at.ah_attr.sl;
-	sv_recv_wqe *wqe = nullptr;
-	uint32_t pdn = 0;
-	if (!lt_take_recv(qp, p, qp->resp_wqe_buf, wqe, pdn)) {
-		a = {tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
-		return true;
-	}
-	char *dst;
-	seg_kind k;
-	uint32_t access;
-	std::shared_ptr<void> pin;
-	if (wqe->num_sge == SV_RECV_WQE_INVALID || wqe->num_sge < 1 || wqe->sge[0].length < len ||
-	    !mr_cached_target(*qp->ctx->fab, qp->tp_keys, wqe->sge[0].lkey, p.rec.owner_lease, pdn,
-			      wqe->sge[0].addr, len, IBV_ACCESS_LOCAL_WRITE, dst, k, access, pin) ||
-	    k != seg_kind::mapped_direct) {
-		a = respond_taken(loop_transport_ops, qp, p, r, wqe, pdn);
-		return true;
-	}
-	flush_deferred(qp); // Earlier SENDs land first
-	memcpy(dst, src, len);
-	express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
-	// The completion respond_send makes.
-	sv_cqe e{};
-	e.wr_id = wqe->wr_id;
-	e.qp_num = p.qpn;
-	e.src_qp = r.src_qpn;
-	e.slid = r.slid;
-	e.sl = r.sl;
-	e.opcode = IBV_WC_RECV;
-	e.byte_len = len;
-	e.status = IBV_WC_SUCCESS;
-	if (w.opcode == IBV_WR_SEND_WITH_IMM) {
-		e.imm_data = w.imm_data;
-		e.wc_flags = IBV_WC_WITH_IMM;
-	}
-	int err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, nullptr, nullptr);
-	if (err == ESRCH || err == ETIMEDOUT)
-		a = {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
-	else if (err == ENOSPC)
-		a = {tp_answer::kind::nak, IBV_WC_REM_OP_ERR, 0}; // Its CQ overflowed
-	else
-		a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
-	return true;
-}
-
 // The entry of kc for key of owner_lease, if any (the express memo's
 // build: the entry lt_express's lookup just hit).
 const key_cache::entry *cached_entry(const key_cache &kc, uint32_t key, uint32_t owner_lease)
@@ -732,18 +644,177 @@ const key_cache::entry *cached_entry(const key_cache &kc, uint32_t key, uint32_t
 	return iova >= lo && len <= wlen && iova - lo <= wlen - len;
 }
 
-// Keeps what the express WRITE w (not inline, into mapped memory of peer p
-// at dst) was checked against, for memo_write.
+// Sets k from the key cache entry e of key (the entry a lookup just hit),
+// or to none when e is not of the kind asked for (plain memory of ours, or
+// a mapping here).
+void memo_key_keep(loop_qp::key_memo &k, const key_cache::entry *e, uint32_t key, bool mapped)
+{
+	uint32_t slot = key >> SV_MR_KEY_BITS;
+	k.key = 0;
+	if (!e || !slot || slot >= SV_MAX_MRS ||
+	    (mapped ? !e->base || e->kind != seg_kind::mapped_direct
+		    : e->base || e->kind != seg_kind::peer))
+		return;
+	k.kbyte = e->rec.key;
+	k.cookie = e->rec.cookie;
+	k.iova = e->rec.iova;
+	k.len = e->rec.length;
+	k.addr = e->rec.addr;
+	k.base = e->base;
+	k.map = e->map;
+	k.tick = e->tick;
+	k.key = key;
+}
+
+// Whether k stands for key over [iova, iova + len), len not 0: the same
+// key, in its window, its record still the registration k was made from.
+[[gnu::always_inline]] inline bool memo_key(const sv_registry *r, const loop_qp::key_memo &k,
+					    uint32_t key, uint64_t iova, uint64_t len)
+{
+	return k.key == key && in_window(iova, len, k.iova, k.len) &&
+	       mr_still(r, key >> SV_MR_KEY_BITS, k.kbyte, k.cookie);
+}
+
+// The local source of w through the memo (its one SGE, plain memory of
+// ours): what express_source's lookup would give, or null.
+[[gnu::always_inline]] inline const char *memo_source(loop_qp *qp, const ibv_sge &s)
+{
+	const loop_qp::key_memo &k = qp->xmemo.local;
+	if (!memo_key(qp->ctx->fab->reg(), k, s.lkey, s.addr, s.length))
+		return nullptr;
+	return reinterpret_cast<const char *>(k.addr + (s.addr - k.iova));
+}
+
+// Keeps the express WR w's local key (its one SGE, which the key cache just
+// gave) for memo_source.
+void memo_keep_local(loop_qp *qp, const send_wr &w)
+{
+	if (w.is_inline)
+		return;
+	uint32_t lease = static_cast<uint32_t>(qp->ctx->lease);
+	memo_key_keep(qp->xmemo.local, cached_entry(qp->req_keys, w.sge[0].lkey, lease),
+		      w.sge[0].lkey, false);
+}
+
+// The express way's local source of w: its inline bytes, or its one SGE
+// when the QP's key cache holds the lkey for plain memory of ours.
+[[gnu::hot]] bool express_source(loop_qp *qp, const send_wr &w, const char *&src, uint32_t &len)
+{
+	if (w.is_inline) {
+		src = reinterpret_cast<const char *>(w.inline_data);
+		len = w.inline_len;
+		return len != 0;
+	}
+	if (w.num_sge != 1 || !w.sge[0].length)
+		return false;
+	const ibv_sge &s = w.sge[0];
+	if ((src = memo_source(qp, s))) {
+		len = s.length;
+		return true;
+	}
+	iovec v;
+	seg_kind k;
+	if (!mr_cached_own(*qp->ctx->fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),
+			   qp->pdn, s.addr, s.length, 0, v, k) ||
+	    k != seg_kind::peer)
+		return false;
+	memo_keep_local(qp, w);
+	src = static_cast<const char *>(v.iov_base);
+	len = s.length;
+	return true;
+}
+
+// The SEND part of lt_express: the peer's receive queue (not an SRQ),
+// through the same calls respond() makes, but for the common receive WQE
+// (its first SGE holds the message, its lkey cached, in a sealed memfd
+// mapped here) placed with one memcpy.
+[[gnu::hot]] bool express_send(loop_qp *qp, send_wr &w, const peer &p, const char *src,
+			       uint32_t len, tp_answer &a)
+{
+	if (p.rec.has_srq || p.self)
+		return false;
+	const ibv_qp_attr &at = qp->attr;
+	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
+	local_buf lb;
+	lb.iov.push_back({const_cast<char *>(src), len});
+	lb.len = len;
+	tp_request r{};
+	r.w = &w;
+	r.lb = &lb;
+	r.psn = w.psn;
+	r.src_qpn = qp->qpn;
+	r.slid = fabric_port_lid(qp->ctx, at.port_num);
+	r.sl = at.ah_attr.sl;
+	sv_recv_wqe *wqe = nullptr;
+	uint32_t pdn = 0;
+	if (!lt_take_recv(qp, p, qp->resp_wqe_buf, wqe, pdn)) {
+		a = {tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
+		return true;
+	}
+	char *dst = nullptr;
+	std::shared_ptr<void> pin; // Kept until the copy is done
+	const sv_sge &rs = wqe->sge[0];
+	loop_qp::express_memo &m = qp->xmemo;
+	bool shaped = wqe->num_sge != SV_RECV_WQE_INVALID && wqe->num_sge >= 1 && rs.length >= len;
+	// The receive key through the memo (the last SEND's), else the cache.
+	if (shaped && p.rec.owner_lease == m.recv_owner && pdn == m.recv_pdn &&
+	    memo_key(qp->ctx->fab->reg(), m.recv, rs.lkey, rs.addr, len) &&
+	    coarse_now() == m.recv.tick && (pin = m.recv.map.lock()))
+		dst = m.recv.base + (rs.addr - m.recv.iova);
+	seg_kind k;
+	uint32_t access;
+	if (!dst) {
+		if (!shaped ||
+		    !mr_cached_target(*qp->ctx->fab, qp->tp_keys, rs.lkey, p.rec.owner_lease, pdn,
+				      rs.addr, len, IBV_ACCESS_LOCAL_WRITE, dst, k, access, pin) ||
+		    k != seg_kind::mapped_direct) {
+			a = respond_taken(loop_transport_ops, qp, p, r, wqe, pdn);
+			return true;
+		}
+		memo_key_keep(m.recv, cached_entry(qp->tp_keys, rs.lkey, p.rec.owner_lease), rs.lkey,
+			      true);
+		m.recv_owner = p.rec.owner_lease;
+		m.recv_pdn = pdn;
+	}
+	flush_deferred(qp); // Earlier SENDs land first
+	memcpy(dst, src, len);
+	express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
+	// The completion respond_send makes.
+	sv_cqe e{};
+	e.wr_id = wqe->wr_id;
+	e.qp_num = p.qpn;
+	e.src_qp = r.src_qpn;
+	e.slid = r.slid;
+	e.sl = r.sl;
+	e.opcode = IBV_WC_RECV;
+	e.byte_len = len;
+	e.status = IBV_WC_SUCCESS;
+	if (w.opcode == IBV_WR_SEND_WITH_IMM) {
+		e.imm_data = w.imm_data;
+		e.wc_flags = IBV_WC_WITH_IMM;
+	}
+	int err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, nullptr, nullptr);
+	if (err == ESRCH || err == ETIMEDOUT)
+		a = {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
+	else if (err == ENOSPC)
+		a = {tp_answer::kind::nak, IBV_WC_REM_OP_ERR, 0}; // Its CQ overflowed
+	else
+		a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
+	return true;
+}
+
+// Keeps what the express WRITE w (not inline, into mapped memory of peer p)
+// was checked against, for memo_write.
 void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 {
 	loop_qp::express_memo &m = qp->xmemo;
 	m.valid = false;
 	const loop_qp::peer_cache &c = qp->tp_peer;
-	const key_cache::entry *le =
-		cached_entry(qp->req_keys, w.sge[0].lkey, static_cast<uint32_t>(qp->ctx->lease));
-	const key_cache::entry *re = cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease);
-	if (!c.valid || c.slot != p.slot || !le || le->base || le->kind != seg_kind::peer || !re ||
-	    !re->base || re->kind != seg_kind::mapped_direct)
+	if (!c.valid || c.slot != p.slot)
+		return;
+	memo_keep_local(qp, w);
+	memo_key_keep(m.target, cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease), w.rkey, true);
+	if (m.local.key != w.sge[0].lkey || m.target.key != w.rkey)
 		return;
 	const ibv_qp_attr &at = qp->attr;
 	m.port = at.port_num;
@@ -756,24 +827,9 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	m.p_type = p.rec.qp_type;
 	m.p_port = p.rec.port;
 	m.p_pid = p.pid;
-	m.lkey = w.sge[0].lkey;
-	m.l_slot = m.lkey >> SV_MR_KEY_BITS;
-	m.l_key = le->rec.key;
-	m.l_cookie = le->rec.cookie;
-	m.l_iova = le->rec.iova;
-	m.l_len = le->rec.length;
-	m.l_addr = le->rec.addr;
-	m.rkey = w.rkey;
-	m.r_slot = m.rkey >> SV_MR_KEY_BITS;
-	m.r_key = re->rec.key;
-	m.r_cookie = re->rec.cookie;
-	m.r_iova = re->rec.iova;
-	m.r_len = re->rec.length;
-	m.r_base = re->base;
-	m.r_map = re->map;
-	m.r_tick = re->tick;
-	m.relaxed = re->rec.access & IBV_ACCESS_RELAXED_ORDERING;
-	m.valid = m.l_slot && m.l_slot < SV_MAX_MRS && m.r_slot && m.r_slot < SV_MAX_MRS;
+	m.relaxed = cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease)->rec.access &
+		    IBV_ACCESS_RELAXED_ORDERING;
+	m.valid = true;
 }
 
 // The express WRITE through the memo: the same answer lt_express would
@@ -785,25 +841,15 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 {
 	loop_qp::express_memo &m = qp->xmemo;
 	const ibv_qp_attr &at = qp->attr;
-	if (!m.valid || w.rkey != m.rkey || at.dest_qp_num != m.dest_qpn ||
+	const loop_qp::key_memo &t = m.target;
+	if (!m.valid || w.rkey != t.key || at.dest_qp_num != m.dest_qpn ||
 	    at.ah_attr.dlid != m.dlid || at.port_num != m.port)
 		return false;
-	const char *src;
-	uint64_t len;
-	if (w.is_inline) {
-		src = reinterpret_cast<const char *>(w.inline_data);
-		len = w.inline_len;
-	} else {
-		const ibv_sge &s = w.sge[0];
-		len = s.length;
-		if (w.num_sge != 1 || s.lkey != m.lkey || !in_window(s.addr, len, m.l_iova, m.l_len))
-			return false;
-		src = reinterpret_cast<const char *>(m.l_addr + (s.addr - m.l_iova));
-	}
-	if (!len || !in_window(w.remote_addr, len, m.r_iova, m.r_len) ||
-	    (m.relaxed && len >= kRelaxedMinBytes))
-		return false;
 	const sv_registry *r = qp->ctx->fab->reg();
+	uint64_t len = w.is_inline ? w.inline_len : w.sge[0].length;
+	if (!len || !in_window(w.remote_addr, len, t.iova, t.len) ||
+	    (m.relaxed && len >= kRelaxedMinBytes) || (!w.is_inline && w.num_sge != 1))
+		return false;
 	const sv_qp_rec &q = r->qps[m.p_slot];
 	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_acquire))
 		return false;
@@ -826,15 +872,17 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	    static_cast<int32_t>(std::atomic_ref<const uint32_t>(l.pid).load(
 		    std::memory_order_relaxed)) != m.p_pid)
 		return false;
-	if ((!w.is_inline && !mr_still(r, m.l_slot, m.l_key, m.l_cookie)) ||
-	    !mr_still(r, m.r_slot, m.r_key, m.r_cookie) || coarse_now() != m.r_tick)
+	const char *src = w.is_inline ? reinterpret_cast<const char *>(w.inline_data)
+				      : memo_source(qp, w.sge[0]);
+	if (!src || !mr_still(r, t.key >> SV_MR_KEY_BITS, t.kbyte, t.cookie) ||
+	    coarse_now() != t.tick)
 		return false;
-	std::shared_ptr<void> pin = m.r_map.lock(); // Kept until the copy is done
+	std::shared_ptr<void> pin = t.map.lock(); // Kept until the copy is done
 	if (!pin)
 		return false;
 	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
 	flush_deferred(qp); // Earlier SENDs land first
-	memcpy(m.r_base + (w.remote_addr - m.r_iova), src, len);
+	memcpy(t.base + (w.remote_addr - t.iova), src, len);
 	express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(len)};
 	return true;
