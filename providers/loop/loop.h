@@ -407,6 +407,7 @@ struct loop_qp {
 		uint32_t key = 0; // The whole key (0: none; slot 0 is never a key)
 		uint32_t kbyte = 0, cookie = 0; // Its record's key byte and cookie
 		uint64_t iova = 0, len = 0;	// The record's window
+		uint32_t access = 0;		// The record's rights
 		uint64_t addr = 0;		// Plain memory of ours: iova's byte here
 		char *base = nullptr;		// Mapped here: our address of iova's byte
 		std::weak_ptr<void> map;	// Mapped: the mapping base lies in

@@ -1064,6 +1064,20 @@ static void refused(struct ibv_mr *mr, size_t off, uint32_t len, int want, char 
 	check_bytes(m, mlen, seed, what);
 }
 
+/* A peer WRITE to [mr->addr, + 64) whose local side op makes bad: it must
+ * fail with LOC_PROT_ERR, the memory [m, m + mlen) left as it was (filled
+ * with seed, which the peer's own WRITEs of OP_STALE_LKEY also carry). */
+static void local_refused(int op, struct ibv_mr *mr, char *m, size_t mlen, unsigned seed,
+			  const char *what)
+{
+	svt_fill(m, mlen, seed);
+	int st = peer_do(op, mr, 0, 64, seed);
+	if (st != IBV_WC_LOC_PROT_ERR)
+		FAIL("%s: %s, expected LOC_PROT_ERR", what, ibv_wc_status_str(st));
+	check_bytes(m, mlen, seed, what);
+	reconnect_both();
+}
+
 static void sc_express(void)
 {
 	size_t len = 16 * PAGE;
@@ -1111,21 +1125,9 @@ static void sc_express(void)
 	 * deregistered and the memory registered again, each after hits on
 	 * the same keys: LOC_PROT_ERR, and no byte lands. */
 	warm(mr, 292, "WRITEs before the bad local SGE");
-	svt_fill(m, len + PAGE, 294);
-	int st = peer_do(OP_LOCAL_PAST, mr, 0, 64, 295);
-	if (st != IBV_WC_LOC_PROT_ERR)
-		FAIL("a local SGE past the peer's MR: %s, expected LOC_PROT_ERR",
-		     ibv_wc_status_str(st));
-	check_bytes(m, len + PAGE, 294, "a local SGE past the peer's MR");
-	reconnect_both();
+	local_refused(OP_LOCAL_PAST, mr, m, len + PAGE, 294, "a local SGE past the peer's MR");
 	warm(mr, 296, "WRITEs before the peer's MR is registered again");
-	svt_fill(m, len + PAGE, 297);
-	st = peer_do(OP_STALE_LKEY, mr, 0, 64, 297);
-	if (st != IBV_WC_LOC_PROT_ERR)
-		FAIL("the key of the peer's deregistered MR: %s, expected LOC_PROT_ERR",
-		     ibv_wc_status_str(st));
-	check_bytes(m, len + PAGE, 297, "the key of the peer's deregistered MR");
-	reconnect_both();
+	local_refused(OP_STALE_LKEY, mr, m, len + PAGE, 297, "the key of the peer's deregistered MR");
 	warm(mr, 299, "WRITEs from the peer's new MR");
 
 	/* The responder QP destroyed and another made: the peer's QP still

@@ -650,7 +650,7 @@ const key_cache::entry *cached_entry(const key_cache &kc, uint32_t key, uint32_t
 void memo_key_keep(loop_qp::key_memo &k, const key_cache::entry *e, uint32_t key, bool mapped)
 {
 	uint32_t slot = key >> SV_MR_KEY_BITS;
-	k.key = 0;
+	k = {};
 	if (!e || !slot || slot >= SV_MAX_MRS ||
 	    (mapped ? !e->base || e->kind != seg_kind::mapped_direct
 		    : e->base || e->kind != seg_kind::peer))
@@ -663,6 +663,7 @@ void memo_key_keep(loop_qp::key_memo &k, const key_cache::entry *e, uint32_t key
 	k.base = e->base;
 	k.map = e->map;
 	k.tick = e->tick;
+	k.access = e->rec.access;
 	k.key = key;
 }
 
@@ -671,7 +672,7 @@ void memo_key_keep(loop_qp::key_memo &k, const key_cache::entry *e, uint32_t key
 [[gnu::always_inline]] inline bool memo_key(const sv_registry *r, const loop_qp::key_memo &k,
 					    uint32_t key, uint64_t iova, uint64_t len)
 {
-	return k.key == key && in_window(iova, len, k.iova, k.len) &&
+	return k.key && k.key == key && in_window(iova, len, k.iova, k.len) &&
 	       mr_still(r, key >> SV_MR_KEY_BITS, k.kbyte, k.cookie);
 }
 
@@ -812,7 +813,7 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	const loop_qp::peer_cache &c = qp->tp_peer;
 	if (!c.valid || c.slot != p.slot)
 		return;
-	memo_keep_local(qp, w);
+	// The local key: express_source confirmed or refreshed it just now.
 	memo_key_keep(m.target, cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease), w.rkey, true);
 	if (m.local.key != w.sge[0].lkey || m.target.key != w.rkey)
 		return;
@@ -827,8 +828,7 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	m.p_type = p.rec.qp_type;
 	m.p_port = p.rec.port;
 	m.p_pid = p.pid;
-	m.relaxed = cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease)->rec.access &
-		    IBV_ACCESS_RELAXED_ORDERING;
+	m.relaxed = m.target.access & IBV_ACCESS_RELAXED_ORDERING;
 	m.valid = true;
 }
 
@@ -846,9 +846,11 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	    at.ah_attr.dlid != m.dlid || at.port_num != m.port)
 		return false;
 	const sv_registry *r = qp->ctx->fab->reg();
+	if (!w.is_inline && w.num_sge != 1)
+		return false;
 	uint64_t len = w.is_inline ? w.inline_len : w.sge[0].length;
 	if (!len || !in_window(w.remote_addr, len, t.iova, t.len) ||
-	    (m.relaxed && len >= kRelaxedMinBytes) || (!w.is_inline && w.num_sge != 1))
+	    (m.relaxed && len >= kRelaxedMinBytes))
 		return false;
 	const sv_qp_rec &q = r->qps[m.p_slot];
 	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_acquire))
