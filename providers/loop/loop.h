@@ -127,6 +127,23 @@ void loop_unimport_mr(ibv_mr *mr);
 // dead owner's memory still goes once the cache drops it), and for at most
 // one tick of the coarse clock, after which the full path looks at the
 // owner's liveness again.
+// Whether the MR record of slot still is the registration of key byte
+// kbyte and cookie, valid: its state, those fields, a fence, and the state
+// again (a change of any field draws a new cookie).  The key cache's test
+// (loop_mr.cpp: cache_lookup), and the express memo's.
+[[gnu::always_inline]] inline bool mr_still(const sv_registry *r, uint32_t slot, uint32_t kbyte,
+					    uint32_t cookie)
+{
+	const sv_mr_rec &m = r->mrs[slot];
+	bool same = std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_acquire) ==
+			    SV_MR_VALID &&
+		    std::atomic_ref<const uint32_t>(m.key).load(std::memory_order_relaxed) == kbyte &&
+		    std::atomic_ref<const uint32_t>(m.cookie).load(std::memory_order_relaxed) == cookie;
+	std::atomic_thread_fence(std::memory_order_acquire);
+	return same &&
+	       std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_relaxed) == SV_MR_VALID;
+}
+
 struct key_cache {
 	struct entry {
 		bool valid = false;

@@ -399,13 +399,8 @@ namespace {
 	if (!found || !slot || slot >= SV_MAX_MRS)
 		return nullptr;
 	const sv_mr_rec &c = found->rec;
-	sv_mr_rec &m = fab.reg()->mrs[slot];
 	bool same = (c.key & 0xff) == (key & 0xff) && c.owner_lease == owner_lease &&
-		    mr_state(m).load(std::memory_order_acquire) == SV_MR_VALID &&
-		    std::atomic_ref<uint32_t>(m.key).load(std::memory_order_relaxed) == c.key &&
-		    std::atomic_ref<uint32_t>(m.cookie).load(std::memory_order_relaxed) == c.cookie;
-	std::atomic_thread_fence(std::memory_order_acquire);
-	same = same && mr_state(m).load(std::memory_order_relaxed) == SV_MR_VALID;
+		    mr_still(fab.reg(), slot, c.key, c.cookie);
 	// The checks of check_key that depend on the access, not the record;
 	// a failing one goes the full way for its errno.
 	if (same && (pdn == kAnyPdn || c.pdn == pdn) && (c.access & need) == need &&

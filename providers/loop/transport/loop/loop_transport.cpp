@@ -622,22 +622,6 @@ const key_cache::entry *cached_entry(const key_cache &kc, uint32_t key, uint32_t
 	return nullptr;
 }
 
-// Whether the MR record of slot still is the registration of key and
-// cookie, valid (cache_lookup's test, in its order: state, the fields, a
-// fence, the state again).
-[[gnu::always_inline]] inline bool mr_still(const sv_registry *r, uint32_t slot, uint32_t key,
-					    uint32_t cookie)
-{
-	const sv_mr_rec &m = r->mrs[slot];
-	bool same = std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_acquire) ==
-			    SV_MR_VALID &&
-		    std::atomic_ref<const uint32_t>(m.key).load(std::memory_order_relaxed) == key &&
-		    std::atomic_ref<const uint32_t>(m.cookie).load(std::memory_order_relaxed) == cookie;
-	std::atomic_thread_fence(std::memory_order_acquire);
-	return same &&
-	       std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_relaxed) == SV_MR_VALID;
-}
-
 // [iova, iova + len) within the window [lo, lo + wlen); len is not 0.
 [[gnu::always_inline]] inline bool in_window(uint64_t iova, uint64_t len, uint64_t lo, uint64_t wlen)
 {
