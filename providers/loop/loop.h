@@ -430,28 +430,45 @@ struct loop_qp {
 		std::weak_ptr<void> map;	// Mapped: the mapping base lies in
 		int64_t tick = 0;		// Mapped: the coarse tick it was trusted in
 	};
+	// The peer an express memo was made for: the QP's address then, and
+	// the peer QP's slot and the record fields of its life.
+	struct peer_memo {
+		bool valid = false;
+		uint8_t port = 0; // The QP's address it was made for
+		uint16_t dlid = 0;
+		uint32_t dest_qpn = 0;
+		uint32_t slot = 0;
+		uint32_t gen = 0;
+		uint32_t owner_lease = 0;
+		uint32_t owner_gen = 0;
+		uint32_t type = 0;
+		uint32_t port_now = 0; // Its port (a QP may move, RESET->INIT)
+		int32_t pid = 0;
+	};
 	struct express_memo {
 		// The local key of its last express WRITE or SEND (plain memory).
 		key_memo local;
-		// The last express SEND's receive key (mapped here), asked for a
-		// peer of this owner lease and PD.
+		// The last express SEND's receive key (mapped here, or plain
+		// memory of the receiver), asked for a peer of this owner lease
+		// and PD.
 		key_memo recv;
 		uint32_t recv_owner = 0, recv_pdn = 0;
-		// The rest is the WRITE's: valid while the peer and target hold.
-		bool valid = false;
+		// The WRITE's: valid while the peer and target hold.
+		peer_memo wpeer;
 		bool relaxed = false; // The target granted relaxed ordering
-		uint8_t port = 0;     // The QP's address it was made for
-		uint16_t dlid = 0;
-		uint32_t dest_qpn = 0;
-		// The peer QP: its slot and the record fields of its life.
-		uint32_t p_slot = 0;
-		uint32_t p_gen = 0;
-		uint32_t p_owner_lease = 0;
-		uint32_t p_owner_gen = 0;
-		uint32_t p_type = 0;
-		uint32_t p_port = 0; // A QP may move to another port (RESET->INIT)
-		int32_t p_pid = 0;
-		key_memo target; // The target MR, mapped here
+		key_memo target;      // The target MR, mapped here
+		// The SEND's: the peer's own receive queue (not an SRQ) and its
+		// receive CQ, held mapped, with the geometry checked at mapping.
+		peer_memo speer;
+		uint32_t s_qpn = 0; // The peer's QP number (its CQEs' qp_num)
+		uint32_t s_pdn = 0; // Its PD: its receive keys' domain
+		uint16_t slid = 0;  // Our port's LID
+		obj_ref rq{}, cq{};
+		queue_hold rqh, cqh;
+		queue_geom rqg{}, cqg{};
+		// Where the next SEND will likely take and push (lt_warm's
+		// prefetches, no load from the rings): the index after the last.
+		uint64_t rq_next = 0, cq_next = 0;
 	} xmemo;
 	// The lease flags (SV_LEASE_*) its express WRs have noted already
 	// (loop_transport.cpp: express_note).  Under sq_lock.

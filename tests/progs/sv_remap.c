@@ -1289,6 +1289,50 @@ static void sc_express_send(void)
 			  "a deregistered receive key");
 		reconnect_both();
 	}
+	/* The receive CQ resized behind the SEND memo (the peer's last SENDs
+	 * went the express way into the old ring): every SEND after it lands,
+	 * whole, in the new ring.  Three sizes, each a new ring. */
+	mr = reg(m, len);
+	s0 = svt_sge(mr, 0, 256);
+	for (int t = 0; t < 3; t++) {
+		for (int i = 0; i < 2; i++)
+			send_into(&s0, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 462 + i,
+				  "warm before the CQ's resize");
+		CHECK_EQ(ibv_resize_cq(CQ, 512 + 256 * t), 0);
+		for (int i = 0; i < 3; i++)
+			send_into(&s0, 1, 64 + 8 * i, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 464 + i,
+				  "a SEND after the CQ's resize");
+	}
+	/* This QP taken back to INIT behind the SEND memo, a receive posted
+	 * to it there: a QP in INIT takes no message (a real HCA drops it), so
+	 * the SEND fails once its retries are spent (RETRY_EXC_ERR), the
+	 * receive stays posted and no byte lands.  Three times, both ends
+	 * connected again in between. */
+	for (int t = 0; t < 3; t++) {
+		for (int i = 0; i < 2; i++)
+			send_into(&s0, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 467 + i,
+				  "warm before INIT");
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+		CHECK_EQ(ibv_modify_qp(QP, &a, IBV_QP_STATE), 0);
+		a = (struct ibv_qp_attr){.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+					 .qp_access_flags = SVT_ALL_ACCESS};
+		CHECK_EQ(ibv_modify_qp(QP, &a,
+				       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					       IBV_QP_ACCESS_FLAGS),
+			 0);
+		svt_fill(m, len, 469);
+		svt_post_recv1(QP, 98, &s0, 1);
+		int st = peer_do(OP_SEND, NULL, 0, 64, 470);
+		if (st != IBV_WC_RETRY_EXC_ERR)
+			FAIL("a SEND to a QP in INIT: %s, expected %s", ibv_wc_status_str(st),
+			     ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR));
+		struct ibv_wc wc;
+		if (ibv_poll_cq(CQ, 1, &wc) != 0)
+			FAIL("a completion (wr_id %llu, %s) on a QP in INIT",
+			     (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+		check_bytes(m, len, 469, "a SEND to a QP in INIT");
+		reconnect_both();
+	}
 	/* Deregistered after the SEND arrived, before the poll, behind a warm
 	 * key cache.  Memory that stayed in place gets small messages in the
 	 * completion, placed by the poll: the key is checked then, and the

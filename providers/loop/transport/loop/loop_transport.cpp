@@ -336,6 +336,19 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 {
 	if (qp->wire_remote)
 		return;
+	if (const loop_qp::express_memo &m = qp->xmemo; m.speer.valid) {
+		// The SEND memo's queues, at the indices after its last SEND's:
+		// no load from the rings (a prefetch never faults, even in a
+		// range truncated since), so no record to check first.
+		char *rq = m.rqh.as<char>(), *cq = m.cqh.as<char>();
+		__builtin_prefetch(rq + m.rqg.slots_offset +
+				   (m.rq_next & (m.rqg.entries - 1)) * m.rqg.entry_size);
+		uint64_t i = m.cq_next & (m.cqg.entries - 1);
+		__builtin_prefetch(cq + m.cqg.slots_offset + i * sizeof(sv_cqe), 1);
+		if (m.cqg.payload_offset)
+			__builtin_prefetch(cq + m.cqg.payload_offset + i * sizeof(sv_cqe_payload), 1);
+		return;
+	}
 	sv_registry *r = qp->ctx->fab->reg();
 	for (const loop_qp::queue_cache &c : qp->tp_queues) {
 		if (!c.hold || c.ref.slot >= SV_MAX_OBJS)
@@ -709,68 +722,88 @@ void memo_keep_local(loop_qp *qp, const send_wr &w)
 	return true;
 }
 
-// The SEND part of lt_express: the peer's receive queue (not an SRQ),
-// through the same calls respond() makes, but for the common receive WQE
-// (its first SGE holds the message, its lkey cached, in a sealed memfd
-// mapped here) placed with one memcpy.
-[[gnu::hot]] bool express_send(loop_qp *qp, send_wr &w, const peer &p, const char *src,
-			       uint32_t len, tp_answer &a)
+// The peer memo pm from the peer p the express way just used, for the QP's
+// address now.
+void memo_peer_keep(loop_qp *qp, loop_qp::peer_memo &pm, const peer &p)
 {
-	if (p.rec.has_srq || p.self)
-		return false;
 	const ibv_qp_attr &at = qp->attr;
-	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
-	local_buf lb;
-	lb.iov.push_back({const_cast<char *>(src), len});
-	lb.len = len;
-	tp_request r{};
-	r.w = &w;
-	r.lb = &lb;
-	r.psn = w.psn;
-	r.src_qpn = qp->qpn;
-	r.slid = fabric_port_lid(qp->ctx, at.port_num);
-	r.sl = at.ah_attr.sl;
-	sv_recv_wqe *wqe = nullptr;
-	uint32_t pdn = 0;
-	if (!lt_take_recv(qp, p, qp->resp_wqe_buf, wqe, pdn)) {
-		a = {tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
-		return true;
+	pm.port = at.port_num;
+	pm.dlid = at.ah_attr.dlid;
+	pm.dest_qpn = at.dest_qp_num;
+	pm.slot = p.slot;
+	pm.gen = p.rec.generation;
+	pm.owner_lease = p.rec.owner_lease;
+	pm.owner_gen = p.rec.owner_gen;
+	pm.type = p.rec.qp_type;
+	pm.port_now = p.rec.port;
+	pm.pid = p.pid;
+	pm.valid = true;
+}
+
+// Whether the peer of pm is still the QP's: the QP's address unchanged,
+// the peer QP's record in use with the same generation, owner (its lease
+// not reaped: same generation and pid), type and port, in a state that
+// receives, with the rights need.  With rcq, also that the peer's receive
+// CQ is still *rcq (a resize moves it), read under the same generation.
+[[gnu::always_inline]] inline bool memo_peer(const loop_qp *qp, const loop_qp::peer_memo &pm,
+					     uint32_t need, const obj_ref *rcq)
+{
+	const ibv_qp_attr &at = qp->attr;
+	if (!pm.valid || at.dest_qp_num != pm.dest_qpn || at.ah_attr.dlid != pm.dlid ||
+	    at.port_num != pm.port)
+		return false;
+	const sv_registry *r = qp->ctx->fab->reg();
+	const sv_qp_rec &q = r->qps[pm.slot];
+	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_acquire))
+		return false;
+	uint32_t gen = std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed);
+	uint32_t lease = std::atomic_ref<const uint32_t>(q.owner_lease).load(std::memory_order_relaxed);
+	uint32_t ogen = std::atomic_ref<const uint32_t>(q.owner_gen).load(std::memory_order_relaxed);
+	uint32_t st = std::atomic_ref<const uint32_t>(q.state).load(std::memory_order_relaxed);
+	uint32_t acc = std::atomic_ref<const uint32_t>(q.access).load(std::memory_order_relaxed);
+	uint8_t type = std::atomic_ref<const uint8_t>(q.qp_type).load(std::memory_order_relaxed);
+	uint8_t port = std::atomic_ref<const uint8_t>(q.port).load(std::memory_order_relaxed);
+	obj_ref cq{};
+	if (rcq) {
+		cq.slot = std::atomic_ref<const uint32_t>(q.rcq_obj).load(std::memory_order_relaxed);
+		cq.gen = std::atomic_ref<const uint32_t>(q.rcq_gen).load(std::memory_order_relaxed);
 	}
-	char *dst = nullptr;
-	std::shared_ptr<void> pin; // Kept until the copy is done
-	const sv_sge &rs = wqe->sge[0];
-	loop_qp::express_memo &m = qp->xmemo;
-	bool shaped = wqe->num_sge != SV_RECV_WQE_INVALID && wqe->num_sge >= 1 && rs.length >= len;
-	// The receive key through the memo (the last SEND's), else the cache.
-	if (shaped && p.rec.owner_lease == m.recv_owner && pdn == m.recv_pdn &&
-	    memo_key(qp->ctx->fab->reg(), m.recv, rs.lkey, rs.addr, len) &&
-	    coarse_now() == m.recv.tick && (pin = m.recv.map.lock()))
-		dst = m.recv.base + (rs.addr - m.recv.iova);
-	seg_kind k;
-	uint32_t access;
-	if (!dst) {
-		if (!shaped ||
-		    !mr_cached_target(*qp->ctx->fab, qp->tp_keys, rs.lkey, p.rec.owner_lease, pdn,
-				      rs.addr, len, IBV_ACCESS_LOCAL_WRITE, dst, k, access, pin) ||
-		    k != seg_kind::mapped_direct) {
-			a = respond_taken(loop_transport_ops, qp, p, r, wqe, pdn);
-			return true;
-		}
-		memo_key_keep(m.recv, cached_entry(qp->tp_keys, rs.lkey, p.rec.owner_lease), rs.lkey,
-			      true);
-		m.recv_owner = p.rec.owner_lease;
-		m.recv_pdn = pdn;
-	}
-	flush_deferred(qp); // Earlier SENDs land first
-	memcpy(dst, src, len);
-	express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
-	// The completion respond_send makes.
+	std::atomic_thread_fence(std::memory_order_acquire);
+	const sv_lease &l = r->leases[pm.owner_lease];
+	return std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) &&
+	       std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) == gen &&
+	       gen == pm.gen && lease == pm.owner_lease && ogen == pm.owner_gen && type == pm.type &&
+	       port == pm.port_now && (st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD) &&
+	       (acc & need) == need &&
+	       (!rcq || (cq.slot == rcq->slot && cq.gen == rcq->gen)) &&
+	       std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_relaxed) == ogen &&
+	       static_cast<int32_t>(std::atomic_ref<const uint32_t>(l.pid).load(
+		       std::memory_order_relaxed)) == pm.pid;
+}
+
+// Whether the queue ref of kind is still the object it was (qp_queue_ref's
+// check of a cached mapping): in use, same generation and kind.
+[[gnu::always_inline]] inline bool queue_still(const sv_registry *r, const obj_ref &ref,
+					       sv_obj_kind kind)
+{
+	if (ref.slot >= SV_MAX_OBJS)
+		return false;
+	const sv_obj_rec &o = r->objs[ref.slot];
+	return std::atomic_ref<const uint32_t>(o.in_use).load(std::memory_order_acquire) &&
+	       o.generation == ref.gen && o.kind == static_cast<uint32_t>(kind);
+}
+
+// The receive completion of w's len bytes into the WQE of wr_id, on the
+// peer QP peer_qpn (respond_send's).
+sv_cqe express_cqe(loop_qp *qp, const send_wr &w, uint64_t wr_id, uint32_t peer_qpn, uint16_t slid,
+		   uint32_t len)
+{
 	sv_cqe e{};
-	e.wr_id = wqe->wr_id;
-	e.qp_num = p.qpn;
-	e.src_qp = r.src_qpn;
-	e.slid = r.slid;
-	e.sl = r.sl;
+	e.wr_id = wr_id;
+	e.qp_num = peer_qpn;
+	e.src_qp = qp->qpn;
+	e.slid = slid;
+	e.sl = qp->attr.ah_attr.sl;
 	e.opcode = IBV_WC_RECV;
 	e.byte_len = len;
 	e.status = IBV_WC_SUCCESS;
@@ -778,13 +811,251 @@ void memo_keep_local(loop_qp *qp, const send_wr &w)
 		e.imm_data = w.imm_data;
 		e.wc_flags = IBV_WC_WITH_IMM;
 	}
-	int err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, nullptr, nullptr);
+	return e;
+}
+
+// The payload a small SEND carries in its CQE for the receiver to place
+// (pack_inline's, for one receive SGE rs that holds it all).
+void express_payload(sv_cqe_payload &pl, const sv_sge &rs, const char *src, uint32_t len)
+{
+	pl.iova = rs.addr;
+	pl.lkey = rs.lkey;
+	pl.len = len;
+	memcpy(pl.data, src, len);
+}
+
+// The answer to a SEND whose completion push_peer (or cq_push) returned
+// err for.
+tp_answer express_answer(int err, uint32_t len)
+{
 	if (err == ESRCH || err == ETIMEDOUT)
-		a = {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
-	else if (err == ENOSPC)
-		a = {tp_answer::kind::nak, IBV_WC_REM_OP_ERR, 0}; // Its CQ overflowed
-	else
-		a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
+		return {tp_answer::kind::lost, IBV_WC_SUCCESS, 0};
+	if (err == ENOSPC)
+		return {tp_answer::kind::nak, IBV_WC_REM_OP_ERR, 0}; // Its CQ overflowed
+	return {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
+}
+
+// Keeps what the express SEND to p just used for memo_send: the peer, its
+// receive queue and receive CQ as this QP's queue cache holds them.
+void memo_keep_send(loop_qp *qp, const peer &p, uint32_t pdn)
+{
+	loop_qp::express_memo &m = qp->xmemo;
+	m.speer.valid = false;
+	const loop_qp::peer_cache &c = qp->tp_peer;
+	if (!c.valid || c.slot != p.slot || p.self || p.rec.has_srq || p.xrc_srq >= 0)
+		return;
+	const sv_qp_rec &q = qp->ctx->fab->reg()->qps[p.slot];
+	obj_ref rq{p.rec.rq_obj, p.rec.rq_gen};
+	obj_ref cq{std::atomic_ref<const uint32_t>(q.rcq_obj).load(std::memory_order_relaxed),
+		   std::atomic_ref<const uint32_t>(q.rcq_gen).load(std::memory_order_relaxed)};
+	queue_geom rg, cg;
+	queue_hold rh = qp_queue(qp, rq, SV_OBJ_RQ, &rg);
+	queue_hold ch = qp_queue(qp, cq, SV_OBJ_CQ, &cg);
+	if (!rh || !ch)
+		return;
+	m.rq = rq;
+	m.cq = cq;
+	m.rqh = std::move(rh);
+	m.cqh = std::move(ch);
+	m.rqg = rg;
+	m.cqg = cg;
+	m.s_qpn = p.qpn;
+	m.s_pdn = pdn;
+	m.slid = fabric_port_lid(qp->ctx, qp->attr.port_num);
+	memo_peer_keep(qp, m.speer, p);
+}
+
+// After the take of wqe from p's receive queue (of PD pdn): places w's len
+// bytes from src and completes the receive, answering in a.  The common
+// receive WQE (its first SGE holds the message, its lkey cached) is placed
+// with one memcpy when mapped here, or travels in the CQE for the receiver
+// to place when small; anything else takes respond_taken, the general way.
+void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint32_t len,
+		   sv_recv_wqe *wqe, uint32_t pdn, tp_answer &a)
+{
+	char *dst = nullptr;
+	std::shared_ptr<void> pin; // Kept until the copy is done
+	const sv_sge &rs = wqe->sge[0];
+	loop_qp::express_memo &m = qp->xmemo;
+	bool shaped = wqe->num_sge != SV_RECV_WQE_INVALID && wqe->num_sge >= 1 && rs.length >= len;
+	bool mapped = true;
+	// The receive key through the memo (the last SEND's), else the cache.
+	if (shaped && p.rec.owner_lease == m.recv_owner && pdn == m.recv_pdn &&
+	    memo_key(qp->ctx->fab->reg(), m.recv, rs.lkey, rs.addr, len)) {
+		if (!m.recv.base)
+			dst = reinterpret_cast<char *>(m.recv.addr + (rs.addr - m.recv.iova));
+		else if (coarse_now() == m.recv.tick && (pin = m.recv.map.lock()))
+			dst = m.recv.base + (rs.addr - m.recv.iova);
+		mapped = m.recv.base != nullptr;
+	}
+	if (!dst) {
+		seg_kind k;
+		uint32_t access;
+		if (!shaped ||
+		    !mr_cached_target(*qp->ctx->fab, qp->tp_keys, rs.lkey, p.rec.owner_lease, pdn,
+				      rs.addr, len, IBV_ACCESS_LOCAL_WRITE, dst, k, access, pin) ||
+		    (k != seg_kind::mapped_direct && k != seg_kind::peer)) {
+			dst = nullptr;
+		} else {
+			mapped = k == seg_kind::mapped_direct;
+			memo_key_keep(m.recv, cached_entry(qp->tp_keys, rs.lkey, p.rec.owner_lease),
+				      rs.lkey, mapped);
+			m.recv_owner = p.rec.owner_lease;
+			m.recv_pdn = pdn;
+		}
+	}
+	// Plain memory of the receiver travels in the CQE: when it fits, and
+	// its CQ has the payload array (every ring of this ABI has).
+	bool carry = dst && !mapped;
+	if (carry && len > SV_CQE_INLINE_MAX)
+		dst = nullptr;
+	if (!dst) {
+		local_buf lb;
+		lb.iov.push_back({const_cast<char *>(src), len});
+		lb.len = len;
+		tp_request r{};
+		r.w = &w;
+		r.lb = &lb;
+		r.psn = w.psn;
+		r.src_qpn = qp->qpn;
+		r.slid = fabric_port_lid(qp->ctx, qp->attr.port_num);
+		r.sl = qp->attr.ah_attr.sl;
+		a = respond_taken(loop_transport_ops, qp, p, r, wqe, pdn);
+		return;
+	}
+	sv_cqe e = express_cqe(qp, w, wqe->wr_id, p.qpn, fabric_port_lid(qp->ctx, qp->attr.port_num),
+			       len);
+	int err;
+	if (carry) {
+		thread_local sv_cqe_payload pl;
+		express_payload(pl, rs, src, len);
+		err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, &pl, dst);
+	} else {
+		flush_deferred(qp); // Earlier SENDs land first
+		memcpy(dst, src, len);
+		express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
+		err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, nullptr, nullptr);
+	}
+	a = express_answer(err, len);
+	if (!err)
+		memo_keep_send(qp, p, pdn);
+}
+
+// The SEND part of lt_express: the peer's own receive queue (not an SRQ),
+// through the same calls respond() makes.
+[[gnu::hot]] bool express_send(loop_qp *qp, send_wr &w, const peer &p, const char *src,
+			       uint32_t len, tp_answer &a)
+{
+	if (p.rec.has_srq || p.self)
+		return false;
+	w.psn = (qp->attr.sq_psn + qp->req_psn++) & kPsnMask;
+	sv_recv_wqe *wqe = nullptr;
+	uint32_t pdn = 0;
+	if (!lt_take_recv(qp, p, qp->resp_wqe_buf, wqe, pdn)) {
+		a = {tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
+		return true;
+	}
+	express_taken(qp, w, p, src, len, wqe, pdn, a);
+	return true;
+}
+
+// The express SEND through the memo: the same answer lt_express would
+// give, when the QP's peer, its receive queue and CQ and (after the take)
+// the receive key are the ones of the last express SEND and nothing they
+// were checked against has changed; the queues are the memo's mappings,
+// so no lookup is made.  False (nothing taken) leaves w to lt_express.
+[[gnu::hot]] bool memo_send(loop_qp *qp, send_wr &w, tp_answer &a)
+{
+	loop_qp::express_memo &m = qp->xmemo;
+	const char *src;
+	uint32_t len;
+	if (w.is_inline) {
+		src = reinterpret_cast<const char *>(w.inline_data);
+		len = w.inline_len;
+	} else {
+		if (w.num_sge != 1 || !(src = memo_source(qp, w.sge[0])))
+			return false;
+		len = w.sge[0].length;
+	}
+	const sv_registry *r = qp->ctx->fab->reg();
+	if (!len || !memo_peer(qp, m.speer, 0, &m.cq) || !queue_still(r, m.rq, SV_OBJ_RQ) ||
+	    !queue_still(r, m.cq, SV_OBJ_CQ))
+		return false;
+	std::vector<uint8_t> &buf = qp->resp_wqe_buf;
+	if (buf.size() != m.rqg.entry_size)
+		buf.resize(m.rqg.entry_size);
+	auto *wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
+	bool damaged = false;
+	if (!rq_take(m.rqh.as<sv_rq_ring>(), m.rqg, wqe,
+		     (m.rqg.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge), &damaged)) {
+		if (damaged)
+			return false; // lt_take_recv finds it again, and fails the QP
+		w.psn = (qp->attr.sq_psn + qp->req_psn++) & kPsnMask;
+		a = {tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
+		return true;
+	}
+	w.psn = (qp->attr.sq_psn + qp->req_psn++) & kPsnMask;
+	m.rq_next = wqe->seq; // Stamped with its index + 1
+	// Taken: from here the WR is answered.  The receive key through the
+	// memo; anything else goes on the way express_send goes.
+	const sv_sge &rs = wqe->sge[0];
+	const loop_qp::key_memo &k = m.recv;
+	char *dst = nullptr;
+	std::shared_ptr<void> pin; // Kept until the copy is done
+	if (wqe->num_sge != SV_RECV_WQE_INVALID && wqe->num_sge >= 1 && rs.length >= len &&
+	    m.recv_owner == m.speer.owner_lease && m.recv_pdn == m.s_pdn &&
+	    memo_key(r, k, rs.lkey, rs.addr, len)) {
+		if (!k.base) {
+			if (len <= SV_CQE_INLINE_MAX && m.cqg.payload_offset)
+				dst = reinterpret_cast<char *>(k.addr + (rs.addr - k.iova));
+		} else if (coarse_now() == k.tick && (pin = k.map.lock())) {
+			dst = k.base + (rs.addr - k.iova);
+		}
+	}
+	peer p;
+	if (!dst) {
+		const ibv_qp_attr &at = qp->attr;
+		if (!find_qp_cached(qp, at.dest_qp_num, at.ah_attr.dlid,
+				    fabric_port_is_eth(qp->ctx, at.port_num), p) ||
+		    p.slot != m.speer.slot || p.rec.generation != m.speer.gen) {
+			a = {tp_answer::kind::lost, IBV_WC_SUCCESS, 0}; // Gone since
+			return true;
+		}
+		express_taken(qp, w, p, src, len, wqe, m.s_pdn, a);
+		return true;
+	}
+	sv_cqe e = express_cqe(qp, w, wqe->wr_id, m.s_qpn, m.slid, len);
+	bool solicited = w.flags & IBV_SEND_SOLICITED;
+	auto *ring = m.cqh.as<sv_cq_ring>();
+	thread_local sv_cqe_payload pl;
+	const sv_cqe_payload *payload = nullptr;
+	uint64_t index = 0;
+	int err;
+	if (!k.base) {
+		express_payload(pl, rs, src, len);
+		payload = &pl;
+		err = cq_push(ring, m.cqg, e, solicited, payload, &index);
+		if (!err)
+			note_deferred(qp, m.cq, index, dst, m.speer.pid);
+	} else {
+		flush_deferred(qp); // Earlier SENDs land first
+		memcpy(dst, src, len);
+		express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
+		err = cq_push(ring, m.cqg, e, solicited, nullptr, &index);
+	}
+	m.cq_next = index + 1;
+	if (err) {
+		// A resized (closed) or full ring: push_peer's way, which looks
+		// the CQ up again or fails the peer's QP as it must.
+		const ibv_qp_attr &at = qp->attr;
+		if (!find_qp_cached(qp, at.dest_qp_num, at.ah_attr.dlid,
+				    fabric_port_is_eth(qp->ctx, at.port_num), p) ||
+		    p.slot != m.speer.slot || p.rec.generation != m.speer.gen)
+			err = ESRCH;
+		else
+			err = push_peer(qp, p, e, solicited, payload, dst);
+	}
+	a = express_answer(err, len);
 	return true;
 }
 
@@ -793,7 +1064,7 @@ void memo_keep_local(loop_qp *qp, const send_wr &w)
 void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 {
 	loop_qp::express_memo &m = qp->xmemo;
-	m.valid = false;
+	m.wpeer.valid = false;
 	const loop_qp::peer_cache &c = qp->tp_peer;
 	if (!c.valid || c.slot != p.slot)
 		return;
@@ -801,19 +1072,8 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	memo_key_keep(m.target, cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease), w.rkey, true);
 	if (m.local.key != w.sge[0].lkey || m.target.key != w.rkey)
 		return;
-	const ibv_qp_attr &at = qp->attr;
-	m.port = at.port_num;
-	m.dlid = at.ah_attr.dlid;
-	m.dest_qpn = at.dest_qp_num;
-	m.p_slot = p.slot;
-	m.p_gen = p.rec.generation;
-	m.p_owner_lease = p.rec.owner_lease;
-	m.p_owner_gen = p.rec.owner_gen;
-	m.p_type = p.rec.qp_type;
-	m.p_port = p.rec.port;
-	m.p_pid = p.pid;
 	m.relaxed = m.target.access & IBV_ACCESS_RELAXED_ORDERING;
-	m.valid = true;
+	memo_peer_keep(qp, m.wpeer, p);
 }
 
 // The express WRITE through the memo: the same answer lt_express would
@@ -824,39 +1084,16 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 [[gnu::hot]] bool memo_write(loop_qp *qp, send_wr &w, tp_answer &a)
 {
 	loop_qp::express_memo &m = qp->xmemo;
-	const ibv_qp_attr &at = qp->attr;
 	const loop_qp::key_memo &t = m.target;
-	if (!m.valid || w.rkey != t.key || at.dest_qp_num != m.dest_qpn ||
-	    at.ah_attr.dlid != m.dlid || at.port_num != m.port)
+	if (!m.wpeer.valid || w.rkey != t.key)
 		return false;
 	const sv_registry *r = qp->ctx->fab->reg();
 	if (!w.is_inline && w.num_sge != 1)
 		return false;
 	uint64_t len = w.is_inline ? w.inline_len : w.sge[0].length;
 	if (!len || !in_window(w.remote_addr, len, t.iova, t.len) ||
-	    (m.relaxed && len >= kRelaxedMinBytes))
-		return false;
-	const sv_qp_rec &q = r->qps[m.p_slot];
-	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_acquire))
-		return false;
-	uint32_t gen = std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed);
-	uint32_t lease = std::atomic_ref<const uint32_t>(q.owner_lease).load(std::memory_order_relaxed);
-	uint32_t ogen = std::atomic_ref<const uint32_t>(q.owner_gen).load(std::memory_order_relaxed);
-	uint32_t st = std::atomic_ref<const uint32_t>(q.state).load(std::memory_order_relaxed);
-	uint32_t acc = std::atomic_ref<const uint32_t>(q.access).load(std::memory_order_relaxed);
-	uint8_t type = std::atomic_ref<const uint8_t>(q.qp_type).load(std::memory_order_relaxed);
-	uint8_t port = std::atomic_ref<const uint8_t>(q.port).load(std::memory_order_relaxed);
-	std::atomic_thread_fence(std::memory_order_acquire);
-	const sv_lease &l = r->leases[m.p_owner_lease];
-	if (!std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) ||
-	    std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) != gen ||
-	    gen != m.p_gen || lease != m.p_owner_lease || ogen != m.p_owner_gen || type != m.p_type ||
-	    port != m.p_port ||
-	    (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) ||
-	    !(acc & IBV_ACCESS_REMOTE_WRITE) ||
-	    std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_relaxed) != ogen ||
-	    static_cast<int32_t>(std::atomic_ref<const uint32_t>(l.pid).load(
-		    std::memory_order_relaxed)) != m.p_pid)
+	    (m.relaxed && len >= kRelaxedMinBytes) ||
+	    !memo_peer(qp, m.wpeer, IBV_ACCESS_REMOTE_WRITE, nullptr))
 		return false;
 	const char *src = w.is_inline ? reinterpret_cast<const char *>(w.inline_data)
 				      : memo_source(qp, w.sge[0]);
@@ -866,6 +1103,7 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	std::shared_ptr<void> pin = t.map.lock(); // Kept until the copy is done
 	if (!pin)
 		return false;
+	const ibv_qp_attr &at = qp->attr;
 	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
 	flush_deferred(qp); // Earlier SENDs land first
 	memcpy(t.base + (w.remote_addr - t.iova), src, len);
@@ -873,7 +1111,6 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(len)};
 	return true;
 }
-
 // SOFTVERBS_EXPRESS=0 turns the express way off (docs/configuration.md).
 bool express_enabled()
 {
@@ -889,10 +1126,10 @@ bool express_enabled()
 	if (!express_enabled() || qp->wire_remote || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC))
 		return false;
 	bool write = w.opcode == IBV_WR_RDMA_WRITE;
-	if (write && memo_write(qp, w, a))
-		return true;
 	if (!write && w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM)
 		return false;
+	if (write ? memo_write(qp, w, a) : memo_send(qp, w, a))
+		return true;
 	const char *src;
 	uint32_t len;
 	if (!express_source(qp, w, src, len))
