@@ -279,6 +279,7 @@ struct loop_qp {
 	bool opened; // A handle from ibv_open_qp on another's XRC target QP
 	obj_ref rq_ref;
 	sv_rq_ring *rq; // Null with an SRQ or for send-only QPs
+	queue_geom rq_geom{}; // rq's, checked when it was made (rq_post)
 	loop_cq *scq;
 	loop_cq *rcq;
 	loop_srq *srq;
@@ -700,6 +701,9 @@ bool rq_take(sv_rq_ring *rq, const queue_geom &g, sv_recv_wqe *out, uint32_t max
 // (a QP's receive completions it polled: loop_qp::rq_polled), or 0.
 int rq_post(sv_rq_ring *rq, uint32_t max_sge, ibv_recv_wr *wr, ibv_recv_wr **bad,
 	    uint64_t taken = 0);
+// The same, with the geometry checked when the ring was made.
+int rq_post(sv_rq_ring *rq, const queue_geom &g, uint32_t max_sge, ibv_recv_wr *wr,
+	    ibv_recv_wr **bad, uint64_t taken);
 // Destroys a QP's receive queue (its segment, or its placed ring, given
 // back through the allocator's free).
 void rq_destroy(fabric &fab, loop_qp *qp);

@@ -70,7 +70,10 @@
 #define PAGE 4096
 #define PEER_BUF (4u << 20)
 
-enum { OP_WRITE = 1, OP_READ, OP_STORM, OP_RECONNECT, OP_QUIT, OP_SEND, OP_LOCAL_PAST, OP_STALE_LKEY };
+enum { OP_WRITE = 1, OP_READ, OP_STORM, OP_RECONNECT, OP_QUIT, OP_SEND, OP_LOCAL_PAST, OP_STALE_LKEY,
+       OP_SEND_STORM };
+/* The SENDs of one OP_SEND_STORM (below the owner QP's 64 receives). */
+#define STORM_SENDS 60
 
 struct board {
 	_Atomic int peer_up, owner_up;
@@ -145,6 +148,26 @@ static void peer_main(void)
 			atomic_store(&B->posted, seen);
 			wc = svt_wait(CQ, "peer SEND");
 			B->status = wc.status;
+			atomic_store(&B->done, seen);
+			continue;
+		}
+		if (B->op == OP_SEND_STORM) {
+			/* STORM_SENDS SENDs WITH IMM of len bytes, one at a time,
+			 * the i-th filled with seed + i and carrying i. */
+			int st = IBV_WC_SUCCESS;
+			for (uint32_t i = 0; i < STORM_SENDS && st == IBV_WC_SUCCESS; i++) {
+				svt_fill(mr->addr, B->len, B->seed + i);
+				struct ibv_send_wr wr = {.wr_id = 3, .sg_list = &s, .num_sge = 1,
+							 .opcode = IBV_WR_SEND_WITH_IMM,
+							 .send_flags = IBV_SEND_SIGNALED,
+							 .imm_data = htonl(i)};
+				struct ibv_send_wr *bad;
+				CHECK(ibv_post_send(QP, &wr, &bad) == 0);
+				st = svt_wait(CQ, "storm SEND").status;
+				if (st == IBV_WC_SUCCESS)
+					atomic_fetch_add(&B->storm_ok, 1);
+			}
+			B->status = st;
 			atomic_store(&B->done, seen);
 			continue;
 		}
@@ -1298,10 +1321,55 @@ static void sc_express_send(void)
 		for (int i = 0; i < 2; i++)
 			send_into(&s0, 1, 64, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 462 + i,
 				  "warm before the CQ's resize");
-		CHECK_EQ(ibv_resize_cq(CQ, 512 + 256 * t), 0);
+		CHECK_EQ(ibv_resize_cq(CQ, 512 << t), 0);
 		for (int i = 0; i < 3; i++)
 			send_into(&s0, 1, 64 + 8 * i, IBV_WC_SUCCESS, IBV_WC_SUCCESS, m, len, 0, 464 + i,
 				  "a SEND after the CQ's resize");
+	}
+	/* The receive CQ resized again and again while the peer SENDs: a
+	 * resize that closes the ring between the express way's check of the
+	 * CQ and its push sends the completion after it into the new ring.
+	 * Every message lands once, in order, in its own receive. */
+	for (int round = 0; round < 30; round++) {
+		const size_t chunk = 128;
+		svt_fill(m, STORM_SENDS * chunk, 900 + round);
+		for (int i = 0; i < STORM_SENDS; i++) {
+			struct ibv_sge c = svt_sge(mr, i * chunk, chunk);
+			svt_post_recv1(QP, 5000 + i, &c, 1);
+		}
+		unsigned seed = 1000 + 64 * round;
+		atomic_store(&B->storm_ok, 0);
+		peer_req(OP_SEND_STORM, NULL, 0, 64, seed, 0);
+		uint32_t n = atomic_load(&B->req);
+		uint64_t end = svt_now_ms() + 10000;
+		for (int k = 0; atomic_load(&B->done) != n; k++) {
+			if (svt_now_ms() > end)
+				FAIL("the peer's SEND storm did not end");
+			CHECK_EQ(ibv_resize_cq(CQ, (k & 1) ? 1024 : 2048), 0);
+		}
+		if (B->status != IBV_WC_SUCCESS)
+			FAIL("a SEND of the storm ended with %s", ibv_wc_status_str(B->status));
+		unsigned char *want = malloc(STORM_SENDS * chunk);
+		CHECK(want);
+		svt_fill(want, STORM_SENDS * chunk, 900 + round);
+		for (int i = 0; i < STORM_SENDS; i++) {
+			struct ibv_wc wc = recv_wc(5000 + i, "a SEND of the storm");
+			if (wc.status != IBV_WC_SUCCESS || wc.byte_len != 64 ||
+			    !(wc.wc_flags & IBV_WC_WITH_IMM) || ntohl(wc.imm_data) != (uint32_t)i)
+				FAIL("the storm's receive %d: %s, %u bytes, flags 0x%x, imm %u", i,
+				     ibv_wc_status_str(wc.status), wc.byte_len, wc.wc_flags,
+				     ntohl(wc.imm_data));
+			svt_fill(want + i * chunk, 64, seed + i);
+		}
+		struct ibv_wc extra;
+		if (ibv_poll_cq(CQ, 1, &extra) != 0)
+			FAIL("a completion beyond the storm's (wr_id %llu)",
+			     (unsigned long long)extra.wr_id);
+		for (size_t i = 0; i < STORM_SENDS * chunk; i++)
+			if ((unsigned char)m[i] != want[i])
+				FAIL("the storm: byte %zu is 0x%02x, expected 0x%02x", i,
+				     (unsigned char)m[i], want[i]);
+		free(want);
 	}
 	/* This QP taken back to INIT behind the SEND memo, a receive posted
 	 * to it there: a QP in INIT takes no message (a real HCA drops it), so
@@ -1355,6 +1423,61 @@ static void sc_express_send(void)
 			FAIL("deregistered before the poll: %s, expected %s",
 			     ibv_wc_status_str(wc.status), ibv_wc_status_str(IBV_WC_LOC_PROT_ERR));
 		check_bytes(m, len, 477, "memory deregistered before the poll");
+	}
+	/* Last (a CQ that overflowed is done with): the receive CQ overflows
+	 * behind the SEND memo.  The SENDs it holds land; the one it has no
+	 * room for fails with REM_OP_ERR, and this QP hears QP_FATAL and its
+	 * CQ CQ_ERR, as the general way reports it; no later receive is
+	 * touched. */
+	{
+		mr = reg(m, len);
+		CHECK_EQ(ibv_resize_cq(CQ, 8), 0);
+		int cap = CQ->cqe;
+		CHECK(cap >= 8 && cap < STORM_SENDS);
+		const size_t chunk = 128;
+		svt_fill(m, STORM_SENDS * chunk, 990);
+		for (int i = 0; i < STORM_SENDS; i++) {
+			struct ibv_sge c = svt_sge(mr, i * chunk, chunk);
+			svt_post_recv1(QP, 6000 + i, &c, 1);
+		}
+		atomic_store(&B->storm_ok, 0);
+		int st = peer_do(OP_SEND_STORM, NULL, 0, 64, 2000);
+		if (st != IBV_WC_REM_OP_ERR || atomic_load(&B->storm_ok) != cap)
+			FAIL("SENDs into a CQ of %d: %ld landed, the last %s; expected %d and %s", cap,
+			     atomic_load(&B->storm_ok), ibv_wc_status_str(st), cap,
+			     ibv_wc_status_str(IBV_WC_REM_OP_ERR));
+		int cq_err = 0, fatal = 0;
+		struct pollfd pfd = {D.ctx->async_fd, POLLIN, 0};
+		while ((!cq_err || !fatal) && poll(&pfd, 1, 3000) == 1) {
+			struct ibv_async_event ev;
+			CHECK_EQ(ibv_get_async_event(D.ctx, &ev), 0);
+			if (ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == CQ)
+				cq_err = 1;
+			else if (ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == QP)
+				fatal = 1;
+			ibv_ack_async_event(&ev);
+		}
+		if (!cq_err || !fatal)
+			FAIL("the overflow's events: CQ_ERR %d, QP_FATAL %d", cq_err, fatal);
+		unsigned char *want = malloc(STORM_SENDS * chunk);
+		CHECK(want);
+		svt_fill(want, STORM_SENDS * chunk, 990);
+		for (int i = 0; i < cap; i++) {
+			struct ibv_wc wc = recv_wc(6000 + i, "a SEND the CQ held");
+			if (wc.status != IBV_WC_SUCCESS || ntohl(wc.imm_data) != (uint32_t)i)
+				FAIL("the CQ's receive %d: %s, imm %u", i, ibv_wc_status_str(wc.status),
+				     ntohl(wc.imm_data));
+			svt_fill(want + i * chunk, 64, 2000 + i);
+		}
+		/* The receive the lost SEND took never completes: its buffer's
+		 * bytes are undefined (moved memory has them already, as an HCA
+		 * writes the data before the completion).  Every other byte is
+		 * checked: no receive after it was touched. */
+		for (size_t i = 0; i < STORM_SENDS * chunk; i++)
+			if (i / chunk != (size_t)cap && (unsigned char)m[i] != want[i])
+				FAIL("the overflow: byte %zu is 0x%02x, expected 0x%02x", i,
+				     (unsigned char)m[i], want[i]);
+		free(want);
 	}
 	munmap(m, len);
 }

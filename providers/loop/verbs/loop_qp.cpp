@@ -357,8 +357,21 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 			  uint64_t taken)
 {
 	queue_geom g;
-	if (!queue_geometry(rq, g) ||
-	    max_sge > (g.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge)) {
+	if (!queue_geometry(rq, g)) {
+		*bad = wr;
+		return EINVAL;
+	}
+	return rq_post(rq, g, max_sge, wr, bad, taken);
+}
+
+[[gnu::hot]] int rq_post(sv_rq_ring *rq, const queue_geom &g, uint32_t max_sge, ibv_recv_wr *wr,
+			  ibv_recv_wr **bad, uint64_t taken)
+{
+	if (g.kind != SV_OBJ_RQ && g.kind != SV_OBJ_SRQ) {
+		*bad = wr;
+		return EINVAL;
+	}
+	if (max_sge > (g.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge)) {
 		*bad = wr;
 		return EINVAL;
 	}
@@ -593,6 +606,10 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 			return nullptr;
 		}
 		qp->rq = static_cast<sv_rq_ring *>(map);
+		// Its geometry as made (rq_post's, never read back from the
+		// header, which a peer may rewrite).  A fresh ring always has one.
+		if (!queue_geometry(qp->rq, qp->rq_geom))
+			qp->rq_geom = {};
 		memcpy(qp->rq->async_addr, lctx->async_addr, lctx->async_len);
 		qp->rq->async_len = lctx->async_len;
 		qp->cap.max_recv_wr = entries;
@@ -905,7 +922,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		*bad = wr;
 		return EINVAL; // One producer at a time: an agent posts (softverbs_dv_qp_rq)
 	}
-	int ret = rq_post(qp->rq, qp->cap.max_recv_sge, wr, bad,
+	int ret = rq_post(qp->rq, qp->rq_geom, qp->cap.max_recv_sge, wr, bad,
 			  qp->rq_polled.load(std::memory_order_acquire));
 	// Receives posted to a QP in ERR complete at once as flushed.
 	if (!ret && qp_state_ref(rec).load(std::memory_order_acquire) == IBV_QPS_ERR)

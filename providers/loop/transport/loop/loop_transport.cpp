@@ -20,6 +20,7 @@
 #include "xfer.h"
 
 #include <cerrno>
+#include <cxxabi.h>
 #include <cstring>
 #include <algorithm>
 #include <signal.h>
@@ -937,8 +938,19 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 		err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, nullptr, nullptr);
 	}
 	a = express_answer(err, len);
-	if (!err)
+	if (err)
+		return;
+	// Delivered: nothing may throw out of here now (post_direct would give
+	// the slot back and the WR would run again).  The queue lookups hit the
+	// cache the push just used, but a miss maps, which allocates.
+	try {
 		memo_keep_send(qp, p, pdn);
+	} catch (abi::__forced_unwind &) {
+		qp->xmemo.speer.valid = false;
+		throw;
+	} catch (...) {
+		qp->xmemo.speer.valid = false;
+	}
 }
 
 // The SEND part of lt_express: the peer's own receive queue (not an SRQ),
@@ -1029,29 +1041,40 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 	auto *ring = m.cqh.as<sv_cq_ring>();
 	thread_local sv_cqe_payload pl;
 	const sv_cqe_payload *payload = nullptr;
-	uint64_t index = 0;
-	int err;
 	if (!k.base) {
 		express_payload(pl, rs, src, len);
 		payload = &pl;
-		err = cq_push(ring, m.cqg, e, solicited, payload, &index);
-		if (!err)
-			note_deferred(qp, m.cq, index, dst, m.speer.pid);
 	} else {
 		flush_deferred(qp); // Earlier SENDs land first
 		memcpy(dst, src, len);
 		express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
-		err = cq_push(ring, m.cqg, e, solicited, nullptr, &index);
 	}
-	m.cq_next = index + 1;
-	if (err) {
-		// A resized (closed) or full ring: push_peer's way, which looks
-		// the CQ up again or fails the peer's QP as it must.
+	// The CQ checked again right before the push, as push_peer checks it
+	// (the copy above took time): a CQ gone since, or moved by a resize,
+	// takes push_peer's way, which looks it up again.
+	int err = ESTALE;
+	uint64_t index = 0;
+	const sv_qp_rec &q = r->qps[m.speer.slot];
+	if (queue_still(r, m.cq, SV_OBJ_CQ) &&
+	    std::atomic_ref<const uint32_t>(q.rcq_obj).load(std::memory_order_relaxed) == m.cq.slot &&
+	    std::atomic_ref<const uint32_t>(q.rcq_gen).load(std::memory_order_relaxed) == m.cq.gen)
+		err = cq_push(ring, m.cqg, e, solicited, payload, &index);
+	if (!err) {
+		m.cq_next = index + 1;
+		if (payload)
+			note_deferred(qp, m.cq, index, dst, m.speer.pid);
+	} else if (err == ENOSPC) {
+		// Its CQ overflowed (cq_push told its owner): the message is lost,
+		// visibly, as push_peer reports it.
+		fabric &fab = *qp->ctx->fab;
+		if (qp_set_error(fab, m.speer.slot))
+			raise_qp_event(fab, m.speer.slot, IBV_EVENT_QP_FATAL);
+	} else {
 		const ibv_qp_attr &at = qp->attr;
 		if (!find_qp_cached(qp, at.dest_qp_num, at.ah_attr.dlid,
 				    fabric_port_is_eth(qp->ctx, at.port_num), p) ||
 		    p.slot != m.speer.slot || p.rec.generation != m.speer.gen)
-			err = ESRCH;
+			err = ESRCH; // Gone since: no answer, as push_peer's ESRCH
 		else
 			err = push_peer(qp, p, e, solicited, payload, dst);
 	}
