@@ -8,6 +8,7 @@
 #include "fabric.h"
 #include "loop_param.h"
 #include "objects.h"
+#include "qlock.h"
 #include "queue_geom.h"
 #include "queue_seg.h"
 #include "softverbs_dv.h"
@@ -159,6 +160,46 @@ struct key_cache {
 	uint8_t next = 0;
 };
 
+// One key as a lookup through a key_cache found it, kept so that the next
+// use of the same key rechecks only what can change (its record, read by
+// mr_still; its window) instead of looking it up again: the express memo
+// (loop_transport.cpp) and a CQ's placements (loop_cq.cpp: place).  What
+// it does not recheck (the record's PD, rights, range, kind) changes only
+// with its cookie.
+struct key_memo {
+	uint32_t key = 0; // The whole key (0: none; slot 0 is never a key)
+	uint32_t kbyte = 0, cookie = 0; // Its record's key byte and cookie
+	uint64_t iova = 0, len = 0;	// The record's window
+	uint32_t access = 0;		// The record's rights
+	uint64_t addr = 0;		// Plain memory of ours: iova's byte here
+	char *base = nullptr;		// Mapped here: our address of iova's byte
+	std::weak_ptr<void> map;	// Mapped: the mapping base lies in
+	int64_t tick = 0;		// Mapped: the coarse tick it was trusted in
+};
+
+// [iova, iova + len) within the window [lo, lo + wlen).
+[[gnu::always_inline]] inline bool in_window(uint64_t iova, uint64_t len, uint64_t lo, uint64_t wlen)
+{
+	return iova >= lo && len <= wlen && iova - lo <= wlen - len;
+}
+
+// Whether k stands for key over [iova, iova + len): the same key, in its
+// window, its record still the registration k was made from.
+[[gnu::always_inline]] inline bool memo_key(const sv_registry *r, const key_memo &k, uint32_t key,
+					    uint64_t iova, uint64_t len)
+{
+	return k.key && k.key == key && in_window(iova, len, k.iova, k.len) &&
+	       mr_still(r, key >> SV_MR_KEY_BITS, k.kbyte, k.cookie);
+}
+
+// The entry of kc for key of owner_lease, if any (the entry a lookup just
+// hit, for memo_key_keep).
+const key_cache::entry *cached_entry(const key_cache &kc, uint32_t key, uint32_t owner_lease);
+// Sets k from the key cache entry e of key (the entry a lookup just hit),
+// or to none when e is not of the kind asked for (plain memory, or a
+// mapping here).
+void memo_key_keep(key_memo &k, const key_cache::entry *e, uint32_t key, bool mapped);
+
 struct loop_cq {
 	verbs_cq vcq; // Must be first
 	loop_context *ctx;
@@ -167,11 +208,30 @@ struct loop_cq {
 	sv_cqe *slots;
 	uint32_t mask;
 	uint32_t capacity; // What the application asked for, rounded up
-	std::mutex lock;   // Polling
+	qlock lock;	   // Polling (qlock.h)
 	std::mutex arm_lock; // ibv_req_notify_cq against resize's swap of ring
 	// Threads of this process inside push_own with the ring's address:
 	// resize unmaps the old ring only once none is.
 	std::atomic<uint32_t> pushers{0};
+	// The geometry of each ring it had, checked when the ring was made
+	// (creation, resize), so that push_own never reads it back from a
+	// header a peer may rewrite (queue_geometry per push).  geo is the
+	// newest, published before its ring is; each keeps the one before,
+	// and all go with the CQ (a pusher may hold an older one).
+	struct ring_geom {
+		const sv_cq_ring *ring;
+		queue_geom g;
+		const ring_geom *prev;
+	};
+	std::atomic<const ring_geom *> geo{nullptr};
+	~loop_cq()
+	{
+		for (const ring_geom *p = geo.load(std::memory_order_relaxed); p;) {
+			const ring_geom *prev = p->prev;
+			delete p;
+			p = prev;
+		}
+	}
 	// Extended polling: the entry start_poll/next_poll made current.
 	sv_cqe cur;
 	uint64_t wc_flags_ex;
@@ -192,6 +252,7 @@ struct loop_cq {
 	uint32_t pls_mask = 0;
 	sv_cqe_payload *pls = nullptr;
 	key_cache keys;
+	key_memo place_key; // The key place() last placed into (plain memory of ours)
 	// A ring placed by a parent domain's allocator: the domain (held in
 	// parents) whose free gives it back, and the published file peers map.
 	ibv_pd *alloc_pd = nullptr;
@@ -206,7 +267,7 @@ struct loop_srq {
 	uint32_t max_wr;
 	uint32_t max_sge;
 	uint32_t limit;
-	std::mutex lock; // Posting
+	qlock lock; // Posting (qlock.h)
 	obj_life life{kLifeSrq}; // Users: QPs
 	parent_refs parents; // Its PD, and an XRC SRQ's domain and CQ
 	// A ring placed by a parent domain's allocator (SOFTVERBS_RES_TYPE_SRQ).
@@ -285,13 +346,13 @@ struct loop_qp {
 	loop_srq *srq;
 	ibv_qp_cap cap;
 	bool sq_sig_all;
-	std::mutex sq_lock; // Posting sends and running the requester
+	qlock sq_lock; // Posting sends and running the requester (qlock.h)
 	// Send-queue slots: a WR holds one from its post until its completion,
 	// or a later one's, is polled.  posted moves under sq_lock, retired
 	// when the send CQ's poller takes a completion (cq_take).
 	std::atomic<uint64_t> sq_posted;
 	std::atomic<uint64_t> sq_retired;
-	std::mutex rq_lock; // Posting receives
+	qlock rq_lock; // Posting receives (qlock.h)
 	// A receive queue placed by a parent domain's allocator
 	// (SOFTVERBS_RES_TYPE_RQ): the domain whose free gives it back (held in
 	// parents), and the published file peers map.
@@ -421,16 +482,7 @@ struct loop_qp {
 	// can change (the records' state, key, cookie and generation, the
 	// peer's state, port and rights, the tick of a mapping) instead of
 	// looking the keys up again.  Under sq_lock.
-	struct key_memo {
-		uint32_t key = 0; // The whole key (0: none; slot 0 is never a key)
-		uint32_t kbyte = 0, cookie = 0; // Its record's key byte and cookie
-		uint64_t iova = 0, len = 0;	// The record's window
-		uint32_t access = 0;		// The record's rights
-		uint64_t addr = 0;		// Plain memory of ours: iova's byte here
-		char *base = nullptr;		// Mapped here: our address of iova's byte
-		std::weak_ptr<void> map;	// Mapped: the mapping base lies in
-		int64_t tick = 0;		// Mapped: the coarse tick it was trusted in
-	};
+	using key_memo = loop::key_memo;
 	// The peer an express memo was made for: the QP's address then, and
 	// the peer QP's slot and the record fields of its life.
 	struct peer_memo {

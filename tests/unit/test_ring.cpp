@@ -74,7 +74,7 @@ struct test_cq {
 
 	bool pop(sv_cqe &out)
 	{
-		std::lock_guard<std::mutex> g(cq.lock); // cq_pop's contract
+		std::lock_guard<loop::qlock> g(cq.lock); // cq_pop's contract
 		return loop::cq_pop(&cq, out);
 	}
 };
@@ -253,7 +253,7 @@ TEST(CqRing, ProducersBoundOfConsIsOnlyAHint)
 	}
 	q.ring->cons_seen = q.ring->prod;
 	{
-		std::lock_guard<std::mutex> g(q.cq.lock);
+		std::lock_guard<loop::qlock> g(q.cq.lock);
 		loop::cq_check_indices(&q.cq);
 	}
 	EXPECT_EQ(q.ring->cons_seen, q.ring->cons);

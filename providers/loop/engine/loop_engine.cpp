@@ -63,15 +63,6 @@ uint32_t *db_word(loop_qp *qp)
 	return reinterpret_cast<uint32_t *>(&qp->sq->db_record); // Its low half
 }
 
-void cpu_relax()
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	asm volatile("yield");
-#endif
-}
-
 // One pass over every agent QP; returns whether any had work.
 bool serve_all(agent_engine &e)
 {

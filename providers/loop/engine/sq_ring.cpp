@@ -650,7 +650,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 	int ret = 0;
 	bool need_progress = false;
 	{
-		std::lock_guard<std::mutex> g(qp->sq_lock);
+		std::lock_guard<qlock> g(qp->sq_lock);
 		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
 		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
 		    qp->type == IBV_QPT_XRC_RECV || qp->agent) {
@@ -706,7 +706,7 @@ void qp_flush_backlog(loop_qp *qp)
 
 uint64_t qp_run_backlog(loop_qp *qp)
 {
-	std::lock_guard<std::mutex> g(qp->sq_lock);
+	std::lock_guard<qlock> g(qp->sq_lock);
 	return drain(qp);
 }
 
@@ -723,7 +723,7 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 	bool need_progress = false;
 	int ret = 0;
 	{
-		std::lock_guard<std::mutex> g(qp->sq_lock);
+		std::lock_guard<qlock> g(qp->sq_lock);
 		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
 		if (state == IBV_QPS_RESET || state == IBV_QPS_INIT || state == IBV_QPS_RTR ||
 		    qp->type == IBV_QPT_XRC_RECV || qp->agent)
@@ -806,7 +806,7 @@ int sq_create(loop_qp *qp, ibv_pd *pd)
 
 void sq_destroy(loop_qp *qp)
 {
-	std::lock_guard<std::mutex> g(qp->sq_lock);
+	std::lock_guard<qlock> g(qp->sq_lock);
 	if (qp->sq && qp->sq_alloc_pd)
 		pd_free(qp->sq_alloc_pd, qp->sq, SOFTVERBS_RES_TYPE_SQ);
 	else if (qp->sq)
@@ -839,7 +839,7 @@ void sq_reset(loop_qp *qp)
 
 int sq_serve_doorbell(loop_qp *qp, bool &need_progress)
 {
-	std::lock_guard<std::mutex> g(qp->sq_lock);
+	std::lock_guard<qlock> g(qp->sq_lock);
 	if (!qp->agent || !qp->sq)
 		return 0;
 	uint64_t db = std::atomic_ref<uint64_t>(qp->sq->db_record).load(std::memory_order_acquire);
@@ -883,7 +883,7 @@ int loop_dv_qp_agent(ibv_qp *ibqp, int on, softverbs_dv_sq *out)
 		if (!out)
 			return EINVAL;
 		{
-			std::lock_guard<std::mutex> g(qp->sq_lock);
+			std::lock_guard<qlock> g(qp->sq_lock);
 			if (qp->agent)
 				return EBUSY;
 			// Handed over empty: every WQE the library posted has
@@ -917,14 +917,14 @@ int loop_dv_qp_agent(ibv_qp *ibqp, int on, softverbs_dv_sq *out)
 			out->freed = posted;
 		}
 		if (int e = engine_add(qp)) {
-			std::lock_guard<std::mutex> g(qp->sq_lock);
+			std::lock_guard<qlock> g(qp->sq_lock);
 			qp->agent = false;
 			return e;
 		}
 		return 0;
 	}
 	{
-		std::lock_guard<std::mutex> g(qp->sq_lock);
+		std::lock_guard<qlock> g(qp->sq_lock);
 		if (!qp->agent)
 			return EINVAL;
 		uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);

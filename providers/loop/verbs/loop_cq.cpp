@@ -105,20 +105,42 @@ int place_bytes(const mr_hit &hit, const uint8_t *data, uint32_t len)
 	return xfer(self_pid(), false, &l, 1, &r, 1, xfer_dir::to_peer);
 }
 
+// Publishes ring's geometry for push_own (loop_cq::geo).  Without memory
+// for it, push_own reads the header as before.
+void note_geometry(loop_cq *cq, sv_cq_ring *ring)
+{
+	queue_geom g;
+	if (!queue_geometry(ring, g))
+		return;
+	auto *rg = new (std::nothrow)
+		loop_cq::ring_geom{ring, g, cq->geo.load(std::memory_order_relaxed)};
+	if (rg)
+		cq->geo.store(rg, std::memory_order_release);
+}
+
 // Puts a message that travelled in the CQE's payload into the receive
 // buffer.  The payload came through shared memory: its length and key are
 // checked against this process's own key table before a byte is written.
 void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
 {
 	uint32_t len = std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX);
-	// The key the last messages named, still standing (key_cache): plain
-	// memory of ours, one memcpy.
+	// The key of the last placement, its record unchanged and the bytes
+	// in its window: plain memory of ours, one memcpy.
+	const key_memo &km = cq->place_key;
+	if (memo_key(cq->ctx->fab->reg(), km, pl.lkey, pl.iova, len)) {
+		memcpy(reinterpret_cast<void *>(km.addr + (pl.iova - km.iova)), pl.data, len);
+		return;
+	}
+	// The key the last messages named, still standing (key_cache): the
+	// same, and kept for the next.
 	iovec v;
 	seg_kind k;
-	if (mr_cached_own(*cq->ctx->fab, cq->keys, pl.lkey, static_cast<uint32_t>(cq->ctx->lease),
-			  kAnyPdn, pl.iova, len, IBV_ACCESS_LOCAL_WRITE, v, k) &&
+	uint32_t lease = static_cast<uint32_t>(cq->ctx->lease);
+	if (mr_cached_own(*cq->ctx->fab, cq->keys, pl.lkey, lease, kAnyPdn, pl.iova, len,
+			  IBV_ACCESS_LOCAL_WRITE, v, k) &&
 	    k == seg_kind::peer) {
 		memcpy(v.iov_base, pl.data, len);
+		memo_key_keep(cq->place_key, cached_entry(cq->keys, pl.lkey, lease), pl.lkey, false);
 		return;
 	}
 	// The full way, which fills the cache for the next.
@@ -664,6 +686,7 @@ loop_cq *new_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, ibv_pd *pd
 	cq->capacity = entries;
 	cq->ring->payload_offset =
 		static_cast<uint32_t>(queue_bytes(sizeof(sv_cq_ring), entries, sizeof(sv_cqe)));
+	note_geometry(cq, cq->ring);
 	memcpy(cq->ring->async_addr, lctx->async_addr, lctx->async_len);
 	cq->ring->async_len = lctx->async_len;
 	(void)channel; // Wired after verbs_init_cq, which sets cq->channel.
@@ -850,7 +873,7 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 {
 	if (!cq)
 		return;
-	std::lock_guard<std::mutex> g(cq->lock);
+	std::lock_guard<qlock> g(cq->lock);
 	if (cq->agent)
 		return; // The agent polling it has passed cq->head: nothing here is ours
 	sv_cq_ring *r = cq->ring;
@@ -938,7 +961,7 @@ int loop_destroy_cq(ibv_cq *ibcq)
 		// A thread asleep in cq_sleep on this ring holds the lock: unmap
 		// after it woke, and drop the idle lists that may name this CQ.
 		g_cq_gen.fetch_add(1, std::memory_order_acq_rel);
-		std::lock_guard<std::mutex> g(cq->lock);
+		std::lock_guard<qlock> g(cq->lock);
 		ring = cq->ring;
 		if (cq->alloc_pd)
 			close_placed(cq);
@@ -963,7 +986,7 @@ int loop_destroy_cq(ibv_cq *ibcq)
 		return -life_bad("ibv_poll_cq", cq, cq->life, kLifeCq);
 	if (n < 0)
 		return -EINVAL;
-	std::lock_guard<std::mutex> g(cq->lock);
+	std::lock_guard<qlock> g(cq->lock);
 	int i = 0;
 	sv_cqe e;
 	while (i < n && cq_take(cq, e)) {
@@ -1003,7 +1026,7 @@ int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
 	// Count moderation only: a period would need a timer in the owner.
 	if (attr->moderate.cq_period > kMaxCqModPeriod || attr->moderate.cq_count > kMaxCqModCount)
 		return EINVAL;
-	std::lock_guard<std::mutex> g(cq->lock);
+	std::lock_guard<qlock> g(cq->lock);
 	std::atomic_ref<uint32_t>(cq->ring->mod_count)
 		.store(attr->moderate.cq_count, std::memory_order_release);
 	return 0;
@@ -1017,7 +1040,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	if (cqe < 1 || cqe > kMaxCqe)
 		return EINVAL;
 	g_cq_gen.fetch_add(1, std::memory_order_acq_rel); // Idle lists may name the old ring
-	std::lock_guard<std::mutex> g(cq->lock);
+	std::lock_guard<qlock> g(cq->lock);
 	if (cq->agent)
 		return EBUSY; // An agent holds the ring's address
 	if (cq->alloc_pd)
@@ -1133,6 +1156,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	cq->slots = ns;
 	cq->mask = entries - 1;
 	cq->capacity = entries;
+	note_geometry(cq, nr); // Before the ring: a pusher that finds it finds this
 	std::atomic_ref<sv_cq_ring *>(cq->ring).store(nr, std::memory_order_seq_cst);
 	arm.unlock();
 	ibcq->cqe = static_cast<int>(entries);
@@ -1150,7 +1174,7 @@ int loop_dv_cq_agent(ibv_cq *ibcq, int on, softverbs_dv_cq *out)
 	loop_cq *cq = to_loop_cq(ibcq);
 	if (!cq->life.is(kLifeCq))
 		return life_bad("softverbs_dv_cq_agent", cq, cq->life, kLifeCq);
-	std::lock_guard<std::mutex> g(cq->lock);
+	std::lock_guard<qlock> g(cq->lock);
 	if (on) {
 		if (!out)
 			return EINVAL;

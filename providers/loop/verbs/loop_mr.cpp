@@ -412,6 +412,34 @@ namespace {
 
 } // namespace
 
+const key_cache::entry *cached_entry(const key_cache &kc, uint32_t key, uint32_t owner_lease)
+{
+	for (const key_cache::entry &e : kc.e)
+		if (e.valid && e.key == key && e.owner_lease == owner_lease)
+			return &e;
+	return nullptr;
+}
+
+void memo_key_keep(key_memo &k, const key_cache::entry *e, uint32_t key, bool mapped)
+{
+	uint32_t slot = key >> SV_MR_KEY_BITS;
+	k = {};
+	if (!e || !slot || slot >= SV_MAX_MRS ||
+	    (mapped ? !e->base || e->kind != seg_kind::mapped_direct
+		    : e->base || e->kind != seg_kind::peer))
+		return;
+	k.kbyte = e->rec.key;
+	k.cookie = e->rec.cookie;
+	k.iova = e->rec.iova;
+	k.len = e->rec.length;
+	k.addr = e->rec.addr;
+	k.base = e->base;
+	k.map = e->map;
+	k.tick = e->tick;
+	k.access = e->rec.access;
+	k.key = key;
+}
+
 [[gnu::hot]] int mr_resolve_cached(fabric &fab, key_cache &kc, uint32_t key, uint32_t owner_lease,
 				   uint32_t pdn, uint64_t iova, uint64_t len, uint32_t need,
 				   uint32_t qpn, std::vector<rseg> &out, uint32_t *access)

@@ -314,7 +314,7 @@ int loop_dv_qp_rq(ibv_qp *ibqp, int on, softverbs_dv_rq *out)
 		return life_bad("softverbs_dv_qp_rq", qp, qp->life, kLifeQp);
 	if (!qp->rq)
 		return EINVAL; // An SRQ's, or no receive queue
-	std::lock_guard<std::mutex> g(qp->rq_lock);
+	std::lock_guard<qlock> g(qp->rq_lock);
 	if (!on) {
 		if (!qp->rq_agent)
 			return EINVAL;
@@ -725,7 +725,7 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 		return life_bad("ibv_modify_qp", qp, qp->life, kLifeQp);
 	fabric &fab = *qp->ctx->fab;
 	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
-	std::lock_guard<std::mutex> sg(qp->sq_lock);
+	std::lock_guard<qlock> sg(qp->sq_lock);
 	auto cur = static_cast<ibv_qp_state>(qp_state_ref(rec).load(std::memory_order_acquire));
 	auto next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
 	int missing = 0, extra = 0;
@@ -917,7 +917,7 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		*bad = wr;
 		return EINVAL;
 	}
-	std::lock_guard<std::mutex> g(qp->rq_lock);
+	std::lock_guard<qlock> g(qp->rq_lock);
 	if (qp->rq_agent) {
 		*bad = wr;
 		return EINVAL; // One producer at a time: an agent posts (softverbs_dv_qp_rq)

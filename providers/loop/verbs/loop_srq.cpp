@@ -232,7 +232,7 @@ int loop_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad)
 		*bad = wr;
 		return life_bad("ibv_post_srq_recv", srq, srq->life, kLifeSrq);
 	}
-	std::lock_guard<std::mutex> g(srq->lock);
+	std::lock_guard<qlock> g(srq->lock);
 	return rq_post(srq->ring, srq->max_sge, wr, bad);
 }
 

@@ -626,54 +626,6 @@ inline void express_note(loop_qp *qp, uint32_t flag)
 	}
 }
 
-// The entry of kc for key of owner_lease, if any (the express memo's
-// build: the entry lt_express's lookup just hit).
-const key_cache::entry *cached_entry(const key_cache &kc, uint32_t key, uint32_t owner_lease)
-{
-	for (const key_cache::entry &e : kc.e)
-		if (e.valid && e.key == key && e.owner_lease == owner_lease)
-			return &e;
-	return nullptr;
-}
-
-// [iova, iova + len) within the window [lo, lo + wlen); len is not 0.
-[[gnu::always_inline]] inline bool in_window(uint64_t iova, uint64_t len, uint64_t lo, uint64_t wlen)
-{
-	return iova >= lo && len <= wlen && iova - lo <= wlen - len;
-}
-
-// Sets k from the key cache entry e of key (the entry a lookup just hit),
-// or to none when e is not of the kind asked for (plain memory of ours, or
-// a mapping here).
-void memo_key_keep(loop_qp::key_memo &k, const key_cache::entry *e, uint32_t key, bool mapped)
-{
-	uint32_t slot = key >> SV_MR_KEY_BITS;
-	k = {};
-	if (!e || !slot || slot >= SV_MAX_MRS ||
-	    (mapped ? !e->base || e->kind != seg_kind::mapped_direct
-		    : e->base || e->kind != seg_kind::peer))
-		return;
-	k.kbyte = e->rec.key;
-	k.cookie = e->rec.cookie;
-	k.iova = e->rec.iova;
-	k.len = e->rec.length;
-	k.addr = e->rec.addr;
-	k.base = e->base;
-	k.map = e->map;
-	k.tick = e->tick;
-	k.access = e->rec.access;
-	k.key = key;
-}
-
-// Whether k stands for key over [iova, iova + len), len not 0: the same
-// key, in its window, its record still the registration k was made from.
-[[gnu::always_inline]] inline bool memo_key(const sv_registry *r, const loop_qp::key_memo &k,
-					    uint32_t key, uint64_t iova, uint64_t len)
-{
-	return k.key && k.key == key && in_window(iova, len, k.iova, k.len) &&
-	       mr_still(r, key >> SV_MR_KEY_BITS, k.kbyte, k.cookie);
-}
-
 // The local source of w through the memo (its one SGE, plain memory of
 // ours): what express_source's lookup would give, or null.
 [[gnu::always_inline]] inline const char *memo_source(loop_qp *qp, const ibv_sge &s)

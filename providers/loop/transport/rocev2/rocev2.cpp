@@ -1103,7 +1103,7 @@ void flights_settle(qp_wire &qw)
 		qw.need_flush = false;
 		return;
 	}
-	std::unique_lock<std::mutex> sl(qp->sq_lock, std::try_to_lock);
+	std::unique_lock<qlock> sl(qp->sq_lock, std::try_to_lock);
 	if (sl.owns_lock())
 		settle_locked(qw, qp);
 }
