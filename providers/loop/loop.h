@@ -221,13 +221,17 @@ struct loop_cq {
 	struct ring_geom {
 		const sv_cq_ring *ring;
 		queue_geom g;
-		const ring_geom *prev;
+		ring_geom *prev; // Freed by the resize after the next, or with the CQ
 	};
-	std::atomic<const ring_geom *> geo{nullptr};
+	std::atomic<ring_geom *> geo{nullptr};
+	// Set when a ring's record could not be made (no memory): push_own
+	// then reads every ring's header, as before (a record of an older
+	// ring could name the address of the new one).
+	std::atomic<bool> geo_off{false};
 	~loop_cq()
 	{
-		for (const ring_geom *p = geo.load(std::memory_order_relaxed); p;) {
-			const ring_geom *prev = p->prev;
+		for (ring_geom *p = geo.load(std::memory_order_relaxed); p;) {
+			ring_geom *prev = p->prev;
 			delete p;
 			p = prev;
 		}

@@ -5,7 +5,7 @@
 // pthread_mutex_lock and unlock cost about 55 instructions a pair in calls
 // into glibc (docs/PERFORMANCE.md): here the uncontended lock and unlock
 // are one atomic instruction each, inline.  A futex mutex of three states
-// (Drepper, "Futexes Are Tricky", mutex 2): a waiter spins a little, as the
+// (Drepper, "Futexes Are Tricky", mutex 3): a waiter spins a little, as the
 // holder is most likely on another core for a few hundred nanoseconds,
 // then sleeps on the futex.  Process-private (FUTEX_*_PRIVATE), not
 // recursive, and, like std::mutex, no cancellation point.  Lockable:
@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -76,14 +77,19 @@ private:
 		}
 		// Marked as having sleepers from here on: the unlock that frees it
 		// wakes one, and a woken waiter takes it marked again (it cannot
-		// know whether others still sleep).
+		// know whether others still sleep).  errno is the caller's, as
+		// across std::mutex (FUTEX_WAIT may end in EAGAIN or EINTR).
+		int e = errno;
 		while (s_.exchange(kSleepers, std::memory_order_acquire) != kFree)
 			syscall(SYS_futex, word(), FUTEX_WAIT_PRIVATE, kSleepers, nullptr, nullptr, 0);
+		errno = e;
 	}
 	[[gnu::noinline]] void wake()
 	{
+		int e = errno;
 		s_.store(kFree, std::memory_order_release);
 		syscall(SYS_futex, word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+		errno = e;
 	}
 };
 

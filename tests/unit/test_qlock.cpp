@@ -86,4 +86,38 @@ TEST(Qlock, SleeperWokenByUnlock)
 	delete l;
 }
 
+TEST(Qlock, SeveralSleepersAllWoken)
+{
+	// Three waiters asleep at once (long past their spin) while the lock
+	// is held; each unlock must hand it on until all have had it.
+	auto *l = new loop::qlock;
+	auto *got = new std::atomic<int>{0};
+	l->lock();
+	std::vector<std::thread> t;
+	for (int i = 0; i < 3; i++)
+		t.emplace_back([l, got] {
+			l->lock();
+			got->fetch_add(1);
+			std::this_thread::sleep_for(std::chrono::milliseconds(5));
+			l->unlock();
+		});
+	std::this_thread::sleep_for(std::chrono::milliseconds(100));
+	EXPECT_EQ(got->load(), 0);
+	l->unlock();
+	auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+	while (got->load() != 3 && std::chrono::steady_clock::now() < end)
+		std::this_thread::sleep_for(std::chrono::milliseconds(1));
+	if (got->load() != 3) {
+		for (auto &th : t)
+			th.detach();
+		FAIL() << got->load() << " of 3 sleepers had the lock";
+	}
+	for (auto &th : t)
+		th.join();
+	ASSERT_TRUE(l->try_lock());
+	l->unlock();
+	delete got;
+	delete l;
+}
+
 } // namespace

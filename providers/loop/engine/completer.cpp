@@ -49,8 +49,9 @@ int push_own(loop_cq *cq, sv_cqe &e)
 		cq->pushers.fetch_add(1, std::memory_order_seq_cst);
 		sv_cq_ring *ring = std::atomic_ref<sv_cq_ring *>(cq->ring).load(std::memory_order_seq_cst);
 		const loop_cq::ring_geom *rg = cq->geo.load(std::memory_order_acquire);
-		int err = rg && rg->ring == ring ? cq_push(ring, rg->g, e, false, nullptr, nullptr)
-						 : cq_push(ring, e, false);
+		int err = rg && rg->ring == ring && !cq->geo_off.load(std::memory_order_relaxed)
+				  ? cq_push(ring, rg->g, e, false, nullptr, nullptr)
+				  : cq_push(ring, e, false);
 		cq->pushers.fetch_sub(1, std::memory_order_release);
 		if (err != ESTALE)
 			return err;

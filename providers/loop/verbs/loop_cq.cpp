@@ -105,17 +105,35 @@ int place_bytes(const mr_hit &hit, const uint8_t *data, uint32_t len)
 	return xfer(self_pid(), false, &l, 1, &r, 1, xfer_dir::to_peer);
 }
 
-// Publishes ring's geometry for push_own (loop_cq::geo).  Without memory
-// for it, push_own reads the header as before.
+// Publishes ring's geometry for push_own (loop_cq::geo), before the ring
+// itself is.  Without memory (or a geometry) for it, push_own reads every
+// ring's header from then on, as before.
 void note_geometry(loop_cq *cq, sv_cq_ring *ring)
 {
 	queue_geom g;
-	if (!queue_geometry(ring, g))
-		return;
-	auto *rg = new (std::nothrow)
-		loop_cq::ring_geom{ring, g, cq->geo.load(std::memory_order_relaxed)};
+	loop_cq::ring_geom *rg = nullptr;
+	if (queue_geometry(ring, g))
+		rg = new (std::nothrow)
+			loop_cq::ring_geom{ring, g, cq->geo.load(std::memory_order_relaxed)};
 	if (rg)
 		cq->geo.store(rg, std::memory_order_release);
+	else
+		cq->geo_off.store(true, std::memory_order_seq_cst);
+}
+
+// Frees the records of rings before the current one: once no pusher is in
+// an older ring (resize, after its wait), none holds their records.
+void drop_old_geometry(loop_cq *cq)
+{
+	loop_cq::ring_geom *cur = cq->geo.load(std::memory_order_relaxed);
+	if (!cur)
+		return;
+	for (loop_cq::ring_geom *p = cur->prev; p;) {
+		loop_cq::ring_geom *prev = p->prev;
+		delete p;
+		p = prev;
+	}
+	cur->prev = nullptr;
 }
 
 // Puts a message that travelled in the CQE's payload into the receive
@@ -1165,6 +1183,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	// none is.  They never block inside, so this wait is short.
 	while (cq->pushers.load(std::memory_order_seq_cst))
 		sched_yield();
+	drop_old_geometry(cq);
 	queue_destroy(fab, oref, old);
 	return 0;
 }
