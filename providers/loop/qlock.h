@@ -18,6 +18,12 @@
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define QLOCK_TSAN(call) call
+#else
+#define QLOCK_TSAN(call) ((void)0)
+#endif
 
 namespace loop {
 
@@ -32,27 +38,46 @@ inline void cpu_relax()
 
 class qlock {
 public:
-	qlock() = default;
+	// Under ThreadSanitizer it is announced as a mutex (its atomics alone
+	// would give the ordering, but not the lock-order and deadlock reports
+	// TSan makes for mutexes).
+	qlock()
+	{
+		QLOCK_TSAN(__tsan_mutex_create(this, __tsan_mutex_not_static));
+	}
+	~qlock()
+	{
+		QLOCK_TSAN(__tsan_mutex_destroy(this, __tsan_mutex_not_static));
+	}
 	qlock(const qlock &) = delete;
 	qlock &operator=(const qlock &) = delete;
 
 	void lock()
 	{
+		QLOCK_TSAN(__tsan_mutex_pre_lock(this, 0));
 		uint32_t c = kFree;
 		if (!s_.compare_exchange_strong(c, kHeld, std::memory_order_acquire,
 						std::memory_order_relaxed)) [[unlikely]]
 			contended();
+		QLOCK_TSAN(__tsan_mutex_post_lock(this, 0, 0));
 	}
 	bool try_lock()
 	{
+		QLOCK_TSAN(__tsan_mutex_pre_lock(this, __tsan_mutex_try_lock));
 		uint32_t c = kFree;
-		return s_.compare_exchange_strong(c, kHeld, std::memory_order_acquire,
-						  std::memory_order_relaxed);
+		bool ok = s_.compare_exchange_strong(c, kHeld, std::memory_order_acquire,
+						     std::memory_order_relaxed);
+		QLOCK_TSAN(__tsan_mutex_post_lock(
+			this, ok ? __tsan_mutex_try_lock : __tsan_mutex_try_lock | __tsan_mutex_try_lock_failed,
+			0));
+		return ok;
 	}
 	void unlock()
 	{
+		QLOCK_TSAN(__tsan_mutex_pre_unlock(this, 0));
 		if (s_.fetch_sub(1, std::memory_order_release) != kHeld) [[unlikely]]
 			wake();
+		QLOCK_TSAN(__tsan_mutex_post_unlock(this, 0));
 	}
 
 private:
