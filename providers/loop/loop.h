@@ -479,13 +479,14 @@ struct loop_qp {
 	// Its last resolved keys (key_cache above).  Used under sq_lock, or
 	// by the one thread that uses a RoCE v2 proxy QP.
 	key_cache tp_keys;
-	// The express way's memo (loop_transport.cpp: memo_write, memo_key):
-	// what lt_express checked through the peer and key caches for its
-	// last express RDMA WRITE into mapped memory, and for its last SEND's
-	// keys, kept so that the next WR of the same keys rechecks only what
-	// can change (the records' state, key, cookie and generation, the
-	// peer's state, port and rights, the tick of a mapping) instead of
-	// looking the keys up again.  Under sq_lock.
+	// The express way's memo (loop_transport.cpp: memo_write, memo_send):
+	// what lt_express checked through the peer, queue and key caches for
+	// its last express RDMA WRITE into mapped memory and its last SEND
+	// (the peer, its receive queue and CQ, the keys), kept so that the
+	// next WR rechecks only what can change (the records' state, key,
+	// cookie and generation, the peer's state, port, rights and receive
+	// CQ, the queues' records, the tick of a mapping) instead of looking
+	// them up again.  Under sq_lock.
 	using key_memo = loop::key_memo;
 	// The peer an express memo was made for: the QP's address then, and
 	// the peer QP's slot and the record fields of its life.
