@@ -182,21 +182,28 @@ void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
 		e.status = IBV_WC_LOC_PROT_ERR;
 }
 
-thread_local uint32_t t_empty_polls;  // Consecutive empty polls by this thread
-thread_local uint64_t t_empty_since; // and since when (0: not timed yet)
-
-// The CQs this thread found empty since it last found work on any CQ, so
-// that a sleep waits on all of them.  UCX, MPI and most event loops poll a
-// send CQ and a receive CQ (UCX: two per transport) in turn: sleeping on
-// the one being polled while the completion lands in the other would wait
-// the whole kCqSleepNs, and in a ping-pong both sides then stay idle past
-// kCqSpinNs every turn, so every message paid it (UCX ud_verbs' tag_lat
-// took 120-180 us per message; see docs/PERFORMANCE.md).  kIdleCqs: tunables.h.
-thread_local loop_cq *t_idle_cqs[kIdleCqs];
-thread_local int t_idle_n;
-thread_local bool t_idle_overflow; // More than kIdleCqs: no sleep, a yield
-thread_local loop_cq *t_idle_last; // The last one noted (the common repeat)
-thread_local uint64_t t_idle_gen;  // g_cq_gen when the list was started
+// A thread's polling state, over all the CQs it polls: its consecutive
+// empty polls and since when (0: not timed yet), and the CQs it found
+// empty since it last found work on any CQ, so that a sleep waits on all of
+// them.  UCX, MPI and most event loops poll a send CQ and a receive CQ
+// (UCX: two per transport) in turn: sleeping on the one being polled while
+// the completion lands in the other would wait the whole kCqSleepNs, and in
+// a ping-pong both sides then stay idle past kCqSpinNs every turn, so every
+// message paid it (UCX ud_verbs' tag_lat took 120-180 us per message; see
+// docs/PERFORMANCE.md).  kIdleCqs: tunables.h.  One thread_local, not
+// seven: in a shared library each thread_local a function touches costs a
+// call to __tls_get_addr, and a poll that found a completion touched three
+// (a third of its instructions in ib_send_lat).
+struct poll_state {
+	uint32_t empty_polls;
+	uint64_t empty_since;
+	loop_cq *idle_cqs[kIdleCqs];
+	int idle_n;
+	bool idle_overflow; // More than kIdleCqs: no sleep, a yield
+	loop_cq *idle_last; // The last one noted (the common repeat)
+	uint64_t idle_gen;  // g_cq_gen when the list was started
+};
+thread_local poll_state t_poll;
 // Bumped before any CQ's ring is unmapped or replaced (destroy, resize): a
 // thread's list started before then may name a CQ that is gone, and is
 // dropped unused.
@@ -206,27 +213,27 @@ std::atomic<uint64_t> g_cq_gen;
 // instead of sleeping.
 std::atomic<int> g_waitv_ok;
 
-void note_idle(loop_cq *cq)
+void note_idle(poll_state &t, loop_cq *cq)
 {
-	if (cq == t_idle_last)
+	if (cq == t.idle_last)
 		return;
-	t_idle_last = cq;
-	for (int i = 0; i < t_idle_n; i++)
-		if (t_idle_cqs[i] == cq)
+	t.idle_last = cq;
+	for (int i = 0; i < t.idle_n; i++)
+		if (t.idle_cqs[i] == cq)
 			return;
-	if (t_idle_n == 0)
-		t_idle_gen = g_cq_gen.load(std::memory_order_acquire);
-	if (t_idle_n < kIdleCqs)
-		t_idle_cqs[t_idle_n++] = cq;
+	if (t.idle_n == 0)
+		t.idle_gen = g_cq_gen.load(std::memory_order_acquire);
+	if (t.idle_n < kIdleCqs)
+		t.idle_cqs[t.idle_n++] = cq;
 	else
-		t_idle_overflow = true;
+		t.idle_overflow = true;
 }
 
-void clear_idle()
+void clear_idle(poll_state &t)
 {
-	t_idle_n = 0;
-	t_idle_overflow = false;
-	t_idle_last = nullptr;
+	t.idle_n = 0;
+	t.idle_overflow = false;
+	t.idle_last = nullptr;
 }
 
 uint32_t *prod_word(sv_cq_ring *r)
@@ -273,17 +280,18 @@ int wait_rings(sv_cq_ring *const *rings, const uint32_t *seen, int n)
 // a ring), so a ring cannot go away under the wait.
 void cq_sleep(loop_cq *cq, const sv_cqe &slot, uint64_t c)
 {
+	poll_state &t = t_poll;
 	loop_cq *cqs[kIdleCqs];
 	int n = 0;
 	cqs[n++] = cq;
-	bool complete = !t_idle_overflow;
-	if (complete && t_idle_n > 1) {
+	bool complete = !t.idle_overflow;
+	if (complete && t.idle_n > 1) {
 		if (g_waitv_ok.load(std::memory_order_relaxed) < 0 ||
-		    t_idle_gen != g_cq_gen.load(std::memory_order_acquire)) {
+		    t.idle_gen != g_cq_gen.load(std::memory_order_acquire)) {
 			complete = false;
 		} else {
-			for (int i = 0; i < t_idle_n && complete; i++) {
-				loop_cq *o = t_idle_cqs[i];
+			for (int i = 0; i < t.idle_n && complete; i++) {
+				loop_cq *o = t.idle_cqs[i];
 				if (o == cq)
 					continue;
 				if (!o->lock.try_lock()) {
@@ -302,8 +310,8 @@ void cq_sleep(loop_cq *cq, const sv_cqe &slot, uint64_t c)
 		// could miss a completion on another; give the core away instead.
 		for (int i = 1; i < n; i++)
 			cqs[i]->lock.unlock();
-		if (t_idle_gen != g_cq_gen.load(std::memory_order_acquire))
-			clear_idle(); // Names a CQ that may be gone: start again
+		if (t.idle_gen != g_cq_gen.load(std::memory_order_acquire))
+			clear_idle(t); // Names a CQ that may be gone: start again
 		sched_yield();
 		return;
 	}
@@ -535,8 +543,9 @@ again:
 		// Timed per thread, over all its CQs: a thread that polls several
 		// CQs and finds work on any of them never sleeps.  The clock is read
 		// every 64 empty polls only.
-		note_idle(cq);
-		if ((++t_empty_polls & 63) == 0) {
+		poll_state &t = t_poll;
+		note_idle(t, cq);
+		if ((++t.empty_polls & 63) == 0) {
 			cq_repair(cq);
 			// RDMA WRITEs of this process on a RoCE v2 wire: its receive
 			// thread sends and completes them, and a spinning poller
@@ -546,9 +555,9 @@ again:
 			if (rocev2_flying_qps.load(std::memory_order_relaxed))
 				sched_yield();
 			uint64_t now = now_ns();
-			if (!t_empty_since) {
-				t_empty_since = now;
-			} else if (now - t_empty_since > kCqSpinNs) {
+			if (!t.empty_since) {
+				t.empty_since = now;
+			} else if (now - t.empty_since > kCqSpinNs) {
 				cq_sleep(cq, slot, c);
 				// Look again before answering "empty": the completion
 				// that woke the sleep (or came during it) is returned by
@@ -579,10 +588,11 @@ again:
 	}
 	if (pls && !take_placement(cq, slot, c))
 		return false; // Its sender is placing the bytes: not ready yet
-	t_empty_polls = 0;
-	t_empty_since = 0;
-	if (t_idle_n)
-		clear_idle();
+	poll_state &t = t_poll;
+	t.empty_polls = 0;
+	t.empty_since = 0;
+	if (t.idle_n)
+		clear_idle(t);
 	out = slot;
 	if (out.flags & SV_CQE_PLACE) {
 		if (!pls)
