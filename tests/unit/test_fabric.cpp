@@ -14,6 +14,7 @@
 #include <glob.h>
 #include <iterator>
 #include <set>
+#include <sstream>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -319,6 +320,86 @@ TEST_F(Fabric, LeasesAreIdempotentAndRecordPidAndStartTime)
 	EXPECT_NE(l.start_time, 0u);
 	EXPECT_EQ(l.start_time, fabric::process_start_time(getpid()));
 	EXPECT_EQ(fabric::process_start_time(0), 0u) << "no such process";
+}
+
+// Field 22 of a /proc stat file, parsed apart from the library's reader:
+// everything after the last ')' split on whitespace.
+static uint64_t start_field(const std::string &path)
+{
+	std::ifstream in(path);
+	std::string line((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+	size_t p = line.rfind(')');
+	if (p == std::string::npos)
+		return 0;
+	std::istringstream rest(line.substr(p + 1));
+	std::string f;
+	for (int i = 3; i <= 22; i++)
+		if (!(rest >> f))
+			return 0;
+	return std::stoull(f);
+}
+
+TEST_F(Fabric, ProcessStartTimeReadsFieldTwentyTwoWhateverTheName)
+{
+	// A thread whose name holds the characters a naive parse trips on:
+	// parentheses, spaces and digits.
+	std::atomic<pid_t> t{0};
+	std::atomic<bool> done{false};
+	std::thread th([&] {
+		pthread_setname_np(pthread_self(), ") ( 1 2 3 4 5");
+		t = static_cast<pid_t>(syscall(SYS_gettid));
+		while (!done)
+			usleep(1000);
+	});
+	while (!t)
+		usleep(1000);
+	uint64_t want = start_field("/proc/self/task/" + std::to_string(t.load()) + "/stat");
+	uint64_t got = fabric::process_start_time(t);
+	done = true;
+	th.join();
+	ASSERT_NE(want, 0u);
+	EXPECT_EQ(got, want);
+	EXPECT_EQ(fabric::process_start_time(getpid()), start_field("/proc/self/stat"));
+	EXPECT_EQ(fabric::process_start_time(-1), 0u);
+	// A pid that is gone: a child reaped.
+	pid_t c = fork();
+	if (c == 0)
+		_exit(0);
+	ASSERT_GT(c, 0);
+	ASSERT_EQ(waitpid(c, nullptr, 0), c);
+	EXPECT_EQ(fabric::process_start_time(c), 0u);
+}
+
+// lease_alive believes a live answer for the rest of its coarse tick, no
+// longer: a peer that died is reported dead within a few ticks, and a dead
+// answer is never memoised.
+TEST_F(Fabric, LeaseAliveMemoLastsATickAndNeverHidesADeath)
+{
+	fabric *f;
+	std::string err;
+	config c = make_config({dev("loop0")});
+	ASSERT_EQ(open(c, f, err), 0) << err;
+	lease_child peer;
+	ASSERT_TRUE(peer.start(c));
+	ASSERT_GE(peer.slot, 0);
+	uint32_t slot = static_cast<uint32_t>(peer.slot);
+	uint32_t gen = f->reg()->leases[slot].generation;
+	EXPECT_TRUE(f->lease_alive(slot, gen));
+	EXPECT_TRUE(f->lease_alive(slot, gen)) << "the memo's answer";
+	EXPECT_FALSE(f->lease_alive(slot, gen + 1)) << "another generation is not memoised";
+	ASSERT_EQ(kill(peer.pid, SIGKILL), 0);
+	ASSERT_EQ(waitpid(peer.pid, nullptr, 0), peer.pid);
+	peer.pid = -1;
+	peer.finish(); // Closes its pipe
+	// Dead within 100 ms (the coarse tick is 1 to 10 ms), and dead from then on.
+	bool dead = false;
+	for (int i = 0; i < 100 && !dead; i++) {
+		dead = !f->lease_alive(slot, gen);
+		if (!dead)
+			usleep(1000);
+	}
+	EXPECT_TRUE(dead);
+	EXPECT_FALSE(f->lease_alive(slot, gen));
 }
 
 TEST_F(Fabric, LeaseSlotOfDeadProcessIsReused)

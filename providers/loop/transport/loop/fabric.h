@@ -78,6 +78,9 @@ private:
 	// thread (the last ibv_close_device, or exit).
 	std::atomic<int> lease_slot_{-1};
 	uint64_t lock_key_ = 0; // Names the registry for the lock's recursion count
+	// Per lease slot: (generation << 32) | coarse tick (ns >> 20) of the
+	// last lease_alive that found it alive; believed until the tick ends.
+	std::atomic<uint64_t> alive_memo_[SV_MAX_PROCS] = {};
 };
 
 // A locked scope on the registry.
