@@ -400,6 +400,21 @@ TEST_F(Fabric, LeaseAliveMemoLastsATickAndNeverHidesADeath)
 	}
 	EXPECT_TRUE(dead);
 	EXPECT_FALSE(f->lease_alive(slot, gen));
+
+	// A lease reaped is not believed even within the tick its memo was
+	// stored in: the memo is read only after the lease's pid and
+	// generation.
+	lease_child other;
+	ASSERT_TRUE(other.start(c));
+	ASSERT_GE(other.slot, 0);
+	uint32_t oslot = static_cast<uint32_t>(other.slot);
+	uint32_t ogen = f->reg()->leases[oslot].generation;
+	ASSERT_EQ(kill(other.pid, SIGKILL), 0);
+	ASSERT_EQ(waitpid(other.pid, nullptr, 0), other.pid);
+	other.pid = -1;
+	other.finish();
+	EXPECT_GE(f->reap_dead(), 1);
+	EXPECT_FALSE(f->lease_alive(oslot, ogen));
 }
 
 TEST_F(Fabric, LeaseSlotOfDeadProcessIsReused)

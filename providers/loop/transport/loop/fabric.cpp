@@ -612,6 +612,7 @@ void fabric::reap_locked(int slot)
 	memset(reg_->usage[slot], 0, sizeof(reg_->usage[slot])); // Its objects are gone
 	l.pid = 0;
 	l.start_time = 0;
+	alive_memo_[slot].store(0, std::memory_order_relaxed);
 }
 
 bool fabric::lease_alive(uint32_t slot, uint32_t gen)
@@ -622,20 +623,32 @@ bool fabric::lease_alive(uint32_t slot, uint32_t gen)
 	// tick ends, by every thread of this process: each of its mappings,
 	// key caches and QPs asks once a tick, and without the memo each
 	// asked through the registry lock, kill() and /proc.  (A mapping's
-	// own look was already believed for a tick: peer_maps.cpp.)
+	// own look was already believed for a tick: peer_maps.cpp.)  The
+	// lease's generation and pid are read first, without the lock: a
+	// lease released or reaped (pid 0, or a new generation) is never
+	// believed; only a death nobody has noticed yet goes unseen, for at
+	// most the rest of the tick.
+	const sv_lease &l = reg_->leases[slot];
+	if (std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_acquire) != gen ||
+	    !std::atomic_ref<const uint32_t>(l.pid).load(std::memory_order_acquire))
+		return false;
 	timespec ts;
 	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
 	uint64_t tick = static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL +
 			static_cast<uint64_t>(ts.tv_nsec);
-	uint64_t memo = (static_cast<uint64_t>(gen) << 32) | static_cast<uint32_t>(tick >> 20);
+	// The low word: the tick (ns >> 20, about 1 ms) with its top bit set,
+	// so that the zero of a memo never written matches no call.
+	uint64_t memo = (static_cast<uint64_t>(gen) << 32) |
+			(static_cast<uint32_t>(tick >> 20) | 0x80000000u);
 	std::atomic<uint64_t> &m = alive_memo_[slot];
 	if (m.load(std::memory_order_relaxed) == memo)
 		return true;
 	registry_guard g(*this);
 	bool alive = reg_->leases[slot].generation == gen && reg_->leases[slot].pid &&
 		     !slot_dead_locked(static_cast<int>(slot));
-	if (alive)
-		m.store(memo, std::memory_order_relaxed);
+	// Under the lock: a dead answer clears what a live one stored before
+	// it, so no later call of this tick is told alive again.
+	m.store(alive ? memo : 0, std::memory_order_relaxed);
 	return alive;
 }
 
