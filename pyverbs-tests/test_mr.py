@@ -84,9 +84,19 @@ for ro in (0, e.IBV_ACCESS_RELAXED_ORDERING):
     src.write(pattern, n)
     st = write(a, src, tgt.buf, tgt.rkey, n).status
     res[str(ro)] = [st, tgt.read(n, 0) == pattern]
+    # Three SGEs whose last two are shorter than the 16 KiB placed first:
+    # the tail that lands first spans pieces, and one piece is cut.
+    tgt.write(bytes(n), n)
+    cuts = [0, n - 10000 - 3000, n - 10000, n]
+    sg = [SGE(src.buf + cuts[i], cuts[i + 1] - cuts[i], src.lkey) for i in range(3)]
+    wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=3, sg=sg)
+    wr.set_wr_rdma(tgt.rkey, tgt.buf)
+    a.qp.post_send(wr)
+    st = poll(a.cq)[0].status
+    res[str(ro) + "_sges"] = [st, tgt.read(n, 0) == pattern]
 out(res)
 """, env)
-    assert all(v == [0, True] for v in r.values()), r
+    assert len(r) == 4 and all(v == [0, True] for v in r.values()), r
 
 
 def test_key_changes_reach_a_qp_that_used_the_key(env):

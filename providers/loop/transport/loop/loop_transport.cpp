@@ -1067,7 +1067,6 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 		return false;
 	uint64_t len = w.is_inline ? w.inline_len : w.sge[0].length;
 	if (!len || !in_window(w.remote_addr, len, t.iova, t.len) ||
-	    (m.relaxed && len >= kRelaxedMinBytes) ||
 	    !memo_peer(qp, m.wpeer, IBV_ACCESS_REMOTE_WRITE, nullptr))
 		return false;
 	const char *src = w.is_inline ? reinterpret_cast<const char *>(w.inline_data)
@@ -1081,7 +1080,7 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	const ibv_qp_attr &at = qp->attr;
 	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
 	flush_deferred(qp); // Earlier SENDs land first
-	memcpy(t.base + (w.remote_addr - t.iova), src, len);
+	relaxed_copy(t.base + (w.remote_addr - t.iova), src, len, m.relaxed);
 	express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, static_cast<uint32_t>(len)};
 	return true;
@@ -1126,18 +1125,20 @@ bool express_enabled()
 	if (!mr_cached_target(*qp->ctx->fab, qp->tp_keys, w.rkey, p.rec.owner_lease, p.rec.pdn,
 			      w.remote_addr, len, IBV_ACCESS_REMOTE_WRITE, dst, k, access, pin))
 		return false;
-	if ((access & IBV_ACCESS_RELAXED_ORDERING) && len >= kRelaxedMinBytes)
-		return false; // Placed out of order, the general way
 	if (k != seg_kind::mapped_direct && !(k == seg_kind::peer && p.self))
 		return false; // A system call's copy, the general way
 	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
 	flush_deferred(qp); // Earlier SENDs land first
+	bool relaxed = access & IBV_ACCESS_RELAXED_ORDERING;
 	if (k == seg_kind::mapped_direct) {
 		// A sealed memfd at least this long, mapped writable (xfer.cpp).
-		memcpy(dst, src, len);
+		relaxed_copy(dst, src, len, relaxed);
 		if (!w.is_inline)
 			memo_keep(qp, w, p);
 		express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
+	} else if (relaxed && len >= kRelaxedMinBytes && (src + len <= dst || dst + len <= src)) {
+		relaxed_copy(dst, src, len, true); // Within this process
+		express_note(qp, SV_LEASE_EXPRESS_USED);
 	} else {
 		memmove(dst, src, len); // Within this process
 		express_note(qp, SV_LEASE_EXPRESS_USED);

@@ -9,7 +9,10 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "tunables.h"
+
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
 namespace loop {
@@ -77,8 +80,22 @@ struct tp_move;
 // gets the answer it would have got alone.
 int xfer_moves(pid_t pid, bool self, const tp_move *ops, size_t n, size_t *done);
 
-// Writes above kRelaxedMinBytes into a relaxed-ordering MR are placed in
-// chunks, last chunk first (tunables.h).
+// Writes of kRelaxedMinBytes or more into a relaxed-ordering MR place
+// their last kRelaxedChunk bytes first, then the rest in address order
+// (tunables.h): code that wrongly takes the last byte for the whole
+// message fails here, not on the first NIC that reorders, and the bulk
+// still streams at memcpy's rate.  relaxed_copy is that order for memory
+// mapped here; add_pieces (xfer.cpp) makes the same order of pieces.
+inline void relaxed_copy(char *dst, const char *src, size_t len, bool relaxed)
+{
+	if (relaxed && len >= kRelaxedMinBytes) {
+		size_t head = len - kRelaxedChunk;
+		memcpy(dst + head, src + head, kRelaxedChunk);
+		memcpy(dst, src, head);
+	} else {
+		memcpy(dst, src, len);
+	}
+}
 
 // Reads or writes 8 bytes at a peer address (for atomics).
 // An 8-byte word of a peer's fd-backed object mapped into this process:
