@@ -21,7 +21,7 @@ import pytest
 import svtest
 
 SCENARIOS = ["pd", "cq", "channel", "xrcd", "unacked", "async", "stale", "foreign", "mcast",
-             "close"]
+             "close", "fork"]
 
 
 def run_prog(build_dir, env, scenario, debug=False):

@@ -17,6 +17,7 @@
 // Lock order: the engine lock, then a QP's sq_lock.
 #include "c_boundary.h"
 #include "loop.h"
+#include "thread_start.h"
 #include "loop_param.h"
 
 #include <climits>
@@ -179,7 +180,7 @@ int engine_add(loop_qp *qp)
 	try {
 		e.qps.push_back(qp);
 		if (e.started_by != getpid()) {
-			std::thread(run).detach();
+			start_detached(run);
 			e.started_by = getpid();
 		}
 	} catch (abi::__forced_unwind &) {

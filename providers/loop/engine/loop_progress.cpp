@@ -4,6 +4,7 @@
 // their timers expire.  Lock order: the progress lock, then a QP's sq_lock.
 #include "c_boundary.h"
 #include "loop.h"
+#include "thread_start.h"
 
 #include <condition_variable>
 #include <set>
@@ -74,7 +75,7 @@ void progress_add(loop_qp *qp)
 	std::lock_guard<std::mutex> g(e.lock);
 	try {
 		if (e.started_by != getpid()) {
-			std::thread(run).detach();
+			start_detached(run);
 			e.started_by = getpid();
 		}
 		e.qps.insert(qp);

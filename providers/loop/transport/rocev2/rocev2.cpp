@@ -25,6 +25,7 @@
 #include "engine.h"
 #include "fabric.h"
 #include "loop.h"
+#include "thread_start.h"
 #include "objects.h"
 #include "pcap.h"
 #include "wire.h"
@@ -2757,7 +2758,7 @@ void rocev2_device_open(loop_context *lctx)
 	w.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	w.up = true;
 	w.n = &lctx->fab->reg()->wire[lctx->dev->index][0];
-	std::thread(receive_loop).detach();
+	start_detached(receive_loop);
 	atexit(linger_at_exit);
 }
 
