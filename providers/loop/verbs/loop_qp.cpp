@@ -641,6 +641,10 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 			gen++;
 		memset(&q, 0, sizeof(q));
 		q.generation = gen;
+		// The generation lands before the fields: a reader that copied
+		// any field of this QP reads a generation not the old QP's
+		// (find_qp_cached reads it again after its copy).
+		std::atomic_thread_fence(std::memory_order_release);
 		q.owner_lease = static_cast<uint32_t>(lctx->lease);
 		q.owner_gen = lctx->lease_gen;
 		q.state = IBV_QPS_RESET;

@@ -94,8 +94,14 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 			const sv_lease &l = r->leases[c.rec.owner_lease];
 			// The same QP on the same port (a QP may move to another
 			// port, whose LID the address must carry; a port's LID and
-			// link layer never change).
+			// link layer never change).  The generation and in_use are
+			// read again after the copy: a copy that a destroy and a new
+			// QP in the slot tore (its generation from before, its other
+			// fields from the new QP) is not taken for the old QP.
 			if (out.rec.in_use && out.rec.generation == c.rec.generation &&
+			    std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) ==
+				    c.rec.generation &&
+			    std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) &&
 			    out.rec.device == c.rec.device && out.rec.port == c.rec.port &&
 			    out.rec.owner_lease == c.rec.owner_lease &&
 			    out.rec.owner_gen == c.rec.owner_gen &&
