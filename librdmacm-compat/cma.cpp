@@ -19,6 +19,7 @@
 #include <infiniband/verbs.h>
 
 #include "../providers/loop/config.h"
+#include "../providers/loop/thread_start.h"
 #include "../providers/loop/transport/rocev2/cm_mad.h"
 #include "../providers/loop/transport/rocev2/wire.h"
 
@@ -2032,7 +2033,7 @@ int ensure_started_locked()
 		g.ep = epoll_create1(EPOLL_CLOEXEC);
 		if (g.ep < 0)
 			return errno;
-		std::thread(cm_thread).detach();
+		loop::start_detached(cm_thread); // Returns once it runs (thread_start.h)
 		atexit(linger_cm_at_exit);
 	}
 	return 0;

@@ -85,10 +85,12 @@ inline constexpr size_t kMaxMaps = 256;
 inline constexpr uint64_t kGidCacheNs = 1000ULL * 1000 * 1000;
 
 // ---- Moving bytes (transport/loop/xfer.h) ----
-// Writes above kRelaxedMinBytes into a relaxed-ordering MR are placed in
-// chunks of kRelaxedChunk, last chunk first.
+// Writes of kRelaxedMinBytes or more into a relaxed-ordering MR place
+// their last kRelaxedChunk bytes first, then the rest in address order
+// (relaxed_copy, xfer.h).
 inline constexpr size_t kRelaxedMinBytes = 64 * 1024;
 inline constexpr size_t kRelaxedChunk = 16 * 1024;
+static_assert(kRelaxedChunk <= kRelaxedMinBytes, "relaxed_copy's tail lies within the write");
 
 // ---- The service copy path (transport/loop/service.cpp) ----
 // A requester spins this many looks at its request's state, then sleeps
