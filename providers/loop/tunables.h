@@ -91,6 +91,10 @@ inline constexpr uint64_t kGidCacheNs = 1000ULL * 1000 * 1000;
 inline constexpr size_t kRelaxedMinBytes = 64 * 1024;
 inline constexpr size_t kRelaxedChunk = 16 * 1024;
 static_assert(kRelaxedChunk <= kRelaxedMinBytes, "relaxed_copy's tail lies within the write");
+// Without relaxed ordering, a write's last kOrderedTail bytes are stored
+// after the rest (ordered_copy, xfer.h): a poller of the last byte sees the
+// whole message.  A cache line.
+inline constexpr size_t kOrderedTail = 64;
 
 // ---- The service copy path (transport/loop/service.cpp) ----
 // A requester spins this many looks at its request's state, then sleeps

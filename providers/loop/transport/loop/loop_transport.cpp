@@ -1142,11 +1142,11 @@ bool express_enabled()
 		if (!w.is_inline)
 			memo_keep(qp, w, p);
 		express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
-	} else if (relaxed && len >= kRelaxedMinBytes && (src + len <= dst || dst + len <= src)) {
-		relaxed_copy(dst, src, len, true); // Within this process
+	} else if (src + len <= dst || dst + len <= src) {
+		relaxed_copy(dst, src, len, relaxed); // Within this process
 		express_note(qp, SV_LEASE_EXPRESS_USED);
 	} else {
-		memmove(dst, src, len); // Within this process
+		memmove(dst, src, len); // Within this process, overlapping
 		express_note(qp, SV_LEASE_EXPRESS_USED);
 	}
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};

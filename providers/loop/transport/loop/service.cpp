@@ -7,6 +7,7 @@
 
 #include "loop.h"
 #include "queue_geom.h"
+#include "xfer.h"
 
 #include <atomic>
 #include <cerrno>
@@ -111,13 +112,23 @@ void serve(service *s)
 			// unmapped by the application (ODP), which must not crash us.
 			iovec mine{reinterpret_cast<void *>(addr), len};
 			iovec buf{r->bounce, len};
+			// A WRITE's last kOrderedTail bytes in an iovec of their own,
+			// copied after the rest (ordered_copy, xfer.h).
+			iovec parts[2] = {mine, {}};
+			int nparts = 1;
+			if (op == SV_SVC_WRITE && len > kOrderedTail) {
+				parts[0].iov_len = len - kOrderedTail;
+				parts[1] = {reinterpret_cast<void *>(addr + len - kOrderedTail), kOrderedTail};
+				nparts = 2;
+			}
 			ssize_t n = op == SV_SVC_WRITE
-					    ? process_vm_writev(getpid(), &buf, 1, &mine, 1, 0)
+					    ? process_vm_writev(getpid(), &buf, 1, parts, nparts, 0)
 					    : process_vm_readv(getpid(), &buf, 1, &mine, 1, 0);
 			if (n < 0 && errno == EPERM) {
 				// Even our own pid refused: the data is ours to touch.
 				if (op == SV_SVC_WRITE)
-					memcpy(mine.iov_base, buf.iov_base, len);
+					ordered_copy(static_cast<char *>(mine.iov_base),
+						     static_cast<const char *>(buf.iov_base), len);
 				else
 					memcpy(buf.iov_base, mine.iov_base, len);
 				n = static_cast<ssize_t>(len);

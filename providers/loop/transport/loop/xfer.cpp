@@ -270,18 +270,24 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 			ro = 0;
 		}
 	}
-	if (relaxed && dir == xfer_dir::to_peer && total >= kRelaxedMinBytes) {
-		// The target allowed any placement order: its last kRelaxedChunk
-		// bytes first, then the rest in order (relaxed_copy, xfer.h).  The
-		// same system calls as in-order placement, and code that wrongly
+	bool tail_first = relaxed && total >= kRelaxedMinBytes;
+	if (dir == xfer_dir::to_peer && (tail_first || (!relaxed && total > kOrderedTail))) {
+		// The order a poller of the last byte can see.  Relaxed ordering
+		// (the target allowed any): its last kRelaxedChunk bytes first,
+		// then the rest in order (relaxed_copy, xfer.h), with the same
+		// system calls as in-order placement, so that code that wrongly
 		// polls the last byte fails here, not on the first NIC that
 		// reorders.  (It placed every 16 KiB chunk last first: a backward
-		// walk that held 1 MiB WRITEs to about 0.7 of a memcpy.)
+		// walk that held 1 MiB WRITEs to about 0.7 of a memcpy.)  Without
+		// it: the last kOrderedTail bytes in a piece of their own, after
+		// the rest (ordered_copy): one more iovec of the same system call,
+		// or one more memcpy.
 		pieces fwd;
 		for (size_t i = first; i < ps.size(); i++)
 			fwd.push_back(ps[i]);
 		ps.shrink(first);
-		size_t tail = kRelaxedChunk, k = fwd.size();
+		size_t want = tail_first ? kRelaxedChunk : kOrderedTail;
+		size_t tail = want, k = fwd.size();
 		while (tail && k) { // The pieces (or the piece's end) holding the tail
 			const piece &q = fwd[k - 1];
 			if (q.len > tail)
@@ -289,17 +295,29 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 			tail -= q.len;
 			k--;
 		}
-		if (tail && k) {
-			const piece &q = fwd[k - 1];
-			ps.push_back({q.local + q.len - tail, q.remote + q.len - tail, tail, q.kind, q.dir, q.cma});
-		}
-		for (size_t i = k; i < fwd.size(); i++)
-			ps.push_back(fwd[i]);
-		for (size_t i = 0; i < k; i++) {
-			const piece &q = fwd[i];
-			size_t n = i + 1 == k ? q.len - tail : q.len;
-			if (n)
-				ps.push_back({q.local, q.remote, n, q.kind, q.dir, q.cma});
+		auto push_tail = [&] {
+			if (tail && k) {
+				const piece &q = fwd[k - 1];
+				ps.push_back({q.local + q.len - tail, q.remote + q.len - tail, tail, q.kind,
+					      q.dir, q.cma});
+			}
+			for (size_t i = k; i < fwd.size(); i++)
+				ps.push_back(fwd[i]);
+		};
+		auto push_head = [&] {
+			for (size_t i = 0; i < k; i++) {
+				const piece &q = fwd[i];
+				size_t n = i + 1 == k ? q.len - tail : q.len;
+				if (n)
+					ps.push_back({q.local, q.remote, n, q.kind, q.dir, q.cma});
+			}
+		};
+		if (tail_first) {
+			push_tail();
+			push_head();
+		} else {
+			push_head();
+			push_tail();
 		}
 	}
 	return total;

@@ -11,6 +11,7 @@
 
 #include "tunables.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -86,14 +87,37 @@ int xfer_moves(pid_t pid, bool self, const tp_move *ops, size_t n, size_t *done)
 // message fails here, not on the first NIC that reorders, and the bulk
 // still streams at memcpy's rate.  relaxed_copy is that order for memory
 // mapped here; add_pieces (xfer.cpp) makes the same order of pieces.
+//
+// Without relaxed ordering, a WRITE's last kOrderedTail bytes are stored
+// after all of its other bytes (ordered_copy): a poller that sees its last
+// byte sees the whole message (docs/memory.md).  A single memcpy does not
+// give that: glibc's copy of 256 bytes to 2 KiB (and of 256 KiB) on this
+// machine's AVX-512 path stores the end before parts of the body
+// (tests/unit/test_relaxed.cpp watches the order).  On x86 stores become
+// visible in program order; the release fence keeps the compiler (and a
+// weaker machine) from moving the tail's stores above the body's.
+inline void ordered_copy(char *dst, const char *src, size_t len)
+{
+	if (len <= kOrderedTail) {
+		memcpy(dst, src, len);
+		return;
+	}
+	size_t head = len - kOrderedTail;
+	memcpy(dst, src, head);
+	std::atomic_thread_fence(std::memory_order_release);
+	memcpy(dst + head, src + head, kOrderedTail);
+}
+
 inline void relaxed_copy(char *dst, const char *src, size_t len, bool relaxed)
 {
-	if (relaxed && len >= kRelaxedMinBytes) {
+	if (!relaxed) {
+		ordered_copy(dst, src, len);
+	} else if (len >= kRelaxedMinBytes) {
 		size_t head = len - kRelaxedChunk;
 		memcpy(dst + head, src + head, kRelaxedChunk);
 		memcpy(dst, src, head);
 	} else {
-		memcpy(dst, src, len);
+		memcpy(dst, src, len); // Any order is the target's to accept
 	}
 }
 
