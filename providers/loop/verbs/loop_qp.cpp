@@ -666,7 +666,9 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 		}
 		if (xrc_recv)
 			q.xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd)->handle;
-		q.in_use = 1;
+		// Published with release: a reader that loads in_use with
+		// acquire sees every field above.
+		std::atomic_ref<uint32_t>(q.in_use).store(1, std::memory_order_release);
 		qp->slot = slot;
 		qp->qpn = ((gen & SV_QPN_SLOT_MASK) << SV_QPN_SLOT_BITS) | slot;
 		return true;

@@ -55,7 +55,13 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 		return false;
 	memcpy(&out.rec, &q, sizeof(q));
 	std::atomic_thread_fence(std::memory_order_acquire);
-	if ((out.rec.generation & SV_QPN_SLOT_MASK) != (qpn >> SV_QPN_SLOT_BITS) || !out.rec.in_use)
+	// The generation and in_use read again after the copy: a destroy and a
+	// new QP in the slot during the copy could tear it (the old QP's
+	// generation beside the new QP's fields).  See find_qp_cached.
+	if ((out.rec.generation & SV_QPN_SLOT_MASK) != (qpn >> SV_QPN_SLOT_BITS) || !out.rec.in_use ||
+	    std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) !=
+		    out.rec.generation ||
+	    !std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed))
 		return false;
 	out.lid = port_lid(r, out.rec.device, out.rec.port);
 	if (!eth && out.lid != dlid)
@@ -1146,7 +1152,9 @@ bool express_enabled()
 		relaxed_copy(dst, src, len, relaxed); // Within this process
 		express_note(qp, SV_LEASE_EXPRESS_USED);
 	} else {
-		memmove(dst, src, len); // Within this process, overlapping
+		// Within this process, source and target overlapping: memmove's
+		// result, in memmove's order (docs/memory.md).
+		memmove(dst, src, len);
 		express_note(qp, SV_LEASE_EXPRESS_USED);
 	}
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};

@@ -344,6 +344,11 @@ int service_xfer(pid_t pid, const iovec *local, int nl, const iovec *remote, int
 	for (int ri = 0; ri < nr && !err; ri++) {
 		char *rbase = static_cast<char *>(remote[ri].iov_base);
 		size_t rlen = remote[ri].iov_len;
+		// Adjacent remote iovecs go as one request: a WRITE's last
+		// kOrderedTail bytes come in an iovec of their own (add_pieces),
+		// and the service thread stores them last itself.
+		while (ri + 1 < nr && static_cast<char *>(remote[ri + 1].iov_base) == rbase + rlen)
+			rlen += remote[++ri].iov_len;
 		for (size_t ro = 0; ro < rlen && !err;) {
 			size_t chunk = std::min<size_t>(rlen - ro, SV_SVC_BOUNCE);
 			if (dir == xfer_dir::to_peer) {

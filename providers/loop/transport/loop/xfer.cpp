@@ -271,7 +271,30 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 		}
 	}
 	bool tail_first = relaxed && total >= kRelaxedMinBytes;
-	if (dir == xfer_dir::to_peer && (tail_first || (!relaxed && total > kOrderedTail))) {
+	// Source and target overlapping within this process (pieces copied by
+	// memmove, not the kernel): the pieces keep their order and their
+	// length, and each gives memmove's result; a split or a reorder would
+	// copy bytes another piece of this WRITE wrote already.
+	bool overlap = false;
+	if (dir == xfer_dir::to_peer) {
+		const char *llo = nullptr, *lhi = nullptr, *rlo = nullptr, *rhi = nullptr;
+		for (size_t i = first; i < ps.size(); i++) {
+			const piece &q = ps[i];
+			if (q.cma)
+				continue;
+			if (!llo || q.local < llo)
+				llo = q.local;
+			if (!lhi || q.local + q.len > lhi)
+				lhi = q.local + q.len;
+			if (!rlo || q.remote < rlo)
+				rlo = q.remote;
+			if (!rhi || q.remote + q.len > rhi)
+				rhi = q.remote + q.len;
+		}
+		overlap = llo && llo < rhi && rlo < lhi;
+	}
+	if (dir == xfer_dir::to_peer && !overlap &&
+	    (tail_first || (!relaxed && total > kOrderedTail))) {
 		// The order a poller of the last byte can see.  Relaxed ordering
 		// (the target allowed any): its last kRelaxedChunk bytes first,
 		// then the rest in order (relaxed_copy, xfer.h), with the same
