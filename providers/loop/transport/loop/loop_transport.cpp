@@ -1176,8 +1176,20 @@ tp_liveness lt_alive(loop_qp *qp, uint32_t qpn, bool reap)
 		return rocev2_transport_ops.alive(qp, qpn, reap);
 	fabric &fab = *qp->ctx->fab;
 	const sv_qp_rec &pr = fab.reg()->qps[qpn & SV_QPN_SLOT_MASK];
-	tp_liveness l{fab.lease_alive(pr.owner_lease, pr.owner_gen),
-		      static_cast<uint8_t>(pr.min_rnr_timer & 31)};
+	// The QP qpn names, not whichever QP holds its slot now: a record of
+	// another generation (or none) is a responder that is gone.  The
+	// generation and in_use again after the owner, as find_qp reads them.
+	uint32_t in_use = std::atomic_ref<const uint32_t>(pr.in_use).load(std::memory_order_acquire);
+	uint32_t gen = std::atomic_ref<const uint32_t>(pr.generation).load(std::memory_order_relaxed);
+	uint32_t lease = std::atomic_ref<const uint32_t>(pr.owner_lease).load(std::memory_order_relaxed);
+	uint32_t lgen = std::atomic_ref<const uint32_t>(pr.owner_gen).load(std::memory_order_relaxed);
+	auto rnr = static_cast<uint8_t>(
+		std::atomic_ref<const uint8_t>(pr.min_rnr_timer).load(std::memory_order_relaxed) & 31);
+	std::atomic_thread_fence(std::memory_order_acquire);
+	bool same = in_use && (gen & SV_QPN_SLOT_MASK) == (qpn >> SV_QPN_SLOT_BITS) &&
+		    std::atomic_ref<const uint32_t>(pr.generation).load(std::memory_order_relaxed) == gen &&
+		    std::atomic_ref<const uint32_t>(pr.in_use).load(std::memory_order_relaxed);
+	tp_liveness l{same && fab.lease_alive(lease, lgen), rnr};
 	if (reap || !l.alive)
 		fab.reap_dead();
 	return l;

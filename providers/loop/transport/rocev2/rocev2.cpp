@@ -2180,8 +2180,13 @@ pid_t qp_owner(uint32_t qpn)
 	uint32_t in_use = __atomic_load_n(&q.in_use, __ATOMIC_ACQUIRE);
 	uint32_t gen = __atomic_load_n(&q.generation, __ATOMIC_RELAXED);
 	uint32_t lease = __atomic_load_n(&q.owner_lease, __ATOMIC_RELAXED);
+	// The generation again after the owner: a destroy and a new QP in the
+	// slot between the two loads would pair this QPN with the new QP's
+	// owner (which would drop the packet, but need not get it).
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	if (!in_use || (gen & SV_QPN_SLOT_MASK) != (qpn >> SV_QPN_SLOT_BITS) ||
-	    lease >= SV_MAX_PROCS)
+	    lease >= SV_MAX_PROCS || __atomic_load_n(&q.generation, __ATOMIC_RELAXED) != gen ||
+	    !__atomic_load_n(&q.in_use, __ATOMIC_RELAXED))
 		return 0;
 	auto pid = static_cast<pid_t>(__atomic_load_n(&r->leases[lease].pid, __ATOMIC_RELAXED));
 	return pid > 0 && pid != getpid() ? pid : 0;
