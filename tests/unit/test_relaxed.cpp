@@ -18,9 +18,12 @@ using loop::relaxed_copy;
 
 namespace {
 
-char *g_page;			   // The protected first page of the target
-const char *g_tail_dst, *g_tail_src; // The last kRelaxedChunk bytes, target and source
-volatile sig_atomic_t g_faults, g_tail_landed;
+// The watch a test sets before a copy: the protected page, and the range of
+// the target (with its source) compared when the copy first stores there.
+char *g_page;
+const char *g_cmp_dst, *g_cmp_src;
+size_t g_cmp_len;
+volatile sig_atomic_t g_faults, g_landed;
 
 void on_segv(int, siginfo_t *si, void *)
 {
@@ -28,8 +31,51 @@ void on_segv(int, siginfo_t *si, void *)
 	if (a < g_page || a >= g_page + 4096)
 		_exit(70); // Not the fault this test set up
 	g_faults = g_faults + 1;
-	g_tail_landed = memcmp(g_tail_dst, g_tail_src, loop::kRelaxedChunk) == 0;
+	g_landed = memcmp(g_cmp_dst, g_cmp_src, g_cmp_len) == 0;
 	mprotect(g_page, 4096, PROT_READ | PROT_WRITE);
+}
+
+struct Observed {
+	bool one_fault = false; // The copy stored into the protected page, once
+	bool landed = false;    // The compared range held the source's bytes then
+	bool whole = false;     // The target equals the source afterwards
+};
+
+// Copies len bytes with copy into a zeroed target that starts lead bytes
+// into a fresh mapping, the page at target offset prot (a page boundary of
+// the mapping) write-protected; reports whether target bytes [cmp, cmp +
+// cmp_len) had landed at the first store into that page.
+template <typename F>
+Observed observe(size_t len, size_t lead, size_t prot, size_t cmp, size_t cmp_len, F copy)
+{
+	size_t map = ((lead + len + 4095) / 4096 + 1) * 4096;
+	auto *m = static_cast<char *>(
+		mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+	EXPECT_NE(m, MAP_FAILED);
+	memset(m, 0, map); // Every byte differs from the source's at first
+	char *dst = m + lead;
+	std::vector<char> src(len);
+	for (size_t i = 0; i < len; i++)
+		src[i] = static_cast<char>(i * 7 + 1);
+	g_page = dst + prot;
+	g_cmp_dst = dst + cmp;
+	g_cmp_src = src.data() + cmp;
+	g_cmp_len = cmp_len;
+	g_faults = 0;
+	g_landed = 0;
+	struct sigaction sa = {}, old = {};
+	sa.sa_sigaction = on_segv;
+	sa.sa_flags = SA_SIGINFO;
+	sigaction(SIGSEGV, &sa, &old);
+	mprotect(g_page, 4096, PROT_READ);
+	copy(dst, src.data(), len);
+	sigaction(SIGSEGV, &old, nullptr);
+	Observed o;
+	o.one_fault = g_faults == 1;
+	o.landed = g_landed;
+	o.whole = memcmp(dst, src.data(), len) == 0;
+	munmap(m, map);
+	return o;
 }
 
 struct Order {
@@ -39,35 +85,23 @@ struct Order {
 };
 
 // Copies len bytes with relaxed_copy into a target whose first page faults
-// once, and reports what had landed at that fault.
+// once, and reports whether its last kRelaxedChunk bytes had landed then.
 Order copy_observed(size_t len, bool relaxed)
 {
-	size_t map = (len + 4095) & ~size_t{4095};
-	auto *dst = static_cast<char *>(
-		mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-	EXPECT_NE(dst, MAP_FAILED);
-	std::vector<char> src(len);
-	for (size_t i = 0; i < len; i++)
-		src[i] = static_cast<char>(i * 7 + 1);
-	memset(dst, 0, map); // Every byte differs from the source's at first
-	g_page = dst;
-	g_tail_dst = dst + len - loop::kRelaxedChunk;
-	g_tail_src = src.data() + len - loop::kRelaxedChunk;
-	g_faults = 0;
-	g_tail_landed = 0;
-	struct sigaction sa = {}, old = {};
-	sa.sa_sigaction = on_segv;
-	sa.sa_flags = SA_SIGINFO;
-	sigaction(SIGSEGV, &sa, &old);
-	mprotect(dst, 4096, PROT_READ);
-	relaxed_copy(dst, src.data(), len, relaxed);
-	sigaction(SIGSEGV, &old, nullptr);
-	Order o;
-	o.fault_seen = g_faults == 1;
-	o.tail_first = g_tail_landed;
-	o.whole = memcmp(dst, src.data(), len) == 0;
-	munmap(dst, map);
-	return o;
+	Observed r = observe(len, 0, 0, len - loop::kRelaxedChunk, loop::kRelaxedChunk,
+			     [relaxed](char *d, const char *s, size_t n) { relaxed_copy(d, s, n, relaxed); });
+	return {r.one_fault, r.landed, r.whole};
+}
+
+// Copies len bytes with copy into a target whose last kOrderedTail bytes
+// start a write-protected page; true when everything before them had
+// landed at the first store into that page (and the copy is whole).
+template <typename F> bool body_before_tail(size_t len, F copy)
+{
+	size_t head = len - loop::kOrderedTail;
+	size_t lead = (head + 4095) / 4096 * 4096 - head;
+	Observed r = observe(len, lead, head, 0, head, copy);
+	return r.one_fault && r.landed && r.whole;
 }
 
 } // namespace
@@ -97,59 +131,6 @@ TEST(RelaxedCopy, OrderedAndSmallWritesLandInAddressOrder)
 	EXPECT_FALSE(o.tail_first);
 	EXPECT_TRUE(o.whole);
 }
-
-namespace {
-
-char *g_tail_page;    // The protected page, which holds the last kOrderedTail bytes
-const char *g_body_dst, *g_body_src;
-size_t g_body_len;
-volatile sig_atomic_t g_tail_faults, g_body_landed;
-
-void on_tail_segv(int, siginfo_t *si, void *)
-{
-	char *a = static_cast<char *>(si->si_addr);
-	if (a < g_tail_page || a >= g_tail_page + 4096)
-		_exit(71);
-	g_tail_faults = g_tail_faults + 1;
-	g_body_landed = memcmp(g_body_dst, g_body_src, g_body_len) == 0;
-	mprotect(g_tail_page, 4096, PROT_READ | PROT_WRITE);
-}
-
-// Copies len bytes with copy into a target whose last kOrderedTail bytes
-// start a write-protected page; true when everything before them had
-// landed at the first store into that page (and the copy is whole).
-template <typename F> bool body_before_tail(size_t len, F copy)
-{
-	size_t head = len - loop::kOrderedTail;
-	size_t pages = (head + 4095) / 4096;
-	size_t map = (pages + 2) * 4096;
-	auto *m = static_cast<char *>(
-		mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-	EXPECT_NE(m, MAP_FAILED);
-	memset(m, 0, map);
-	char *dst = m + pages * 4096 - head;
-	std::vector<char> src(len);
-	for (size_t i = 0; i < len; i++)
-		src[i] = static_cast<char>(i * 7 + 1);
-	g_tail_page = m + pages * 4096;
-	g_body_dst = dst;
-	g_body_src = src.data();
-	g_body_len = head;
-	g_tail_faults = 0;
-	g_body_landed = 0;
-	struct sigaction sa = {}, old = {};
-	sa.sa_sigaction = on_tail_segv;
-	sa.sa_flags = SA_SIGINFO;
-	sigaction(SIGSEGV, &sa, &old);
-	mprotect(g_tail_page, 4096, PROT_READ);
-	copy(dst, src.data(), len);
-	sigaction(SIGSEGV, &old, nullptr);
-	bool ok = g_tail_faults == 1 && g_body_landed && memcmp(dst, src.data(), len) == 0;
-	munmap(m, map);
-	return ok;
-}
-
-} // namespace
 
 // A WRITE without relaxed ordering stores its last bytes after all of the
 // others, at every size: a poller that sees the last byte sees the whole

@@ -29,6 +29,15 @@ namespace loop {
 
 namespace {
 
+// Whether QP record q still holds the QP of generation gen: read after a
+// copy (or loads) of its fields and an acquire fence, so that fields a
+// destroy and a new QP in the slot tore are not taken for that QP's.
+inline bool qp_rec_still(const sv_qp_rec &q, uint32_t gen)
+{
+	return std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) &&
+	       std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) == gen;
+}
+
 uint16_t port_lid(sv_registry *r, uint32_t dev, uint8_t port)
 {
 	if (dev >= SV_MAX_DEVICES || port < 1 || port > SV_MAX_PORTS)
@@ -59,9 +68,7 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 	// new QP in the slot during the copy could tear it (the old QP's
 	// generation beside the new QP's fields).  See find_qp_cached.
 	if ((out.rec.generation & SV_QPN_SLOT_MASK) != (qpn >> SV_QPN_SLOT_BITS) || !out.rec.in_use ||
-	    std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) !=
-		    out.rec.generation ||
-	    !std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed))
+	    !qp_rec_still(q, out.rec.generation))
 		return false;
 	out.lid = port_lid(r, out.rec.device, out.rec.port);
 	if (!eth && out.lid != dlid)
@@ -105,9 +112,7 @@ bool port_is_eth(sv_registry *r, uint32_t dev, uint8_t port)
 			// QP in the slot tore (its generation from before, its other
 			// fields from the new QP) is not taken for the old QP.
 			if (out.rec.in_use && out.rec.generation == c.rec.generation &&
-			    std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) ==
-				    c.rec.generation &&
-			    std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) &&
+			    qp_rec_still(q, c.rec.generation) &&
 			    out.rec.device == c.rec.device && out.rec.port == c.rec.port &&
 			    out.rec.owner_lease == c.rec.owner_lease &&
 			    out.rec.owner_gen == c.rec.owner_gen &&
@@ -735,9 +740,7 @@ void memo_peer_keep(loop_qp *qp, loop_qp::peer_memo &pm, const peer &p)
 	}
 	std::atomic_thread_fence(std::memory_order_acquire);
 	const sv_lease &l = r->leases[pm.owner_lease];
-	return std::atomic_ref<const uint32_t>(q.in_use).load(std::memory_order_relaxed) &&
-	       std::atomic_ref<const uint32_t>(q.generation).load(std::memory_order_relaxed) == gen &&
-	       gen == pm.gen && lease == pm.owner_lease && ogen == pm.owner_gen && type == pm.type &&
+	return qp_rec_still(q, gen) && gen == pm.gen && lease == pm.owner_lease && ogen == pm.owner_gen && type == pm.type &&
 	       port == pm.port_now && (st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD) &&
 	       (acc & need) == need &&
 	       (!rcq || (cq.slot == rcq->slot && cq.gen == rcq->gen)) &&
@@ -1187,8 +1190,7 @@ tp_liveness lt_alive(loop_qp *qp, uint32_t qpn, bool reap)
 		std::atomic_ref<const uint8_t>(pr.min_rnr_timer).load(std::memory_order_relaxed) & 31);
 	std::atomic_thread_fence(std::memory_order_acquire);
 	bool same = in_use && (gen & SV_QPN_SLOT_MASK) == (qpn >> SV_QPN_SLOT_BITS) &&
-		    std::atomic_ref<const uint32_t>(pr.generation).load(std::memory_order_relaxed) == gen &&
-		    std::atomic_ref<const uint32_t>(pr.in_use).load(std::memory_order_relaxed);
+		    qp_rec_still(pr, gen);
 	tp_liveness l{same && fab.lease_alive(lease, lgen), rnr};
 	if (reap || !l.alive)
 		fab.reap_dead();
