@@ -79,7 +79,15 @@ bool registered(service &s, uint64_t addr, uint64_t len, bool write)
 	bool found = false;
 	for (uint32_t i = 1; i < SV_MAX_MRS; i++) {
 		const sv_mr_rec &m = r->mrs[i];
-		if (m.state == SV_MR_FREE || m.owner_lease != s.lease)
+		// The state first, with acquire, as covered() reads it: this
+		// thread scans while the application's threads register (a
+		// record being filled reads as free until its state is stored
+		// after its fields), and a plain load of a word that others
+		// store atomically is a data race (the TSan run of the service
+		// path's tests named this scan).
+		if (std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_acquire) ==
+			    SV_MR_FREE ||
+		    m.owner_lease != s.lease)
 			continue;
 		s.my_mrs.push_back(i);
 		found = found || covered(m, s.lease, addr, len, write);
