@@ -55,6 +55,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -2761,9 +2762,18 @@ void rocev2_device_open(loop_context *lctx)
 		return;
 	}
 	w.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	w.up = true;
 	w.n = &lctx->fab->reg()->wire[lctx->dev->index][0];
-	start_detached(receive_loop);
+	// Up only with its receive thread: a wire without one would send
+	// and never hear an answer.  (Tried once, as the sockets are.)
+	try {
+		start_detached(receive_loop);
+	} catch (const std::system_error &e) {
+		fprintf(stderr, "softverbs: rocev2: no receive thread for port %u (%s): this "
+				"process reaches no other host\n",
+			w.port, e.what());
+		return;
+	}
+	w.up = true;
 	atexit(linger_at_exit);
 }
 
