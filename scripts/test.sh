@@ -21,8 +21,9 @@
 # cores; each lane prints its time.  Measured on a 2-core machine shared by
 # eight builds (so, high): asan about 20 min to build from scratch and 6 min
 # to test, tsan about 10 min to build and under a minute to run its unit
-# tests, then about 4 min for its pytest files.  The asan lane's pyverbs run leaves out the long soak and stress
-# tests and most of the perftest matrix (the default pair of each tool
+# tests, then about 4 min for its pytest files.  The asan lane's pyverbs
+# run leaves out the long soak and stress tests and most of the perftest
+# matrix (the default pair of each tool
 # stays; the whole matrix is another 5 min under ASan); `--full` runs them.
 # Exits non-zero on any failure, and also when no test ran at all; the last
 # lines are scripts/test-summary.py's over the normal lane.
@@ -141,14 +142,23 @@ lane_tsan() {
 	TSAN_OPTIONS=$topts meson test -C "$tsandir" --no-rebuild --print-errorlogs --num-processes 2 \
 		--suite unit || status=1
 	/usr/bin/python3 scripts/test-summary.py "$tsandir" unit || status=1
-	# A race in a child makes it exit 66 (halt_on_error), which its test
-	# reads as a failure.
-	local files=() d
+	# A race in a child makes it exit 66 (halt_on_error), which most tests
+	# read as a failure; every report also goes to a file of its own, and
+	# any such file fails the lane (a test that only reads a child's
+	# output, or kills it, would not notice the exit status).
+	local files=() d logs
 	for f in $tsan_files; do files+=("pyverbs-tests/$f"); done
 	d=$(cd "$tsandir" && pwd) || return 1
-	TSAN_OPTIONS=$topts SOFTVERBS_BUILD_DIR=$d PYTHONPATH=$d/tools \
+	logs=$d/meson-logs/tsan-pytest
+	rm -rf "$logs" && mkdir -p "$logs" || return 1
+	TSAN_OPTIONS="$topts:log_path=$logs/tsan" SOFTVERBS_BUILD_DIR=$d PYTHONPATH=$d/tools \
 		PYTHONDONTWRITEBYTECODE=1 timeout 2400 /usr/bin/python3 -m pytest -q -ra -p no:cacheprovider \
 		-k "$tsan_skip" "${files[@]}" || status=1
+	if compgen -G "$logs/tsan.*" >/dev/null; then
+		echo "ThreadSanitizer reports under $logs:" >&2
+		cat "$logs"/tsan.* >&2
+		status=1
+	fi
 	return $status
 }
 
