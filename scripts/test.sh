@@ -16,7 +16,8 @@
 #           lifetimes, soak, stress, several CQs, events, remap), built
 #           with TSan and run against the TSan-built library: the
 #           library's own threads (progress, service, engine) beside the
-#           application's                                       build-ci-tsan
+#           application's; and Debian's rdma_cm tools with TSan's runtime
+#           preloaded (the CM thread, rsockets)                 build-ci-tsan
 # CI runs `bash scripts/test.sh`: every lane, within its 90 minutes on 2
 # cores; each lane prints its time.  Measured on a 2-core machine shared by
 # eight builds (so, high): asan about 20 min to build from scratch and 6 min
@@ -124,6 +125,9 @@ lane_asan() {
 # runtime preloaded, and no pyverbs: Python cannot dlopen TSan's runtime,
 # "cannot allocate memory in static TLS block").
 tsan_files="test_lifetimes.py test_soak.py test_stress.py test_multicq.py test_cq_events.py test_remap.py"
+# And Debian's rdma_cm tools (rping, ucmatose, udaddy, rstream) with TSan's
+# runtime preloaded into them only (test_tsan_tools.py; it skips elsewhere).
+tsan_files+=" test_tsan_tools.py"
 # Left out: fork after threads (TSan refuses it: "starting new threads
 # after multi-threaded fork is not supported"), and the two multicq cases
 # whose poller and sender are threads of one process: the sender reaches
@@ -151,7 +155,10 @@ lane_tsan() {
 	d=$(cd "$tsandir" && pwd) || return 1
 	logs=$d/meson-logs/tsan-pytest
 	rm -rf "$logs" && mkdir -p "$logs" || return 1
+	local rt
+	rt=$(gcc -print-file-name=libtsan.so) || return 1
 	TSAN_OPTIONS="$topts:log_path=$logs/tsan" SOFTVERBS_BUILD_DIR=$d PYTHONPATH=$d/tools \
+		SOFTVERBS_TSAN_PRELOAD=$rt \
 		PYTHONDONTWRITEBYTECODE=1 timeout 2400 /usr/bin/python3 -m pytest -q -ra -p no:cacheprovider \
 		-k "$tsan_skip" "${files[@]}" || status=1
 	if compgen -G "$logs/tsan.*" >/dev/null; then

@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: MIT
+"""Debian's rdma_cm tools through a ThreadSanitizer build of our libraries.
+
+The tsan lane (scripts/test.sh) runs this file with SOFTVERBS_TSAN_PRELOAD
+naming TSan's runtime: the tools are not built with TSan, so the runtime is
+preloaded into each of them (and only them: neither Python nor a shell can
+load it).  Our libibverbs and librdmacm are, so their threads (the CM
+thread, the progress thread, rsockets' own) are watched beside the tools'.
+A report in either process fails the case, as does a wrong exit.  Outside
+that lane the cases skip: a build without TSan has nothing to watch.
+"""
+import glob
+import os
+import random
+import shutil
+
+import pytest
+
+from test_rdmacm import cm_listening, pair
+
+TSAN = os.environ.get("SOFTVERBS_TSAN_PRELOAD", "")
+
+pytestmark = pytest.mark.skipif(not TSAN, reason="the tsan lane's case (SOFTVERBS_TSAN_PRELOAD)")
+
+
+@pytest.fixture
+def tsan_env(env, build_dir, tmp_path):
+    e = dict(env)
+    e["LD_LIBRARY_PATH"] = f"{build_dir / 'libibverbs-compat'}:{build_dir / 'librdmacm-compat'}"
+    e["LD_PRELOAD"] = TSAN
+    logs = tmp_path / "tsan"
+    logs.mkdir()
+    supp = os.path.join(os.path.dirname(__file__), "..", "tests", "sanitize", "tsan.supp")
+    e["TSAN_OPTIONS"] = (f"halt_on_error=1:history_size=7:suppressions={os.path.abspath(supp)}:"
+                         f"log_path={logs}/tsan")
+    yield e
+    reports = sorted(glob.glob(f"{logs}/tsan.*"))
+    if reports:
+        text = "\n".join(open(r, errors="replace").read() for r in reports)
+        pytest.fail(f"ThreadSanitizer reports:\n{text}", pytrace=False)
+
+
+def run_pair(server, client, env, port):
+    for tool in (server[0], client[0]):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} not installed")
+    (src, sout), (crc, cout) = pair(server, client, env, lambda: cm_listening(port), timeout=120)
+    assert crc == 0, f"{client[0]} client exited {crc}:\n{cout}\nserver:\n{sout}"
+    assert src == 0, f"{server[0]} server exited {src}:\n{sout}\nclient:\n{cout}"
+    return sout, cout
+
+
+def test_rping_verify(tsan_env):
+    """200 RDMA READ/WRITE round trips, each buffer compared by rping -V."""
+    port = random.randint(20000, 40000)
+    _, cout = run_pair(["rping", "-s", "-a", "127.0.0.1", "-p", str(port), "-C", "200", "-V"],
+                       ["rping", "-c", "-a", "127.0.0.1", "-p", str(port), "-C", "200", "-V", "-v"],
+                       tsan_env, port)
+    assert cout.count("ping data:") == 200
+
+
+def test_ucmatose(tsan_env):
+    """Two connections, 50 SENDs each way on each, then disconnects."""
+    port = random.randint(20000, 40000)
+    _, cout = run_pair(["ucmatose", "-p", str(port), "-c", "2", "-C", "50"],
+                       ["ucmatose", "-s", "127.0.0.1", "-p", str(port), "-c", "2", "-C", "50"],
+                       tsan_env, port)
+    assert "test complete" in cout
+
+
+def test_udaddy(tsan_env):
+    """UD: address handles from the CM, SENDs each way (udaddy's own port,
+    7174: its -p names a port space; CM ports are the fabric's own)."""
+    _, cout = run_pair(["udaddy"], ["udaddy", "-s", "127.0.0.1"], tsan_env, 7174)
+    assert "test complete" in cout
+
+
+def test_rstream(tsan_env):
+    """rsockets: 200 transfers of 4 KiB each way."""
+    port = random.randint(20000, 40000)
+    _, cout = run_pair(["rstream", "-p", str(port), "-S", "4096", "-C", "200"],
+                       ["rstream", "-s", "127.0.0.1", "-p", str(port), "-S", "4096", "-C", "200"],
+                       tsan_env, port)
+    assert "4k" in cout
