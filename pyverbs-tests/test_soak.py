@@ -3,7 +3,8 @@
 connected, random SEND, WRITE, READ, fetch-add and compare-and-swap of
 random sizes, some QPs sharing CQs; every byte and every counter checked.
 30 s on the default path (remapped registrations), 10 s with remapping off
-(cross-memory attach), 10 s through the service-copy path.  The seed is
+(cross-memory attach), 10 s through the service-copy path, and 10 s on
+each path with one process after another stopped for 200 ms.  The seed is
 printed: `sv_soak -n 4 -t 30 -S SEED` repeats each process's choices.
 scripts/soak.sh runs the same program for longer."""
 import re
@@ -24,10 +25,12 @@ def soak(build_dir):
     return p
 
 
-def run_soak(soak, env, procs, secs, seed=None):
+def run_soak(soak, env, procs, secs, seed=None, freeze_ms=0):
     argv = [str(soak), "-n", str(procs), "-t", str(secs)]
     if seed is not None:
         argv += ["-S", str(seed)]
+    if freeze_ms:
+        argv += ["-F", str(freeze_ms)]
     # The program kills its processes a minute past the end; this is the backstop
     p = svtest.run(argv, env, timeout=secs + 150)
     text = f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
@@ -61,8 +64,23 @@ def test_soak_remap_off_10s(soak, env):
     run_soak(soak, env, 4, 10)
 
 
+@pytest.mark.parametrize("path", ["default", "service-copy"])
+def test_soak_frozen_peers_10s(soak, env, path):
+    """Peers stopped (SIGSTOP) for 200 ms at a time, one after another, in
+    the middle of the traffic: the others' operations wait for them, and
+    nothing fails, is lost or is torn.  The default path copies into a
+    stopped peer by itself; the service-copy path waits for the peer's
+    service thread to run again."""
+    if path == "service-copy":
+        env["SOFTVERBS_CMA"] = "0"
+    p, _ = run_soak(soak, env, 3, 10, freeze_ms=200)
+    m = re.search(r"FREEZES (\d+) of 200 ms", p.stdout)
+    assert m and int(m.group(1)) >= 5, p.stdout
+
+
 def test_soak_bad_arguments(soak, env):
-    for args in (["-n", "1"], ["-n", "17"], ["-t", "0"], ["-t", "x"]):
+    for args in (["-n", "1"], ["-n", "17"], ["-t", "0"], ["-t", "x"], ["-F", "0"],
+                 ["-F", "9999"]):
         p = svtest.run([str(soak)] + args, env, timeout=30)
         assert p.returncode != 0 and "SOAK OK" not in p.stdout, args
         assert p.stderr.strip(), args

@@ -2,8 +2,11 @@
 /* Soak: N processes, RC fully connected, random SEND, WRITE, READ and
  * atomics of random sizes for a given time, every byte checked.
  *
- *   sv_soak [-n procs] [-t seconds] [-S seed] [-d dev]
+ *   sv_soak [-n procs] [-t seconds] [-S seed] [-d dev] [-F freeze_ms]
  *
+ * -F: the parent stops one process at a time for freeze_ms (SIGSTOP, then
+ * SIGCONT; svmp.h's freezer), so its peers' operations meet a peer that
+ * does not run: they may take longer, never fail or lose a byte.
  * Every process has one RC QP to every other.  Per QP, with up to WINDOW
  * work requests in flight, it draws an operation:
  *   SEND         size 0..64 KiB (biased to small) drawn from (stream, seq),
@@ -556,7 +559,7 @@ int main(int argc, char **argv)
 {
 	svmp_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
 	int c;
-	while ((c = getopt(argc, argv, "n:t:S:d:")) != -1) {
+	while ((c = getopt(argc, argv, "n:t:S:d:F:")) != -1) {
 		switch (c) {
 		case 'n':
 			nprocs = (int)svmp_parse_u64(optarg, "process count");
@@ -574,16 +577,24 @@ int main(int argc, char **argv)
 		case 'd':
 			dev = optarg;
 			break;
+		case 'F':
+			svmp_freeze_ms = (int)svmp_parse_u64(optarg, "freeze ms");
+			if (svmp_freeze_ms < 1 || svmp_freeze_ms > 5000)
+				FAIL("freeze %d ms out of 1..5000", svmp_freeze_ms);
+			break;
 		default:
-			fprintf(stderr,
-				"usage: sv_soak [-n procs] [-t seconds] [-S seed] [-d dev]\n");
+			fprintf(stderr, "usage: sv_soak [-n procs] [-t seconds] [-S seed] [-d dev] "
+					"[-F freeze_ms]\n");
 			return 2;
 		}
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	printf("SEED %llu procs %d seconds %d\n", (unsigned long long)svmp_seed, nprocs, secs);
 	int bad = svmp_run(nprocs, secs * 1000 + 60000, child, 0);
-	printf("SOAK %s seed=%llu (rerun: sv_soak -n %d -t %d -S %llu)\n", bad ? "FAILED" : "OK",
-	       (unsigned long long)svmp_seed, nprocs, secs, (unsigned long long)svmp_seed);
+	char fz[32] = "";
+	if (svmp_freeze_ms)
+		snprintf(fz, sizeof(fz), " -F %d", svmp_freeze_ms);
+	printf("SOAK %s seed=%llu (rerun: sv_soak -n %d -t %d -S %llu%s)\n", bad ? "FAILED" : "OK",
+	       (unsigned long long)svmp_seed, nprocs, secs, (unsigned long long)svmp_seed, fz);
 	return bad ? 1 : 0;
 }

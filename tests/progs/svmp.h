@@ -307,6 +307,12 @@ static inline void svmp_hold_point(void)
 /* Runs child(i) in n processes; returns 0 if all exit 0 within ms.  With
  * hold, once all are done the parent prints HOLDING and waits for a line on
  * stdin before it lets them exit. */
+/* svmp_run's freezer: with svmp_freeze_ms > 0 the parent stops one running
+ * child at a time (SIGSTOP) for that long, then lets it go on (SIGCONT),
+ * then waits svmp_freeze_gap_ms before the next: a peer that is descheduled
+ * or stopped in a debugger must cost time, never a message or an error. */
+static int svmp_freeze_ms, svmp_freeze_gap_ms = 300;
+
 static inline int svmp_run(int n, int ms, void (*child)(int), int hold)
 {
 	if (n < 1 || n > SVMP_MAXP)
@@ -338,7 +344,25 @@ static inline int svmp_run(int n, int ms, void (*child)(int), int hold)
 		status[i] = -1;
 	uint64_t end = svt_now_ms() + ms, grace = 0;
 	int held = 0;
+	int frozen = -1, freezes = 0;
+	uint64_t thaw = 0, next_freeze = svt_now_ms() + (uint64_t)svmp_freeze_gap_ms;
+	uint64_t fz = svmp_seed ^ 0xf7eeeULL;
 	while (left) {
+		if (svmp_freeze_ms > 0) {
+			uint64_t t = svt_now_ms();
+			if (frozen >= 0 && (t >= thaw || status[frozen] != -1 || bad)) {
+				kill(pid[frozen], SIGCONT);
+				frozen = -1;
+				next_freeze = t + (uint64_t)svmp_freeze_gap_ms;
+			} else if (frozen < 0 && !bad && t >= next_freeze) {
+				int i = (int)(svmp_rand(&fz) % (uint64_t)n);
+				if (status[i] == -1 && kill(pid[i], SIGSTOP) == 0) {
+					frozen = i;
+					freezes++;
+					thaw = t + (uint64_t)svmp_freeze_ms;
+				}
+			}
+		}
 		if (hold && !held && !bad && atomic_load(&svmp_b->done) == (uint32_t)n) {
 			/* Every child is done and keeps its device open: let the
 			 * harness look at the live processes, then release them. */
@@ -369,6 +393,8 @@ static inline int svmp_run(int n, int ms, void (*child)(int), int hold)
 		uint64_t now = svt_now_ms();
 		if (now > end || (grace && now > grace)) {
 			timed_out = now > end;
+			if (frozen >= 0)
+				kill(pid[frozen], SIGCONT);
 			for (int i = 0; i < n; i++)
 				if (status[i] == -1)
 					kill(pid[i], SIGKILL);
@@ -387,6 +413,8 @@ static inline int svmp_run(int n, int ms, void (*child)(int), int hold)
 		}
 		usleep(5000);
 	}
+	if (svmp_freeze_ms > 0)
+		printf("FREEZES %d of %d ms\n", freezes, svmp_freeze_ms);
 	for (int i = 0; i < n; i++) {
 		int st = status[i];
 		if (st == -2)
