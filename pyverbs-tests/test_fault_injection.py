@@ -28,6 +28,7 @@ import os
 import random
 import re
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -319,3 +320,55 @@ def test_stray_writes(sv_fault, env, fabric, seg, region):
     lost = any(res[i]["sent"] > res[1 - i]["recv_ok"] + res[1 - i]["bad_data"] for i in (0, 1))
     if (seg, region) not in UNDETECTABLE:
         assert reported or not lost, f"messages lost with nothing reported:\n{out}"
+
+
+def test_atomic_stripe_of_a_stopped_holder_is_not_taken(env, fabric):
+    """A process stopped (SIGSTOP, a debugger) while it holds one of the
+    fabric's atomic stripe locks still holds it: a waiter must not take it
+    over after the 2 s that a running holder gets (its word copy and the
+    waiter's would interleave when it ran again).  Every stripe is made to
+    name a stopped process; ib_atomic_bw's FETCH_ADDs wait past those 2 s
+    with every stripe still the holder's (a stripe taken over is released
+    to 0 after its one operation), and go on once the holder is gone."""
+    if not shutil.which("ib_atomic_bw"):
+        pytest.skip("ib_atomic_bw not installed")
+    holder = subprocess.Popen(["sleep", "120"])
+    procs = [holder]
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        port = str(random.randint(20000, 40000))
+        srv = subprocess.Popen(["ib_atomic_bw", "-d", "loop0", "-p", port, "-n", "200"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(srv)
+        reg = registry_path(fabric)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(reg):
+            assert srv.poll() is None and time.monotonic() < deadline, srv.stdout.read()
+            time.sleep(0.02)
+        time.sleep(0.5)  # Listening on its TCP port
+        with open(reg, "r+b") as f:
+            f.seek(L["reg.atomic_locks"])
+            f.write(holder.pid.to_bytes(4, "little") * L["atomic_locks"])
+        cli = subprocess.Popen(["ib_atomic_bw", "-d", "loop0", "-p", port, "-n", "200",
+                                "localhost"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        procs.append(cli)
+        time.sleep(4.5)
+        with open(reg, "rb") as f:
+            f.seek(L["reg.atomic_locks"])
+            words = f.read(4 * L["atomic_locks"])
+        taken = sum(1 for i in range(0, len(words), 4)
+                    if int.from_bytes(words[i:i + 4], "little") != holder.pid)
+        assert taken == 0 and cli.poll() is None, \
+            f"{taken} stripes taken from a stopped holder in 4.5 s"
+        holder.kill()  # Gone: its stripes are taken over at once
+        holder.wait()
+        out, _ = cli.communicate(timeout=60)
+        assert cli.returncode == 0, out
+        sout, _ = srv.communicate(timeout=60)
+        assert srv.returncode == 0, sout
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -135,8 +135,8 @@ inline constexpr size_t kNullChunk = 1 << 16;
 // The fabric's striped atomic locks (loop_transport.cpp, atomic_guard): a
 // waiter yields after kAtomicSpins tries, checks the holder every
 // kAtomicCheckEvery tries (a power of two), and takes over a lock that
-// has named the same process for kAtomicTakeoverNs (a stray write, or a
-// holder stopped in a debugger).
+// has named the same running process for kAtomicTakeoverNs (a stray write;
+// a stopped holder still holds).
 inline constexpr uint64_t kAtomicSpins = 64;
 inline constexpr uint64_t kAtomicCheckEvery = 0x1000;
 inline constexpr uint64_t kAtomicTakeoverNs = 2ULL * 1000 * 1000 * 1000;

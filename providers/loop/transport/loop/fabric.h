@@ -61,6 +61,9 @@ public:
 
 	static std::string registry_name(const std::string &fabric_name);
 	static uint64_t process_start_time(pid_t pid);
+	// Whether process pid is stopped (SIGSTOP, or a tracer's stop): it
+	// will run again, so what it holds is still held.
+	static bool process_stopped(pid_t pid);
 
 private:
 	int attach(int fd, std::string &error);

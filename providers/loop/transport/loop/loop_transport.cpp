@@ -1277,9 +1277,12 @@ atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
 			return;
 		// The word is in shared memory: a value no pid can have is a stray
 		// write, taken over at once.  A holder stays inside for two word
-		// copies; one that died, or a value that has named the same process
-		// for 2 s (a stray write naming a live process, or a holder stopped
-		// in a debugger) is taken over too: never a wait without end.
+		// copies; one that died, or a value that has named the same running
+		// process for 2 s (a stray write naming a live process) is taken
+		// over too.  A holder that is stopped (SIGSTOP, a debugger) still
+		// holds, as the registry lock's does: taken from it, its word copy
+		// and ours would interleave when it runs again, and a FETCH_ADD
+		// would lose an addend.  The wait lasts as long as the stop.
 		bool broken = expect >= kPidMaxLimit;
 		if (!broken && (spins & (kAtomicCheckEvery - 1)) == kAtomicCheckEvery - 1) {
 			uint64_t now = now_ns();
@@ -1287,8 +1290,9 @@ atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
 				seen = expect;
 				since = now;
 			}
-			broken = (kill(static_cast<pid_t>(expect), 0) && errno == ESRCH) ||
-				 now - since > kAtomicTakeoverNs;
+			auto holder = static_cast<pid_t>(expect);
+			broken = (kill(holder, 0) && errno == ESRCH) ||
+				 (now - since > kAtomicTakeoverNs && !fabric::process_stopped(holder));
 		}
 		if (broken && w.compare_exchange_strong(expect, me, std::memory_order_acquire))
 			return;
