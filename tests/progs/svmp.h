@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #define SVMP_MAXP 16
@@ -325,7 +326,7 @@ static inline int svmp_run(int n, int ms, void (*child)(int), int hold)
 	svmp_b->hold = hold;
 	fflush(stdout);
 	fflush(stderr);
-	pid_t pid[SVMP_MAXP];
+	pid_t pid[SVMP_MAXP], parent = getpid();
 	for (int i = 0; i < n; i++) {
 		pid[i] = fork();
 		CHECK(pid[i] >= 0);
@@ -333,6 +334,14 @@ static inline int svmp_run(int n, int ms, void (*child)(int), int hold)
 			svmp_me = i;
 			/* Our own bound, beyond the parent's, should the parent die */
 			svt_watchdog(ms / 1000 + 30);
+			/* A child the freezer stopped hears no alarm: should the
+			 * parent die meanwhile (killed by a harness's timeout), the
+			 * kernel's SIGKILL ends it, stopped or not. */
+			if (svmp_freeze_ms > 0) {
+				prctl(PR_SET_PDEATHSIG, SIGKILL);
+				if (getppid() != parent)
+					_exit(1); /* It died before the prctl */
+			}
 			child(i);
 			fflush(stdout);
 			svmp_hold_point();

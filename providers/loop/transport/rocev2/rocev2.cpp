@@ -53,6 +53,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <random>
 #include <set>
 #include <system_error>
@@ -2764,13 +2765,27 @@ void rocev2_device_open(loop_context *lctx)
 	w.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	w.n = &lctx->fab->reg()->wire[lctx->dev->index][0];
 	// Up only with its receive thread: a wire without one would send
-	// and never hear an answer.  (Tried once, as the sockets are.)
+	// and never hear an answer.  Without one, its sockets go too: a port
+	// it owned would hold the host's other processes' packets with nobody
+	// to read or forward them, and they take the port over only once it
+	// is free.  (Tried once, as the sockets are.)
+	const char *why = nullptr;
 	try {
 		start_detached(receive_loop);
 	} catch (const std::system_error &e) {
+		why = e.what();
+	} catch (const std::bad_alloc &) {
+		why = "out of memory";
+	}
+	if (why) {
 		fprintf(stderr, "softverbs: rocev2: no receive thread for port %u (%s): this "
 				"process reaches no other host\n",
-			w.port, e.what());
+			w.port, why);
+		for (int *fd : {&w.fd4, &w.fd6, &w.efd4, &w.efd6, &w.ufd, &w.wake_fd}) {
+			if (*fd >= 0)
+				close(*fd);
+			*fd = -1;
+		}
 		return;
 	}
 	w.up = true;
