@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 11
+#define SV_ABI_VERSION 12
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -794,14 +794,21 @@ SV_STATIC_ASSERT(SV_SQ_MIN_STRIDE % SV_CACHELINE == 0, "slots are whole cache li
  * to do it, through a bounce buffer here.  One request at a time:
  *
  * Requester: take `lock` (CAS 0 -> own pid; a dead holder's lock is taken
- * over); fill req (and bounce, for a write); store state = POSTED with
- * release; FUTEX_WAKE on state.  Wait (spin, then FUTEX_WAIT with a timeout
- * that checks the peer's lease) for state == DONE (acquire); read status
- * (and bounce, for a read); store state = IDLE; release `lock`.
- * Service thread: wait for state == POSTED (acquire); check that
- * [addr, addr + len) lies inside one of its own registered MRs with the
- * rights the op needs; copy; store status, then state = DONE with release;
- * FUTEX_WAKE on state.
+ * over); wait while state == SERVING (a request an earlier requester gave
+ * up on, which the service still holds); fill req (and bounce, for a
+ * write); store state = POSTED with release; FUTEX_WAKE on state.  Wait
+ * (spin, then FUTEX_WAIT with a timeout that checks the peer's lease) for
+ * state == DONE (acquire); read status (and bounce, for a read); store
+ * state = IDLE; release `lock`.  Giving up on a live peer that does not
+ * answer: CAS state POSTED -> IDLE withdraws the request, which then never
+ * runs; if the CAS finds SERVING, the request runs (or is running), and
+ * the state stays SERVING, so no requester touches req or bounce until the
+ * service stores DONE.
+ * Service thread: wait for state == POSTED (acquire); claim the request
+ * with CAS POSTED -> SERVING (a withdrawn one is not claimed); read req;
+ * check that [addr, addr + len) lies inside one of its own registered MRs
+ * with the rights the op needs; copy; store status, then state = DONE with
+ * release; FUTEX_WAKE on state.
  */
 #define SV_SVC_BOUNCE (256 * 1024)
 
@@ -809,6 +816,7 @@ enum sv_svc_state {
 	SV_SVC_IDLE = 0,
 	SV_SVC_POSTED = 1,
 	SV_SVC_DONE = 2,
+	SV_SVC_SERVING = 3, /* Claimed by the service: req and bounce are its */
 };
 
 enum sv_svc_op {

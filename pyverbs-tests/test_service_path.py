@@ -142,3 +142,104 @@ def test_perftest_read_write_atomic_through_service(env, softverbs, fabric):
         assert "#bytes" in out, out
     slots = lease_paths(softverbs, env, fabric)
     assert any("service-copy" in l for l in slots), slots
+
+
+# A receiver stopped (SIGSTOP, a debugger) stops its service thread too; a
+# requester gives up on a live peer that has not served a request in
+# kServiceGiveUpNs (10 s).  tests/progs/sv_stuck, with remapping off so that
+# nothing reaches the receiver's memory except through its service.
+IBV_WC_SUCCESS, IBV_WC_LOC_QP_OP_ERR, IBV_WC_WR_FLUSH_ERR, IBV_WC_REM_OP_ERR = 0, 2, 5, 11
+IBV_QPS_RTS, IBV_QPS_ERR = 3, 6
+
+
+def stuck_fields(line, tag):
+    assert line.startswith(tag + " "), line
+    return dict(f.split("=", 1) for f in line.split()[1:])
+
+
+@pytest.mark.parametrize("op", ["send", "write_imm"])
+def test_stopped_receiver_fails_the_message_visibly(env, build_dir, op):
+    """A SEND or WRITE WITH IMM whose receiver stays stopped past the
+    service's 10 s: its receive WQE was taken, so a retry would take the
+    next one and leave this one consumed with no completion (WRITE WITH
+    IMM did: two WQEs gone per message, the sender ending in
+    RETRY_EXC_ERR).  Instead the receive completes in error
+    (LOC_QP_OP_ERR), the receiver's QP fails and flushes the rest, each
+    WQE completing once, and the sender gets REM_OP_ERR after one wait;
+    no byte reached the receiver's memory (the request was withdrawn before
+    its service took it)."""
+    env = dict(env, SOFTVERBS_CMA="0", SOFTVERBS_REMAP="0")
+    p = subprocess.run([str(build_dir / "tests" / "progs" / "sv_stuck"), op], env=env,
+                       capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    lines = p.stdout.splitlines()
+    s = stuck_fields(next(l for l in lines if l.startswith("SENDER")), "SENDER")
+    r = stuck_fields(next(l for l in lines if l.startswith("RECEIVER")), "RECEIVER")
+    assert int(s["status"]) == IBV_WC_REM_OP_ERR, lines
+    assert 9 <= int(s["secs"]) < 30, lines  # One 10 s wait, not one per retry
+    assert int(s["qp"]) == IBV_QPS_ERR, lines
+    want = [f"0:{IBV_WC_LOC_QP_OP_ERR}"] + [f"{i}:{IBV_WC_WR_FLUSH_ERR}" for i in (1, 2, 3)]
+    assert r["wc"].split(",") == want, lines
+    assert int(r["qp"]) == IBV_QPS_ERR, lines
+    assert r["untouched"] == "1", lines
+
+
+def test_a_request_the_service_holds_is_waited_out(env, build_dir, fabric, tmp_path):
+    """A request the service thread has claimed (SERVING: it was stopped in
+    the middle of one a requester gave up on) owns the ring's fields and
+    bounce buffer until it is DONE.  The test marks every service segment
+    SERVING with fields of its own before the sender's SEND, checks after
+    3 s that nobody rewrote them, then marks them DONE: the SEND goes on
+    and lands whole.  (Before the SERVING state, a requester that gave up
+    freed the ring, and the next one rewrote the bounce buffer under a
+    service that was still copying out of it into the first one's
+    address.)"""
+    import softverbs_fabric
+    from test_fault_injection import queue_segments
+    L = softverbs_fabric.layout()
+    go = tmp_path / "go"
+    env = dict(env, SOFTVERBS_CMA="0", SOFTVERBS_REMAP="0", SV_STUCK_GO=str(go))
+    proc = Proc([build_dir / "tests" / "progs" / "sv_stuck", "held"], env)
+    try:
+        assert proc.line(30) == "CONNECTED"
+        segs = [path for path, _ in queue_segments(fabric, L["OBJ_SVC"])]
+        assert len(segs) == 2, segs
+        mine = (0x5eed0001).to_bytes(4, "little")  # op, status: none a requester writes
+        fields = {"svc.op": mine, "svc.status": mine,
+                  "svc.addr": (0x1234567).to_bytes(8, "little"),
+                  "svc.len": (777).to_bytes(8, "little")}
+        SERVING, DONE = 3, 2
+
+        def put(path, off, data):
+            with open(path, "r+b") as f:
+                f.seek(off)
+                f.write(data)
+
+        for path in segs:
+            for k, v in fields.items():
+                put(path, L[k], v)
+            put(path, L["svc.state"], SERVING.to_bytes(4, "little"))
+        go.touch()
+        time.sleep(3)
+        for path in segs:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(L["svc.len"] + 8)
+            except FileNotFoundError:
+                pytest.fail("the run ended: the SEND did not wait for the request "
+                            "its peer's service holds")
+            for k, v in fields.items():
+                assert data[L[k]:L[k] + len(v)] == v, (path, k)
+            assert int.from_bytes(data[L["svc.state"]:L["svc.state"] + 4], "little") == SERVING
+        for path in segs:
+            put(path, L["svc.state"], DONE.to_bytes(4, "little"))
+        s = stuck_fields(proc.line(60), "SENDER")
+        assert int(s["status"]) == IBV_WC_SUCCESS, s
+        assert 2 <= int(s["secs"]) < 10, s
+        r = stuck_fields(proc.line(60), "RECEIVER")
+        assert r["wc"] == f"0:{IBV_WC_SUCCESS}" and r["data_ok"] == "1", r
+        assert int(r["qp"]) == IBV_QPS_RTS, r
+        rc, err = proc.finish(60)
+        assert rc == 0, err
+    finally:
+        proc.kill()

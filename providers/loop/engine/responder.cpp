@@ -73,6 +73,24 @@ sv_cqe recv_cqe(const peer &p, const tp_request &r, uint64_t wr_id)
 	return e;
 }
 
+// A target that lives but did not take a message's bytes in time (the
+// loop transport's service copy path, its thread stopped or stuck: move's
+// and post_cqe's ETIMEDOUT), after its receive WQE was taken.  A retry
+// would take the next WQE and leave this one consumed with no completion,
+// so the receive completes in error (LOC_QP_OP_ERR), the responder's QP
+// fails (QP_FATAL: flushing the rest) and the requester hears a remote
+// operational error.  Nothing moved that the receiver is told of.
+tp_answer stuck_target(const transport_ops &t, loop_qp *qp, const peer &p, sv_cqe &rcv, bool uc)
+{
+	rcv.status = IBV_WC_LOC_QP_OP_ERR;
+	rcv.wc_flags = 0;
+	rcv.byte_len = 0;
+	t.post_cqe(qp, p, rcv, false, nullptr);
+	if (!uc)
+		t.responder_error(qp, p, IBV_EVENT_QP_FATAL);
+	return nak(IBV_WC_REM_OP_ERR);
+}
+
 [[gnu::hot]] tp_answer respond_send(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r,
 		       const sv_recv_wqe *wqe, uint32_t pdn)
 {
@@ -109,12 +127,12 @@ sv_cqe recv_cqe(const peer &p, const tp_request &r, uint64_t wr_id)
 		tp_payload d{&lb, wqe, riov.data(), static_cast<int>(riov.size())};
 		rcv.status = IBV_WC_SUCCESS;
 		perr = t.post_cqe(qp, p, rcv, solicited, &d);
-		if (perr == ESRCH || perr == ETIMEDOUT) {
+		if (perr == ESRCH) {
 			riov.clear();
 			return kLost;
 		}
-		if (perr == EFAULT) {
-			rs = IBV_WC_LOC_PROT_ERR;
+		if (perr == EFAULT || perr == ETIMEDOUT) {
+			rs = perr == EFAULT ? IBV_WC_LOC_PROT_ERR : IBV_WC_LOC_QP_OP_ERR;
 			rcv.wc_flags &= ~IBV_WC_WITH_INV;
 		}
 	}
@@ -126,7 +144,8 @@ sv_cqe recv_cqe(const peer &p, const tp_request &r, uint64_t wr_id)
 		return nak(IBV_WC_REM_OP_ERR); // Its CQ overflowed: the message is lost
 	if (rs != IBV_WC_SUCCESS) {
 		if (!uc)
-			t.responder_error(qp, p, IBV_EVENT_QP_REQ_ERR);
+			t.responder_error(qp, p, rs == IBV_WC_LOC_QP_OP_ERR ? IBV_EVENT_QP_FATAL
+									    : IBV_EVENT_QP_REQ_ERR);
 		return nak(rs == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
 	}
 	return ack(lb.len);
@@ -170,9 +189,16 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 			  lb.checked,
 			  (raccess & IBV_ACCESS_RELAXED_ORDERING) != 0};
 		int err = t.move(qp, p, &m, 1, nullptr);
-		if (err == ESRCH || err == ETIMEDOUT) {
+		if (err == ESRCH) {
 			riov.clear();
 			return kLost;
+		}
+		if (err == ETIMEDOUT) {
+			// The target lives but did not take the bytes (responder
+			// stuck: stuck_target).  The receive WQE is taken, so a
+			// retry would take another: it completes in error.
+			riov.clear();
+			return stuck_target(t, qp, p, rcv, uc);
 		}
 		if (err) {
 			// The registered range is not mapped in the target any more.

@@ -18,6 +18,10 @@
 // c_boundary.h).  Two errnos have one meaning in every call:
 //   ESRCH      the peer is gone: retry after the QP's timeout
 //   ETIMEDOUT  no answer (a lost request or response): the same
+//              (in the responder's own calls, move and post_cqe into the
+//              target: the target lives but its copy path did not take
+//              the bytes in time; nothing moved that it is told of, and
+//              the receive WQE it was for completes in error)
 #pragma once
 
 #include "loop.h"
@@ -175,8 +179,9 @@ struct transport_ops {
 	bool (*take_recv)(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf,
 			  sv_recv_wqe *&wqe, uint32_t &pdn);
 	// Publishes a completion in the peer's receive CQ, placing data first
-	// (or with it) when given.  0, ESRCH, EFAULT (data not placed: e was
-	// not published), or ENOSPC (the CQ overflowed; the peer's QP is in ERR).
+	// (or with it) when given.  0, ESRCH, EFAULT or ETIMEDOUT (data not
+	// placed: e was not published), or ENOSPC (the CQ overflowed; the
+	// peer's QP is in ERR).
 	int (*post_cqe)(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
 			const tp_payload *data);
 	// A hint as a posting call begins (under sq_lock), or null: start

@@ -629,7 +629,7 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 		  d->lb->checked,
 		  false};
 	if (int err = lt_move(qp, p, &m, 1, nullptr))
-		return err == ESRCH ? ESRCH : EFAULT;
+		return err == ESRCH || err == ETIMEDOUT ? err : EFAULT;
 	return push_peer(qp, p, e, solicited, nullptr, nullptr);
 }
 

@@ -109,6 +109,12 @@ void serve(service *s)
 			futex(&r->state, FUTEX_WAIT, st, &ts);
 			continue;
 		}
+		// Claimed first: a requester that gives up withdraws a request
+		// still POSTED (and it never runs), and leaves one SERVING alone,
+		// so that nobody rewrites req or bounce under this copy.
+		if (!word(r->state).compare_exchange_strong(st, SV_SVC_SERVING,
+							    std::memory_order_acquire))
+			continue;
 		uint64_t addr = r->addr, len = r->len;
 		uint32_t op = r->op;
 		int status = 0;
@@ -158,6 +164,17 @@ bool forced()
 	return f;
 }
 
+// Frees the ring for the next request: IDLE, unless the service holds a
+// request (SERVING: it was stopped in the middle of one a requester gave
+// up on), which it finishes with DONE, and the next requester waits out.
+void release_state(sv_svc_ring *r)
+{
+	uint32_t s = word(r->state).load(std::memory_order_acquire);
+	while (s != SV_SVC_SERVING &&
+	       !word(r->state).compare_exchange_weak(s, SV_SVC_IDLE, std::memory_order_acq_rel))
+		;
+}
+
 // Takes the requesters' lock of a peer's ring; a dead holder's is taken over.
 bool lock_ring(sv_svc_ring *r)
 {
@@ -169,7 +186,7 @@ bool lock_ring(sv_svc_ring *r)
 			return true;
 		if (holder && kill(static_cast<pid_t>(holder), 0) < 0 && errno == ESRCH &&
 		    word(r->lock).compare_exchange_strong(holder, me, std::memory_order_acquire)) {
-			word(r->state).store(SV_SVC_IDLE, std::memory_order_release);
+			release_state(r); // Its request withdrawn, unless being served
 			return true;
 		}
 		if (now_ns() - start > kPeerTimeoutNs * 5)
@@ -178,24 +195,19 @@ bool lock_ring(sv_svc_ring *r)
 	}
 }
 
-// One request, synchronous.  Returns 0, or ESRCH when the peer stopped
-// answering, or the service's status.
-int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, uint32_t op,
-	 uint64_t addr, uint64_t len)
+// Waits while the ring's state is busy or also (the service's work in
+// progress): spins, then sleeps on the futex, looking at the peer's lease
+// every kPeerTimeoutNs.  Returns 0 with st the state that ended the wait,
+// ESRCH when the peer is gone, or ETIMEDOUT when it lives but has not
+// moved the state for kServiceGiveUpNs (stopped, or stuck).
+int wait_state(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r,
+	       uint32_t busy, uint32_t also, uint32_t &st)
 {
-	r->op = op;
-	r->addr = addr;
-	r->len = len;
-	r->status = 0;
-	word(r->state).store(SV_SVC_POSTED, std::memory_order_release);
-	futex(&r->state, FUTEX_WAKE, INT_MAX, nullptr);
 	uint64_t start = now_ns(), first = start;
 	for (int i = 0;; i++) {
-		uint32_t st = word(r->state).load(std::memory_order_acquire);
-		if (st == SV_SVC_DONE)
-			break;
-		if (st != SV_SVC_POSTED)
-			return EIO; // Someone else wrote the state word: the request is lost
+		st = word(r->state).load(std::memory_order_acquire);
+		if (st != busy && st != also)
+			return 0;
 		if (i < kServiceSpinIters)
 			continue;
 		timespec ts{0, kServiceWaitNs}; // Then look again
@@ -209,6 +221,38 @@ int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, ui
 			start = now;
 		}
 	}
+}
+
+// One request, synchronous, on a ring no earlier request holds.  Returns
+// 0, or ESRCH when the peer stopped answering, or ETIMEDOUT when it lives
+// but did not serve the request in kServiceGiveUpNs (withdrawn: nothing
+// moved; or held by the service, which may still move it), or the
+// service's status.
+int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, uint32_t op,
+	 uint64_t addr, uint64_t len)
+{
+	r->op = op;
+	r->addr = addr;
+	r->len = len;
+	r->status = 0;
+	word(r->state).store(SV_SVC_POSTED, std::memory_order_release);
+	futex(&r->state, FUTEX_WAKE, INT_MAX, nullptr);
+	uint32_t st;
+	int err = wait_state(fab, peer_lease, peer_gen, r, SV_SVC_POSTED, SV_SVC_SERVING, st);
+	if (err == ETIMEDOUT) {
+		st = SV_SVC_POSTED;
+		if (word(r->state).compare_exchange_strong(st, SV_SVC_IDLE,
+							   std::memory_order_acq_rel))
+			return ETIMEDOUT; // Withdrawn: the service will not run it
+		if (st == SV_SVC_SERVING)
+			return ETIMEDOUT; // Running: the ring stays the service's
+		std::atomic_thread_fence(std::memory_order_acquire);
+		err = 0; // Finished just now: its answer below
+	}
+	if (err)
+		return err;
+	if (st != SV_SVC_DONE)
+		return EIO; // Someone else wrote the state word: the request is lost
 	// The status is the peer's word: only the answers a service gives.
 	uint32_t status = r->status;
 	return status == 0 || status == EFAULT ? static_cast<int>(status) : EIO;
@@ -345,7 +389,10 @@ int service_xfer(pid_t pid, const iovec *local, int nl, const iovec *remote, int
 	note_path(*fab, g_service->lease, SV_LEASE_SERVICE_USED);
 	if (!lock_ring(r))
 		return ESRCH;
-	int err = 0;
+	// A request an earlier requester gave up on, still in the service's
+	// hands: req and bounce are its until it is done.
+	uint32_t st;
+	int err = wait_state(*fab, lease, l.generation, r, SV_SVC_SERVING, SV_SVC_SERVING, st);
 	// Walk both lists; each request covers part of one remote iovec.
 	int li = 0;
 	size_t lo = 0;
@@ -392,7 +439,7 @@ int service_xfer(pid_t pid, const iovec *local, int nl, const iovec *remote, int
 			ro += chunk;
 		}
 	}
-	word(r->state).store(SV_SVC_IDLE, std::memory_order_release);
+	release_state(r);
 	word(r->lock).store(0, std::memory_order_release);
 	return err;
 }
