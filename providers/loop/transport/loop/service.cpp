@@ -58,13 +58,32 @@ service *g_service;
 pid_t g_service_pid; // A forked child has the pointer but not the thread
 std::mutex g_service_lock;
 
+// Whether the record m, valid, is this lease's plain MR and holds [addr,
+// addr + len) (with local write for a write).  Read as loop_mr.cpp's
+// snapshot() reads a record, a sequence lock over state and cookie: a
+// rereg (or a dereg and a new registration in the slot) by the
+// application's threads while this one looks takes the record out of
+// service first and draws a new cookie, so fields read between two equal
+// looks at both are one registration's, never an address of one and a
+// length of another.
 bool covered(const sv_mr_rec &m, uint32_t lease, uint64_t addr, uint64_t len, bool write)
 {
-	return std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_acquire) ==
-		       SV_MR_VALID &&
-	       m.owner_lease == lease && m.kind == SV_MR_KIND_MR &&
-	       (!write || (m.access & IBV_ACCESS_LOCAL_WRITE)) && addr >= m.addr &&
-	       len <= m.length && addr - m.addr <= m.length - len;
+	auto u32 = [](const uint32_t &f) {
+		return std::atomic_ref<const uint32_t>(f).load(std::memory_order_relaxed);
+	};
+	auto u64 = [](const uint64_t &f) {
+		return std::atomic_ref<const uint64_t>(f).load(std::memory_order_relaxed);
+	};
+	if (std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_acquire) != SV_MR_VALID)
+		return false;
+	uint32_t cookie = std::atomic_ref<const uint32_t>(m.cookie).load(std::memory_order_acquire);
+	uint32_t owner = u32(m.owner_lease), kind = u32(m.kind), access = u32(m.access);
+	uint64_t base = u64(m.addr), length = u64(m.length);
+	std::atomic_thread_fence(std::memory_order_acquire);
+	if (u32(m.state) != SV_MR_VALID || u32(m.cookie) != cookie)
+		return false; // Changed meanwhile: the caller looks again or refuses
+	return owner == lease && kind == SV_MR_KIND_MR && (!write || (access & IBV_ACCESS_LOCAL_WRITE)) &&
+	       addr >= base && len <= length && addr - base <= length - len;
 }
 
 // Whether [addr, addr + len) of this process lies inside one of its MRs:
@@ -87,7 +106,8 @@ bool registered(service &s, uint64_t addr, uint64_t len, bool write)
 		// path's tests named this scan).
 		if (std::atomic_ref<const uint32_t>(m.state).load(std::memory_order_acquire) ==
 			    SV_MR_FREE ||
-		    m.owner_lease != s.lease)
+		    std::atomic_ref<const uint32_t>(m.owner_lease).load(std::memory_order_relaxed) !=
+			    s.lease)
 			continue;
 		s.my_mrs.push_back(i);
 		found = found || covered(m, s.lease, addr, len, write);
