@@ -99,3 +99,40 @@ def test_rstream(tsan_env):
                        ["rstream", "-s", "127.0.0.1", "-p", str(port), "-S", "4096", "-C", "200"],
                        tsan_env, port)
     assert "4k" in cout
+
+
+# Debian's verbs tools, not rdma_cm ones: their pairs meet over TCP, and our
+# library's own threads (progress, service, a completion channel's) run
+# beside the tool's.  Short runs: TSan slows every access about tenfold.
+VERBS_TOOLS = [
+    ("ibv_rc_pingpong", ["-c", "-n", "200", "-s", "4096"]),
+    ("ibv_rc_pingpong", ["-e", "-n", "200"]),  # Completion events
+    ("ibv_srq_pingpong", ["-n", "100"]),
+    ("ibv_ud_pingpong", ["-n", "200", "-s", "1024"]),
+]
+
+
+@pytest.mark.parametrize("tool,args", VERBS_TOOLS,
+                         ids=[f"{t}{''.join(a[:1])}" for t, a in VERBS_TOOLS])
+def test_pingpong_tools(tsan_env, tool, args):
+    from test_traffic_pingpong import pingpong
+    pingpong(tsan_env, tool, args)
+
+
+PERFTEST = [
+    ("ib_send_bw", ["-n", "2000"]),
+    ("ib_send_bw", ["-e", "-n", "1000"]),  # Completion events
+    ("ib_write_bw", ["-n", "2000", "-q", "2"]),
+    ("ib_read_bw", ["-n", "1000"]),
+    ("ib_atomic_bw", ["-n", "1000"]),
+    ("ib_send_lat", ["-n", "1000"]),
+]
+
+
+@pytest.mark.parametrize("tool,args", PERFTEST,
+                         ids=[f"{t}{''.join(a[:1])}" for t, a in PERFTEST])
+def test_perftest_tools(tsan_env, tool, args):
+    from test_service_path import perftest_pair
+    assert shutil.which(tool), f"{tool} not installed (perftest)"
+    out = perftest_pair(tsan_env, tool, args)
+    assert "#bytes" in out, out
