@@ -136,3 +136,22 @@ def test_perftest_tools(tsan_env, tool, args):
     assert shutil.which(tool), f"{tool} not installed (perftest)"
     out = perftest_pair(tsan_env, tool, args)
     assert "#bytes" in out, out
+
+
+@pytest.mark.parametrize("tool,args", [("ibv_rc_pingpong", ["-c", "-n", "100", "-s", "65536"]),
+                                       ("ib_write_bw", ["-n", "500", "-s", "65536"]),
+                                       ("ib_read_bw", ["-n", "500", "-s", "65536"])],
+                         ids=["rc_pingpong", "ib_write_bw", "ib_read_bw"])
+def test_service_path_tools(tsan_env, softverbs, fabric, tool, args):
+    """The same through the service copy path (SOFTVERBS_CMA=0, remapping
+    off): each side's service thread copies for the other's requests."""
+    from test_service_path import assert_all_service, perftest_pair
+    env = dict(tsan_env, SOFTVERBS_CMA="0", SOFTVERBS_REMAP="0")
+    if tool == "ibv_rc_pingpong":
+        from test_traffic_pingpong import pingpong
+        pingpong(env, tool, args)
+    else:
+        assert "#bytes" in perftest_pair(env, tool, args)
+    show_env = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "TSAN_OPTIONS")}
+    assert_all_service(softverbs, show_env, fabric, used="all" if tool == "ibv_rc_pingpong"
+                       else "any")
