@@ -11,6 +11,8 @@ WRITE and atomics, each verified).  Debian's unmodified ibv_rc_pingpong and
 perftest also run through the service path, as smoke tests of the tools:
 they check completions and byte counts, not data (perftest has no data
 check at all; rc_pingpong's -c looks at one byte per page)."""
+import os
+import signal
 import subprocess
 
 from test_traffic_pingpong import checked_pingpong, free_port, listening, pingpong
@@ -150,95 +152,153 @@ def test_perftest_read_write_atomic_through_service(env, softverbs, fabric):
 # nothing reaches the receiver's memory except through its service.
 IBV_WC_SUCCESS, IBV_WC_LOC_QP_OP_ERR, IBV_WC_WR_FLUSH_ERR, IBV_WC_REM_OP_ERR = 0, 2, 5, 11
 IBV_QPS_RTS, IBV_QPS_ERR = 3, 6
+SERVING, DONE, IDLE = 3, 2, 0
 
 
 def stuck_fields(line, tag):
     assert line.startswith(tag + " "), line
-    return dict(f.split("=", 1) for f in line.split()[1:])
+    return dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
 
 
-@pytest.mark.parametrize("op", ["send", "write_imm"])
-def test_stopped_receiver_fails_the_message_visibly(env, build_dir, op):
+def stuck_env(env, tmp_path):
+    return dict(env, SOFTVERBS_CMA="0", SOFTVERBS_REMAP="0", SV_STUCK_GO=str(tmp_path / "go"))
+
+
+@pytest.mark.parametrize("op,senders", [("send", 1), ("write_imm", 1), ("write_imm", 3)])
+def test_stopped_receiver_fails_the_message_visibly(env, build_dir, op, senders):
     """A SEND or WRITE WITH IMM whose receiver stays stopped past the
     service's 10 s: its receive WQE was taken, so a retry would take the
     next one and leave this one consumed with no completion (WRITE WITH
     IMM did: two WQEs gone per message, the sender ending in
     RETRY_EXC_ERR).  Instead the receive completes in error
     (LOC_QP_OP_ERR), the receiver's QP fails and flushes the rest, each
-    WQE completing once, and the sender gets REM_OP_ERR after one wait;
-    no byte reached the receiver's memory (the request was withdrawn before
-    its service took it)."""
-    env = dict(env, SOFTVERBS_CMA="0", SOFTVERBS_REMAP="0")
-    p = subprocess.run([str(build_dir / "tests" / "progs" / "sv_stuck"), op], env=env,
-                       capture_output=True, text=True, timeout=150)
+    WQE completing once, and the sender gets REM_OP_ERR.  With three
+    senders on three QPs into the one stopped process, those queued on its
+    service ring's lock behind the first end the same way (the lock's wait
+    used to end in "peer gone", so a retry, and a lost WQE).  No byte
+    reached the receiver's memory."""
+    p = subprocess.run([str(build_dir / "tests" / "progs" / "sv_stuck"), op, str(senders)],
+                       env=dict(env, SOFTVERBS_CMA="0", SOFTVERBS_REMAP="0"),
+                       capture_output=True, text=True, timeout=200)
     assert p.returncode == 0, (p.stdout, p.stderr)
     lines = p.stdout.splitlines()
-    s = stuck_fields(next(l for l in lines if l.startswith("SENDER")), "SENDER")
+    sent = [stuck_fields(l, "SENDER") for l in lines if l.startswith("SENDER")]
+    assert len(sent) == senders, lines
+    for s in sent:
+        assert int(s["status"]) == IBV_WC_REM_OP_ERR, lines
+        assert 9 <= int(s["secs"]) < 35, lines  # Waits, not one per retry
+        assert int(s["qp"]) == IBV_QPS_ERR, lines
     r = stuck_fields(next(l for l in lines if l.startswith("RECEIVER")), "RECEIVER")
-    assert int(s["status"]) == IBV_WC_REM_OP_ERR, lines
-    assert 9 <= int(s["secs"]) < 30, lines  # One 10 s wait, not one per retry
-    assert int(s["qp"]) == IBV_QPS_ERR, lines
-    want = [f"0:{IBV_WC_LOC_QP_OP_ERR}"] + [f"{i}:{IBV_WC_WR_FLUSH_ERR}" for i in (1, 2, 3)]
-    assert r["wc"].split(",") == want, lines
-    assert int(r["qp"]) == IBV_QPS_ERR, lines
+    want = sorted(f"{100 * q + i}:{IBV_WC_LOC_QP_OP_ERR if i == 0 else IBV_WC_WR_FLUSH_ERR}"
+                  for q in range(1, senders + 1) for i in range(4))
+    assert sorted(r["wc"].split(",")) == want, lines
+    assert r["qp"] == ",".join([str(IBV_QPS_ERR)] * senders), lines
     assert r["untouched"] == "1", lines
 
 
-def test_a_request_the_service_holds_is_waited_out(env, build_dir, fabric, tmp_path):
-    """A request the service thread has claimed (SERVING: it was stopped in
-    the middle of one a requester gave up on) owns the ring's fields and
-    bounce buffer until it is DONE.  The test marks every service segment
-    SERVING with fields of its own before the sender's SEND, checks after
-    3 s that nobody rewrote them, then marks them DONE: the SEND goes on
-    and lands whole.  (Before the SERVING state, a requester that gave up
-    freed the ring, and the next one rewrote the bounce buffer under a
-    service that was still copying out of it into the first one's
-    address.)"""
-    import softverbs_fabric
+def svc_rings(fabric, L):
+    """(path, owner pid) of the fabric's service rings."""
     from test_fault_injection import queue_segments
-    L = softverbs_fabric.layout()
-    go = tmp_path / "go"
-    env = dict(env, SOFTVERBS_CMA="0", SOFTVERBS_REMAP="0", SV_STUCK_GO=str(go))
-    proc = Proc([build_dir / "tests" / "progs" / "sv_stuck", "held"], env)
+    out = []
+    for path, _ in queue_segments(fabric, L["OBJ_SVC"]):
+        with open(path, "rb") as f:
+            hdr = f.read(L["q.hdr_size"])
+        out.append((path, int.from_bytes(hdr[L["q.owner_pid"]:L["q.owner_pid"] + 4], "little")))
+    return out
+
+
+def ring_put(path, off, data):
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(data)
+
+
+def ring_word(path, off, n=4):
     try:
-        assert proc.line(30) == "CONNECTED"
-        segs = [path for path, _ in queue_segments(fabric, L["OBJ_SVC"])]
-        assert len(segs) == 2, segs
-        mine = (0x5eed0001).to_bytes(4, "little")  # op, status: none a requester writes
-        fields = {"svc.op": mine, "svc.status": mine,
-                  "svc.addr": (0x1234567).to_bytes(8, "little"),
-                  "svc.len": (777).to_bytes(8, "little")}
-        SERVING, DONE = 3, 2
+        with open(path, "rb") as f:
+            f.seek(off)
+            return int.from_bytes(f.read(n), "little")
+    except FileNotFoundError:
+        pytest.fail(f"{path} is gone: the run ended early")
 
-        def put(path, off, data):
-            with open(path, "r+b") as f:
-                f.seek(off)
-                f.write(data)
 
-        for path in segs:
-            for k, v in fields.items():
-                put(path, L[k], v)
-            put(path, L["svc.state"], SERVING.to_bytes(4, "little"))
-        go.touch()
+def test_a_request_the_service_holds_is_waited_out(env, build_dir, fabric, tmp_path):
+    """A request the service thread has claimed (SERVING: the thread was
+    stopped in the middle of one a requester gave up on) owns the ring's
+    fields and bounce buffer until it is DONE.  With the receiver stopped,
+    the test marks its ring SERVING with fields of its own, checks after
+    3 s of the sender's SEND waiting that nobody rewrote them, then marks it
+    DONE and lets the receiver go on: the SEND lands whole.  (Before the
+    SERVING state, a requester that gave up freed the ring, and the next
+    one refilled the bounce buffer under a service that, once resumed,
+    went on copying out of it into the first one's address.)"""
+    import softverbs_fabric
+    L = softverbs_fabric.layout()
+    env = stuck_env(env, tmp_path)
+    proc = Proc([build_dir / "tests" / "progs" / "sv_stuck", "held"], env)
+    rx = None
+    try:
+        line = proc.line(30)
+        assert line.startswith("STOPPED "), line
+        rx = int(line.split()[1])
+        rings = [path for path, pid in svc_rings(fabric, L) if pid == rx]
+        assert len(rings) == 1, svc_rings(fabric, L)
+        ring = rings[0]
+        fields = {"svc.op": 0x5eed0001, "svc.status": 0x5eed0002, "svc.addr": 0x1234567,
+                  "svc.len": 777}
+        size = {"svc.op": 4, "svc.status": 4, "svc.addr": 8, "svc.len": 8}
+        for k, v in fields.items():
+            ring_put(ring, L[k], v.to_bytes(size[k], "little"))
+        ring_put(ring, L["svc.state"], SERVING.to_bytes(4, "little"))
+        (tmp_path / "go").touch()
         time.sleep(3)
-        for path in segs:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read(L["svc.len"] + 8)
-            except FileNotFoundError:
-                pytest.fail("the run ended: the SEND did not wait for the request "
-                            "its peer's service holds")
-            for k, v in fields.items():
-                assert data[L[k]:L[k] + len(v)] == v, (path, k)
-            assert int.from_bytes(data[L["svc.state"]:L["svc.state"] + 4], "little") == SERVING
-        for path in segs:
-            put(path, L["svc.state"], DONE.to_bytes(4, "little"))
+        for k, v in fields.items():
+            assert ring_word(ring, L[k], size[k]) == v, f"{k} rewritten under the service"
+        assert ring_word(ring, L["svc.state"]) == SERVING
+        ring_put(ring, L["svc.state"], DONE.to_bytes(4, "little"))
+        os.kill(rx, signal.SIGCONT)
         s = stuck_fields(proc.line(60), "SENDER")
         assert int(s["status"]) == IBV_WC_SUCCESS, s
         assert 2 <= int(s["secs"]) < 10, s
         r = stuck_fields(proc.line(60), "RECEIVER")
-        assert r["wc"] == f"0:{IBV_WC_SUCCESS}" and r["data_ok"] == "1", r
-        assert int(r["qp"]) == IBV_QPS_RTS, r
+        assert r["wc"] == f"100:{IBV_WC_SUCCESS}" and r["data_ok"] == "1", r
+        assert r["qp"] == str(IBV_QPS_RTS), r
+        rc, err = proc.finish(60)
+        assert rc == 0, err
+    finally:
+        if rx:
+            try:
+                os.kill(rx, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+
+
+def test_a_stray_serving_state_is_cleared(env, build_dir, fabric, tmp_path):
+    """Only a service thread claims its ring, and one waiting for requests
+    holds nothing: a SERVING written from outside (a stray write into the
+    shared segment) is set back to IDLE by the ring's own service within
+    its 100 ms poll, where every request into that process used to wait
+    10 s and fail.  A SEND after it lands at once."""
+    import softverbs_fabric
+    L = softverbs_fabric.layout()
+    env = stuck_env(env, tmp_path)
+    proc = Proc([build_dir / "tests" / "progs" / "sv_stuck", "stray"], env)
+    try:
+        assert proc.line(30) == "CONNECTED"
+        rings = [path for path, _ in svc_rings(fabric, L)]
+        assert len(rings) == 2, rings
+        for ring in rings:
+            ring_put(ring, L["svc.state"], SERVING.to_bytes(4, "little"))
+        end = time.monotonic() + 3
+        while any(ring_word(r, L["svc.state"]) != IDLE for r in rings):
+            assert time.monotonic() < end, "a stray SERVING still stands after 3 s"
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        s = stuck_fields(proc.line(60), "SENDER")
+        assert int(s["status"]) == IBV_WC_SUCCESS and int(s["secs"]) < 5, s
+        r = stuck_fields(proc.line(60), "RECEIVER")
+        assert r["wc"] == f"100:{IBV_WC_SUCCESS}" and r["data_ok"] == "1", r
         rc, err = proc.finish(60)
         assert rc == 0, err
     finally:

@@ -124,6 +124,7 @@ PYBIND11_MODULE(softverbs_fabric, m)
 		    SVF_OFF("q.entry_size", sv_queue_hdr, entry_size);
 		    SVF_OFF("q.slots_offset", sv_queue_hdr, slots_offset);
 		    SVF_OFF("q.max_sge", sv_queue_hdr, max_sge);
+		    SVF_OFF("q.owner_pid", sv_queue_hdr, owner_pid);
 		    SVF_OFF("q.seg_size", sv_queue_hdr, seg.seg_size);
 		    SVF_SIZE("q.hdr_size", sv_queue_hdr);
 		    SVF_OFF("cq.prod", sv_cq_ring, prod);

@@ -122,6 +122,14 @@ void serve(service *s)
 		if (s->stop.load(std::memory_order_acquire))
 			return;
 		uint32_t st = word(r->state).load(std::memory_order_acquire);
+		if (st == SV_SVC_SERVING &&
+		    word(r->state).compare_exchange_strong(st, SV_SVC_IDLE, std::memory_order_relaxed)) {
+			// Only this thread claims, and it holds nothing here: an
+			// outside writer's SERVING, which requesters would wait out
+			// forever, 10 s a request.  Freed, and they are told.
+			futex(&r->state, FUTEX_WAKE, INT_MAX, nullptr);
+			continue;
+		}
 		if (st != SV_SVC_POSTED) {
 			// Bounded: a stop request's wake-up may come just before
 			// the wait, and the state word is the peers', not ours.
@@ -195,22 +203,33 @@ void release_state(sv_svc_ring *r)
 		;
 }
 
-// Takes the requesters' lock of a peer's ring; a dead holder's is taken over.
-bool lock_ring(sv_svc_ring *r)
+// Takes the requesters' lock of a peer's ring; a dead holder's is taken
+// over.  Returns 0, ESRCH when the peer is gone, or ETIMEDOUT when a live
+// holder kept it for kServiceGiveUpNs (it may itself wait that long twice
+// on a stopped peer: out a request the service holds, then for its own).
+// Never ESRCH for a live peer: a responder takes that for a dead receiver
+// and lets the requester retry, which would take another receive WQE.
+int lock_ring(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r)
 {
 	auto me = static_cast<uint32_t>(getpid());
-	uint64_t start = now_ns();
+	uint64_t start = now_ns(), first = start;
 	for (uint64_t spins = 0;; spins++) {
 		uint32_t holder = 0;
 		if (word(r->lock).compare_exchange_weak(holder, me, std::memory_order_acquire))
-			return true;
+			return 0;
 		if (holder && kill(static_cast<pid_t>(holder), 0) < 0 && errno == ESRCH &&
 		    word(r->lock).compare_exchange_strong(holder, me, std::memory_order_acquire)) {
 			release_state(r); // Its request withdrawn, unless being served
-			return true;
+			return 0;
 		}
-		if (now_ns() - start > kPeerTimeoutNs * 5)
-			return false;
+		uint64_t now = now_ns();
+		if (now - start > kPeerTimeoutNs) {
+			if (!fab.lease_alive(peer_lease, peer_gen))
+				return ESRCH;
+			if (now - first > kServiceGiveUpNs)
+				return ETIMEDOUT;
+			start = now;
+		}
 		sched_yield();
 	}
 }
@@ -407,8 +426,8 @@ int service_xfer(pid_t pid, const iovec *local, int nl, const iovec *remote, int
 	if (!r || !queue_geometry(r, g) || g.size < offsetof(sv_svc_ring, bounce) + SV_SVC_BOUNCE)
 		return ESRCH;
 	note_path(*fab, g_service->lease, SV_LEASE_SERVICE_USED);
-	if (!lock_ring(r))
-		return ESRCH;
+	if (int e = lock_ring(*fab, lease, l.generation, r))
+		return e;
 	// A request an earlier requester gave up on, still in the service's
 	// hands: req and bounce are its until it is done.
 	uint32_t st;
