@@ -3777,14 +3777,19 @@ SV_API int rdma_create_ep(rdma_cm_id **id, rdma_addrinfo *res, ibv_pd *pd, ibv_q
 			auto *a = new ibv_qp_init_attr_ex;
 			memset(a, 0, sizeof(*a));
 			memcpy(a, qp_init_attr, sizeof(*qp_init_attr));
+			// The QP type is the address's, as rdma-core sets it: callers
+			// zero the attributes (rdma_server's 0 is no type at all).
+			a->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
 			to_priv(cid)->ep_qp_attr = a;
 		}
 	} else {
 		ret = rdma_resolve_addr(cid, res->ai_src_addr, res->ai_dst_addr, 2000);
 		if (!ret)
 			ret = rdma_resolve_route(cid, 2000);
-		if (!ret && qp_init_attr)
+		if (!ret && qp_init_attr) {
+			qp_init_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
 			ret = rdma_create_qp(cid, pd, qp_init_attr);
+		}
 	}
 	if (ret) {
 		int e = errno;

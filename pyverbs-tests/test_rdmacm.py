@@ -183,6 +183,26 @@ def test_udaddy(link, run_env, softverbs_run):
         assert "data transfers complete" in out and "return status 0" in out, out
 
 
+@pytest.mark.parametrize("server,client", [
+    (["rdma_server"], ["rdma_client", "-s", "127.0.0.1"]),
+    (["rdma_xserver", "-c", "r"], ["rdma_xclient", "-s", "127.0.0.1", "-c", "r"]),
+], ids=["rdma_server", "rdma_xserver"])
+def test_rdma_create_ep_examples(link, run_env, softverbs_run, server, client):
+    """librdmacm's own examples, built on rdma_getaddrinfo and
+    rdma_create_ep with zeroed QP attributes: the QP's type is the
+    address's (ai_qp_type), as rdma-core sets it on both sides.  They
+    failed with EINVAL (rdma_create_ep on the client, rdma_get_request on
+    the server) while the type stayed 0.  One SEND each way."""
+    need(server[0])
+    port = next(_port)
+    res = pair([softverbs_run] + server + ["-p", str(port)],
+               [softverbs_run] + client + ["-p", str(port)],
+               run_env, lambda: cm_listening(port))
+    sout, cout = check_pair(res, server[0])
+    assert f"{server[0]}: end 0" in sout, sout
+    assert f"{client[0]}: end 0" in cout, cout
+
+
 @pytest.mark.parametrize("tool", ["ib_send_bw", "ib_write_bw", "ib_read_lat"])
 def test_perftest_rdma_cm(link, run_env, softverbs_run, tool):
     need(tool)
