@@ -729,6 +729,13 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp))
 		return life_bad("ibv_modify_qp", qp, qp->life, kLifeQp);
+	// The kernel drops the attributes an XRC half has no use for before it
+	// judges the mask (uverbs' modify_qp_mask), so callers that set them
+	// as for RC (perftest -c XRC) work on every device: here too.
+	if (qp->type == IBV_QPT_XRC_SEND)
+		mask &= ~(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	else if (qp->type == IBV_QPT_XRC_RECV)
+		mask &= ~(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY);
 	fabric &fab = *qp->ctx->fab;
 	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
 	std::lock_guard<qlock> sg(qp->sq_lock);
