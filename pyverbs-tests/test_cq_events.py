@@ -37,3 +37,13 @@ def test_every_armed_cq_gets_exactly_one_event(env, prog, n):
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+
+
+def test_arming_a_cq_that_holds_completions(env, build_dir):
+    """ibv_req_notify_cq over completions not yet polled raises the event
+    at once, once, as a ConnectX does (its arm names the consumer index);
+    a solicited-only arm only for a solicited or failed one
+    (tests/progs/sv_arm.c).  perftest -e -Q N polls one batch per event
+    and hung without it."""
+    p = svtest.run([svtest.built_prog(build_dir, "sv_arm")], env, timeout=90)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.stdout, p.stderr)

@@ -1024,6 +1024,30 @@ int loop_destroy_cq(ibv_cq *ibcq)
 	return i;
 }
 
+namespace {
+
+// Whether the CQ holds a published completion not yet polled that an arm
+// of kind arm fires for (any, or a solicited or failed one).  From the
+// ring's cons, which the poller stores as it takes each entry.  Moderated
+// CQs count only completions after the arm, as before.
+bool pending_fires(const loop_cq *cq, sv_cq_ring *ring, uint32_t arm)
+{
+	if (std::atomic_ref<uint32_t>(ring->mod_count).load(std::memory_order_relaxed) > 1)
+		return false;
+	uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
+	for (uint64_t i = c; i - c < cq->capacity; i++) {
+		const sv_cqe &e = cq->slots[i & cq->mask];
+		if (std::atomic_ref<const uint32_t>(e.seq).load(std::memory_order_acquire) !=
+		    static_cast<uint32_t>(i + 1))
+			return false;
+		if (arm == SV_CQ_ARM_ALL || (e.flags & SV_CQE_SOLICITED) || e.status != IBV_WC_SUCCESS)
+			return true;
+	}
+	return false;
+}
+
+} // namespace
+
 int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 {
 	loop_cq *cq = to_loop_cq(ibcq);
@@ -1035,10 +1059,23 @@ int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	// ring: the arm goes to the ring the CQ has, and moves with it.  Not
 	// cq->lock, which an extended CQ's open poll batch holds.
 	std::lock_guard<std::mutex> g(cq->arm_lock);
-	std::atomic_ref<uint32_t>(cq->ring->armed)
-		.store(solicited_only ? SV_CQ_ARM_SOLICITED : SV_CQ_ARM_ALL,
-		       std::memory_order_seq_cst);
+	sv_cq_ring *ring = cq->ring;
+	uint32_t arm = solicited_only ? SV_CQ_ARM_SOLICITED : SV_CQ_ARM_ALL;
+	std::atomic_ref<uint32_t> armed(ring->armed);
+	armed.store(arm, std::memory_order_seq_cst);
 	std::atomic_thread_fence(std::memory_order_seq_cst);
+	// Completions already there, not yet polled: the event comes now.  A
+	// ConnectX arms at the consumer index it is given and fires at once
+	// when completions lie beyond it, and programs written against one
+	// count on that: perftest -e -Q N takes one event, re-arms and polls
+	// one batch, leaving completions behind, and waited forever here.
+	// A producer publishing meanwhile sees the arm (both sides fence): the
+	// CAS makes one event of the two.
+	if (pending_fires(cq, ring, arm) &&
+	    armed.compare_exchange_strong(arm, SV_CQ_DISARMED, std::memory_order_acq_rel)) {
+		std::atomic_ref<uint32_t>(ring->mod_pending).store(0, std::memory_order_relaxed);
+		notify_channel(ring);
+	}
 	return 0;
 }
 

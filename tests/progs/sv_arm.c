@@ -1,0 +1,172 @@
+/* SPDX-License-Identifier: MIT */
+/* Arming a CQ that already holds completions (pyverbs-tests/test_cq_events.py).
+ *
+ *   sv_arm
+ *
+ * Two RC QPs of one process on loop0, connected to each other; each CQ has
+ * its own completion channel, its descriptor non-blocking.  The program
+ * checks, in order:
+ *   1. arming an empty CQ raises nothing (300 ms), and the next completion
+ *      raises one event;
+ *   2. arming a CQ that holds two unpolled completions raises an event at
+ *      once (a ConnectX arms at the consumer index it is given and fires
+ *      when completions lie beyond it; perftest -e -Q N, which polls one
+ *      batch per event, waited forever without it), exactly one: a third
+ *      completion before the re-arm raises nothing more;
+ *   3. a solicited-only arm over unpolled unsolicited successes raises
+ *      nothing (300 ms); over a pending solicited completion, one event at
+ *      once.
+ * Every completion is polled and its wr_id checked.  Prints "ok" and exits
+ * 0, or names the first check that failed and exits 1. */
+#include "svt.h"
+
+#include <fcntl.h>
+#include <poll.h>
+
+static struct ibv_comp_channel *g_sch, *g_rch;
+
+/* An event on ch within ms: 1 (taken and acked, for cq), or 0. */
+static int event_within(struct ibv_comp_channel *ch, struct ibv_cq *cq, int ms)
+{
+	struct pollfd p = {ch->fd, POLLIN, 0};
+	uint64_t end = svt_now_ms() + (uint64_t)ms;
+	for (;;) {
+		int left = (int)(end - svt_now_ms());
+		if (left < 0)
+			left = 0;
+		int r = poll(&p, 1, left);
+		CHECK(r >= 0);
+		if (r == 1) {
+			struct ibv_cq *got;
+			void *ctx;
+			if (ibv_get_cq_event(ch, &got, &ctx) == 0) {
+				if (got != cq)
+					FAIL("event for another CQ");
+				ibv_ack_cq_events(got, 1);
+				return 1;
+			}
+			CHECK(errno == EAGAIN);
+		}
+		if (svt_now_ms() >= end)
+			return 0;
+	}
+}
+
+static void take(struct ibv_cq *cq, int n, uint64_t first_id, const char *what)
+{
+	for (int i = 0; i < n; i++) {
+		struct ibv_wc wc;
+		if (svt_poll(cq, &wc, 5000) != 1)
+			FAIL("%s: completion %d of %d missing", what, i + 1, n);
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.wr_id, first_id + (uint64_t)i);
+	}
+	struct ibv_wc wc;
+	if (ibv_poll_cq(cq, 1, &wc) != 0)
+		FAIL("%s: a completion more than %d", what, n);
+}
+
+static uint64_t g_next_send, g_next_recv;
+
+static void send1(struct ibv_qp *qp, struct ibv_mr *mr, int solicited)
+{
+	struct ibv_sge s = svt_sge(mr, 0, 64);
+	CHECK(svt_post_send1(qp, g_next_send++, IBV_WR_SEND, &s, 1,
+			     IBV_SEND_SIGNALED | (solicited ? IBV_SEND_SOLICITED : 0), 0, 0) == 0);
+}
+
+static void recv1(struct ibv_qp *qp, struct ibv_mr *mr)
+{
+	struct ibv_sge s = svt_sge(mr, 4096, 64);
+	svt_post_recv1(qp, g_next_recv++, &s, 1);
+}
+
+int main(void)
+{
+	svt_watchdog(60);
+	struct svt_dev d;
+	svt_open(&d, "loop0");
+	g_sch = ibv_create_comp_channel(d.ctx);
+	g_rch = ibv_create_comp_channel(d.ctx);
+	CHECK(g_sch && g_rch);
+	CHECK(fcntl(g_sch->fd, F_SETFL, fcntl(g_sch->fd, F_GETFL) | O_NONBLOCK) == 0);
+	CHECK(fcntl(g_rch->fd, F_SETFL, fcntl(g_rch->fd, F_GETFL) | O_NONBLOCK) == 0);
+	struct ibv_cq *scq = ibv_create_cq(d.ctx, 64, NULL, g_sch, 0);
+	struct ibv_cq *rcq = ibv_create_cq(d.ctx, 64, NULL, g_rch, 0);
+	CHECK(scq && rcq);
+	struct svt_qpopt so = {.scq = scq, .rcq = scq, .type = IBV_QPT_RC};
+	struct svt_qpopt ro = {.scq = rcq, .rcq = rcq, .type = IBV_QPT_RC};
+	struct ibv_qp *a = svt_qp(&d, &so), *b = svt_qp(&d, &ro);
+	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 7, 7};
+	svt_connect(a, b->qp_num, d.lid, &c);
+	svt_connect(b, a->qp_num, d.lid, &c);
+	struct ibv_mr *mr = svt_mr(&d, 8192, SVT_ALL_ACCESS);
+	for (int i = 0; i < 16; i++)
+		recv1(b, mr);
+
+	/* 1. Empty, armed: nothing; then one completion: one event. */
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	if (event_within(g_sch, scq, 300))
+		FAIL("1: an event from an empty CQ");
+	send1(a, mr, 0);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("1: no event for a completion after the arm");
+	take(scq, 1, 0, "1");
+
+	/* 2. Two unpolled completions, then armed: one event at once. */
+	send1(a, mr, 0);
+	send1(a, mr, 0);
+	struct ibv_wc wc;
+	uint64_t until = svt_now_ms() + 5000;
+	/* Both published before the arm: the receiver has taken them */
+	int seen = 0;
+	while (seen < 3 && svt_now_ms() < until) {
+		int k = ibv_poll_cq(rcq, 1, &wc);
+		CHECK(k >= 0);
+		seen += k;
+	}
+	CHECK_EQ(seen, 3);
+	usleep(50000); /* The sends' own completions too, before the arm */
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("2: no event on arming a CQ that holds 2 completions");
+	send1(a, mr, 0);
+	if (event_within(g_sch, scq, 300))
+		FAIL("2: a second event without a re-arm");
+	take(scq, 3, 1, "2");
+
+	/* 3. Solicited-only arms over the receive CQ. */
+	send1(a, mr, 0);
+	send1(a, mr, 0);
+	take(scq, 2, 4, "3 sends");
+	usleep(50000); /* Both receives published well before the arm */
+	CHECK(ibv_req_notify_cq(rcq, 1) == 0);
+	if (event_within(g_rch, rcq, 300))
+		FAIL("3: a solicited-only arm fired for unsolicited successes");
+	take(rcq, 3, 3, "3 unsolicited"); /* Step 2's third send and these two */
+	send1(a, mr, 1);
+	take(scq, 1, 6, "3 solicited send");
+	/* The solicited receive came while armed: its own event */
+	if (!event_within(g_rch, rcq, 2000))
+		FAIL("3: no event for a solicited receive while armed");
+	send1(a, mr, 1);
+	take(scq, 1, 7, "3 second solicited send");
+	CHECK(ibv_req_notify_cq(rcq, 1) == 0);
+	if (!event_within(g_rch, rcq, 2000))
+		FAIL("3: no event on a solicited-only arm over a pending solicited receive");
+	take(rcq, 2, 6, "3 solicited");
+
+	CHECK(ibv_destroy_qp(a) == 0);
+	CHECK(ibv_destroy_qp(b) == 0);
+	void *buf = mr->addr;
+	CHECK(ibv_dereg_mr(mr) == 0);
+	free(buf);
+	CHECK(ibv_destroy_cq(scq) == 0);
+	CHECK(ibv_destroy_cq(rcq) == 0);
+	CHECK(ibv_destroy_comp_channel(g_sch) == 0);
+	CHECK(ibv_destroy_comp_channel(g_rch) == 0);
+	CHECK(ibv_dealloc_pd(d.pd) == 0);
+	CHECK(ibv_close_device(d.ctx) == 0);
+	printf("ok\n");
+	return 0;
+}
