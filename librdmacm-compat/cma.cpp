@@ -112,6 +112,7 @@ struct wire_msg {
 struct dev_entry {
 	ibv_context *ctx = nullptr;
 	ibv_pd *pd = nullptr; // rdma_create_qp's default PD
+	ibv_xrcd *xrcd = nullptr; // XRC QPs' and SRQs' domain, made on first use
 	std::string name;
 	ibv_device_attr attr{};
 	// RoCE v2 to other hosts (the device's rocev2 key): connections to an
@@ -852,7 +853,11 @@ void on_request(cm_id *p, const wire_msg &m)
 	memcpy(&p->id.route.addr.dst_storage, &m.src, sizeof(m.src));
 	memcpy(&p->id.route.addr.src_storage, &m.dst, sizeof(m.dst));
 	p->id.ps = l->id.ps;
-	p->id.qp_type = m.type == M_REQ ? IBV_QPT_RC : IBV_QPT_UD;
+	// A connection's id is of its listener's type (XRC_RECV for an XRC
+	// target's listener), as rdma-core's are.
+	ibv_qp_type lt = l->id.qp_type;
+	p->id.qp_type = m.type != M_REQ ? IBV_QPT_UD
+		      : (lt == IBV_QPT_UC || lt == IBV_QPT_XRC_RECV) ? lt : IBV_QPT_RC;
 	fill_path(p);
 	p->state = st::req_rcvd;
 	auto *e = new_event(p, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
@@ -2074,7 +2079,9 @@ int qp_attr_locked(cm_id *p, ibv_qp_attr *a, int *mask)
 		a->rq_psn = p->rpsn;
 		ah_to_peer(p, a->ah_attr);
 		*mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-		if (p->id.qp_type == IBV_QPT_RC) {
+		// The kernel CM's masks: a responder's attributes for RC and an
+		// XRC target, a requester's for RC and an XRC initiator.
+		if (p->id.qp_type == IBV_QPT_RC || p->id.qp_type == IBV_QPT_XRC_RECV) {
 			a->max_dest_rd_atomic = p->resp_res;
 			a->min_rnr_timer = 12;
 			*mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -2085,7 +2092,7 @@ int qp_attr_locked(cm_id *p, ibv_qp_attr *a, int *mask)
 		*mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
 		if (ud || !p->have_remote)
 			return ud ? 0 : EINVAL;
-		if (p->id.qp_type == IBV_QPT_RC) {
+		if (p->id.qp_type == IBV_QPT_RC || p->id.qp_type == IBV_QPT_XRC_SEND) {
 			a->timeout = p->ack_timeout;
 			a->retry_cnt = p->retry;
 			// As the IB CM: the RNR retry count is the one the peer
@@ -2093,6 +2100,9 @@ int qp_attr_locked(cm_id *p, ibv_qp_attr *a, int *mask)
 			a->rnr_retry = p->r_rnr;
 			a->max_rd_atomic = p->init_depth;
 			*mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+		} else if (p->id.qp_type == IBV_QPT_XRC_RECV) {
+			a->timeout = p->ack_timeout;
+			*mask |= IBV_QP_TIMEOUT;
 		}
 		return 0;
 	default:
@@ -2623,16 +2633,25 @@ int connect_listener_once(cm_id *p, const sockaddr *dst)
 	return -ECONNREFUSED;
 }
 
+// The id's own receive CQ of depth entries, on a channel of its own.
+int create_recv_cq(cm_id *p, uint32_t depth)
+{
+	p->own_cqs = true;
+	p->id.recv_cq_channel = ibv_create_comp_channel(p->id.verbs);
+	if (!p->id.recv_cq_channel)
+		return errno;
+	p->id.recv_cq = ibv_create_cq(p->id.verbs, std::max<uint32_t>(depth, 1), p,
+				      p->id.recv_cq_channel, 0);
+	if (!p->id.recv_cq)
+		return errno;
+	return 0;
+}
+
 int create_cqs(cm_id *p, ibv_qp_init_attr_ex *a)
 {
 	if (!a->recv_cq) {
-		p->id.recv_cq_channel = ibv_create_comp_channel(p->id.verbs);
-		if (!p->id.recv_cq_channel)
-			return errno;
-		p->id.recv_cq = ibv_create_cq(p->id.verbs, std::max<uint32_t>(a->cap.max_recv_wr, 1), p,
-					      p->id.recv_cq_channel, 0);
-		if (!p->id.recv_cq)
-			return errno;
+		if (int e = create_recv_cq(p, a->cap.max_recv_wr))
+			return e;
 		a->recv_cq = p->id.recv_cq;
 	}
 	if (!a->send_cq) {
@@ -2647,6 +2666,20 @@ int create_cqs(cm_id *p, ibv_qp_init_attr_ex *a)
 	}
 	p->own_cqs = true;
 	return 0;
+}
+
+// The device's XRC domain for XRC QPs and SRQs made without one (rdma-core's
+// ucma_get_xrcd: a new domain, not tied to a file).  Under G().mu.
+ibv_xrcd *dev_xrcd(dev_entry *d)
+{
+	if (!d->xrcd) {
+		ibv_xrcd_init_attr xa{};
+		xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+		xa.fd = -1;
+		xa.oflags = O_CREAT;
+		d->xrcd = ibv_open_xrcd(d->ctx, &xa);
+	}
+	return d->xrcd;
 }
 
 void destroy_cqs(cm_id *p)
@@ -2985,7 +3018,13 @@ SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
 	}
 	if (a.pd->context != p->id.verbs)
 		return fail(EINVAL);
-	if (!a.srq && p->id.srq)
+	if (a.qp_type == IBV_QPT_XRC_RECV && (!(a.comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a.xrcd)) {
+		a.xrcd = dev_xrcd(p->dev);
+		if (!a.xrcd)
+			return -1;
+		a.comp_mask |= IBV_QP_INIT_ATTR_XRCD;
+	}
+	if (!a.srq && p->id.srq && a.qp_type != IBV_QPT_XRC_RECV && a.qp_type != IBV_QPT_XRC_SEND)
 		a.srq = p->id.srq;
 	if (!a.send_cq || !a.recv_cq) {
 		if (int e = create_cqs(p, &a)) {
@@ -3049,7 +3088,10 @@ SV_API void rdma_destroy_qp(rdma_cm_id *id)
 	if (p->id.qp)
 		ibv_destroy_qp(p->id.qp);
 	p->id.qp = nullptr;
-	destroy_cqs(p);
+	// An XRC target's CQ serves its SRQ: it goes with the SRQ (rdma-core's
+	// rule), not with the QP.
+	if (!(p->id.qp_type == IBV_QPT_XRC_RECV && p->id.srq))
+		destroy_cqs(p);
 }
 
 SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
@@ -3828,8 +3870,28 @@ SV_API int rdma_create_srq_ex(rdma_cm_id *id, ibv_srq_init_attr_ex *attr)
 	}
 	if (!(a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE))
 		a.srq_type = IBV_SRQT_BASIC, a.comp_mask |= IBV_SRQ_INIT_ATTR_TYPE;
-	if (a.srq_type != IBV_SRQT_BASIC)
-		return fail(ENOSYS); // XRC SRQs through rdma_cm: not implemented
+	if (a.srq_type == IBV_SRQT_XRC) {
+		// rdma-core's: the device's XRC domain, and the id's receive CQ
+		// (made here when it has none) for the SRQ's completions.
+		std::lock_guard<std::mutex> lk(G().mu);
+		if (!(a.comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !a.xrcd) {
+			a.xrcd = dev_xrcd(p->dev);
+			if (!a.xrcd)
+				return -1;
+		}
+		if (!(a.comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !a.cq) {
+			if (!p->id.recv_cq) {
+				if (int e = create_recv_cq(p, a.attr.max_wr)) {
+					destroy_cqs(p);
+					return fail(e);
+				}
+			}
+			a.cq = p->id.recv_cq;
+		}
+		a.comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+	} else if (a.srq_type != IBV_SRQT_BASIC) {
+		return fail(ENOSYS); // Tag matching through rdma_cm: not here
+	}
 	ibv_srq *srq = ibv_create_srq_ex(id->verbs, &a);
 	if (!srq)
 		return -1;
@@ -3847,7 +3909,7 @@ SV_API int rdma_create_srq(rdma_cm_id *id, ibv_pd *pd, ibv_srq_init_attr *attr)
 	a.srq_context = attr->srq_context;
 	a.attr = attr->attr;
 	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | (pd ? IBV_SRQ_INIT_ATTR_PD : 0);
-	a.srq_type = IBV_SRQT_BASIC;
+	a.srq_type = id->qp_type == IBV_QPT_XRC_RECV ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
 	a.pd = pd;
 	if (rdma_create_srq_ex(id, &a))
 		return -1;
@@ -3861,6 +3923,12 @@ SV_API void rdma_destroy_srq(rdma_cm_id *id)
 		return;
 	ibv_destroy_srq(id->srq);
 	id->srq = nullptr;
+	// An XRC target's CQs stayed for the SRQ (rdma_destroy_qp); a QP that
+	// still uses them keeps them.
+	cm_id *p = to_priv(id);
+	std::lock_guard<std::mutex> lk(G().mu);
+	if (!p->id.qp)
+		destroy_cqs(p);
 }
 
 SV_API int rdma_init_qp_attr(rdma_cm_id *id, ibv_qp_attr *qp_attr, int *qp_attr_mask)

@@ -186,13 +186,18 @@ def test_udaddy(link, run_env, softverbs_run):
 @pytest.mark.parametrize("server,client", [
     (["rdma_server"], ["rdma_client", "-s", "127.0.0.1"]),
     (["rdma_xserver", "-c", "r"], ["rdma_xclient", "-s", "127.0.0.1", "-c", "r"]),
-], ids=["rdma_server", "rdma_xserver"])
+    (["rdma_xserver", "-c", "x"], ["rdma_xclient", "-s", "127.0.0.1", "-c", "x"]),
+], ids=["rdma_server", "rdma_xserver", "rdma_xserver_xrc"])
 def test_rdma_create_ep_examples(link, run_env, softverbs_run, server, client):
     """librdmacm's own examples, built on rdma_getaddrinfo and
     rdma_create_ep with zeroed QP attributes: the QP's type is the
     address's (ai_qp_type), as rdma-core sets it on both sides.  They
     failed with EINVAL (rdma_create_ep on the client, rdma_get_request on
-    the server) while the type stayed 0.  One SEND each way."""
+    the server) while the type stayed 0.  One SEND each way; with -c x
+    over XRC: the target's id is of its listener's type, its QP and SRQ
+    get the device's XRC domain and the SRQ the id's receive CQ, the
+    connection's attribute masks are the kernel CM's for each half, and
+    the SEND names the SRQ the server's private data carried."""
     need(server[0])
     port = next(_port)
     res = pair([softverbs_run] + server + ["-p", str(port)],
