@@ -2649,6 +2649,7 @@ int create_recv_cq(cm_id *p, uint32_t depth)
 
 int create_cqs(cm_id *p, ibv_qp_init_attr_ex *a)
 {
+	p->own_cqs = true; // What is made here goes with destroy_cqs, even half
 	if (!a->recv_cq) {
 		if (int e = create_recv_cq(p, a->cap.max_recv_wr))
 			return e;
@@ -3039,6 +3040,8 @@ SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
 		return fail(e);
 	}
 	p->id.qp = qp;
+	if (qp->pd) // The id's PD is its QP's (rdma-core's): rdma_reg_msgs uses it
+		p->id.pd = qp->pd;
 	int e = ece_on_new_qp(p, qp);
 	if (!e)
 		e = modify_locked(p, IBV_QPS_INIT);
@@ -3264,20 +3267,21 @@ SV_API int rdma_get_request(rdma_cm_id *listen, rdma_cm_id **id)
 	}
 	cm_id *c = to_priv(ev->id);
 	c->id.event = ev;
-	*id = ev->id;
+	rdma_cm_id *got = ev->id;
 	if (l->ep_qp_attr) {
 		ibv_qp_init_attr_ex a = *l->ep_qp_attr;
 		if (l->id.pd) {
 			a.pd = l->id.pd;
 			a.comp_mask |= IBV_QP_INIT_ATTR_PD;
 		}
-		if (rdma_create_qp_ex(*id, &a)) {
+		if (rdma_create_qp_ex(got, &a)) {
 			int e = errno;
-			rdma_reject(*id, nullptr, 0);
-			rdma_destroy_id(*id);
-			return fail(e);
+			rdma_reject(got, nullptr, 0);
+			rdma_destroy_id(got);
+			return fail(e); // *id untouched: it would name a freed id
 		}
 	}
+	*id = got;
 	return 0;
 }
 
