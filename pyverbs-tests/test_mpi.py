@@ -89,6 +89,19 @@ def test_sv_mpi_pml_ucx(np, sv_mpi, mpi_env, softverbs_run):
     check_mpi(rc, out, np)
 
 
+def test_sv_mpi_thread_multiple(sv_mpi, mpi_env, softverbs_run):
+    """MPI_THREAD_MULTIPLE with 4 threads per rank exchanging 1 MiB at
+    once, every byte checked: UCX's threads poll under its worker lock, so
+    a poll that slept (the provider's sleep for pollers that outnumber the
+    cores) held the lock from the threads that would post what it waited
+    for, and the run hung.  A process with more than one polling thread
+    now spins in poll, as on an HCA."""
+    rc, out = mpirun(softverbs_run, 2, sv_mpi, mpi_env, ["SV_MPI_THREADS=4"])
+    check_mpi(rc, out, 2)
+    m = re.search(r"^sv_mpi: threads ok .* verified (\d+) bytes", out, re.M)
+    assert m and int(m.group(1)) == 2 * 4 * 5 * (1 << 20), out
+
+
 @pytest.mark.skipif(not ucxtest.FULL, reason="scripts/test.sh --full only (SOFTVERBS_TEST_FULL=1)")
 @pytest.mark.parametrize("np", [2, 4])
 def test_sv_mpi_service_path(np, sv_mpi, mpi_env, softverbs_run):

@@ -16,8 +16,12 @@
 // Prints one "sv_mpi: PHASE ok ..." line per phase from rank 0 (counts and
 // a checksum over what was verified), "sv_mpi: PASS" at the end; on a
 // mismatch prints "sv_mpi: MISMATCH ..." and calls MPI_Abort (exit 3).
+//   threads     only with SV_MPI_THREADS=N (1..8): MPI_THREAD_MULTIPLE, and
+//               N threads per rank each exchange 1 MiB with the partner
+//               rank 5 times on a tag of their own, all at once
 // usage: sv_mpi [MAX_PINGPONG_BYTES]   (default 4 MiB)
 #include <mpi.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,9 +327,72 @@ static void onesided(void)
 	report("onesided", d);
 }
 
+#define TMSG (1u << 20)
+#define TITER 5
+static pthread_mutex_t account_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t thread_seed(int from, int t, int it)
+{
+	return 0x7468726561647300ull ^ ((uint64_t)from << 40) ^ ((uint64_t)t << 20) ^ (uint64_t)it;
+}
+
+static void *thread_main(void *arg)
+{
+	int t = (int)(intptr_t)arg, peer = rank ^ 1;
+	uint8_t *snd = xmalloc(TMSG), *rcv = xmalloc(TMSG);
+	for (int it = 0; it < TITER; it++) {
+		fill(snd, TMSG, thread_seed(rank, t, it));
+		memset(rcv, 0xA5, TMSG);
+		MPI_Request q[2];
+		mpi_ok(MPI_Irecv(rcv, TMSG, MPI_BYTE, peer, 1000 + t, MPI_COMM_WORLD, &q[0]), "Irecv");
+		mpi_ok(MPI_Isend(snd, TMSG, MPI_BYTE, peer, 1000 + t, MPI_COMM_WORLD, &q[1]), "Isend");
+		mpi_ok(MPI_Waitall(2, q, MPI_STATUSES_IGNORE), "Waitall");
+		pthread_mutex_lock(&account_lock);
+		check(rcv, TMSG, thread_seed(peer, t, it), "threads");
+		pthread_mutex_unlock(&account_lock);
+	}
+	free(snd);
+	free(rcv);
+	return NULL;
+}
+
+// Every thread of a rank in MPI at once: the progress engine's lock is
+// passed between them (UCX's worker lock with MPI_THREAD_MULTIPLE).
+static void threads(int n)
+{
+	pthread_t th[8];
+	if ((rank ^ 1) < nranks) {
+		for (int t = 0; t < n; t++)
+			if (pthread_create(&th[t], NULL, thread_main, (void *)(intptr_t)t)) {
+				fprintf(stderr, "sv_mpi: pthread_create failed\n");
+				MPI_Abort(MPI_COMM_WORLD, 2);
+			}
+		for (int t = 0; t < n; t++)
+			pthread_join(th[t], NULL);
+	}
+	char d[96];
+	snprintf(d, sizeof d, "%d threads per rank, %d x %u bytes each", n, TITER, TMSG);
+	report("threads", d);
+}
+
 int main(int argc, char **argv)
 {
-	MPI_Init(&argc, &argv);
+	const char *tenv = getenv("SV_MPI_THREADS");
+	int nthreads = tenv ? atoi(tenv) : 0;
+	if (nthreads < 0 || nthreads > 8) {
+		fprintf(stderr, "sv_mpi: SV_MPI_THREADS is 1..8\n");
+		return 2;
+	}
+	if (nthreads) {
+		int got = 0;
+		MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &got);
+		if (got < MPI_THREAD_MULTIPLE) {
+			fprintf(stderr, "sv_mpi: MPI_THREAD_MULTIPLE not provided (%d)\n", got);
+			MPI_Abort(MPI_COMM_WORLD, 2);
+		}
+	} else {
+		MPI_Init(&argc, &argv);
+	}
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &nranks);
 	size_t max = argc > 1 ? strtoull(argv[1], NULL, 0) : 4u << 20;
@@ -342,6 +409,8 @@ int main(int argc, char **argv)
 	alltoall();
 	bcast();
 	onesided();
+	if (nthreads)
+		threads(nthreads);
 	MPI_Barrier(MPI_COMM_WORLD);
 	if (rank == 0)
 		printf("sv_mpi: PASS\n");

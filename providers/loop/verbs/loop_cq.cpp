@@ -197,6 +197,7 @@ void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
 struct poll_state {
 	uint32_t empty_polls;
 	uint64_t empty_since;
+	bool counted; // Seen by one_poller()
 	loop_cq *idle_cqs[kIdleCqs];
 	int idle_n;
 	bool idle_overflow; // More than kIdleCqs: no sleep, a yield
@@ -212,6 +213,35 @@ std::atomic<uint64_t> g_cq_gen;
 // kernel or a seccomp profile); then a thread polling several CQs yields
 // instead of sleeping.
 std::atomic<int> g_waitv_ok;
+
+// The first thread of this process to poll a CQ, and whether another has
+// polled since: sticky, for the life of the process (a fork's child starts
+// with its parent's answer).
+std::atomic<pid_t> g_first_poller;
+std::atomic<bool> g_many_pollers;
+
+// Whether this thread is the only one of its process that has polled.
+// A poller may sleep in an empty poll only then: threads that share a
+// progress engine poll under its lock (UCX's worker spinlock, with
+// MPI_THREAD_MULTIPLE), so a sleep inside ibv_poll_cq keeps the lock from
+// the threads that would post what it waits for, while they spin on it
+// (Open MPI over UCX with 4 threads and 1 MiB messages hung).  Such
+// processes spin in poll, as on an HCA.
+bool one_poller(poll_state &t)
+{
+	if (g_many_pollers.load(std::memory_order_relaxed))
+		return false;
+	if (!t.counted) {
+		t.counted = true;
+		pid_t me = static_cast<pid_t>(syscall(SYS_gettid));
+		pid_t first = 0;
+		if (!g_first_poller.compare_exchange_strong(first, me) && first != me) {
+			g_many_pollers.store(true, std::memory_order_relaxed);
+			return false;
+		}
+	}
+	return true;
+}
 
 void note_idle(poll_state &t, loop_cq *cq)
 {
@@ -545,6 +575,7 @@ again:
 		// every 64 empty polls only.
 		poll_state &t = t_poll;
 		note_idle(t, cq);
+		bool alone = t.counted ? !g_many_pollers.load(std::memory_order_relaxed) : one_poller(t);
 		if ((++t.empty_polls & 63) == 0) {
 			cq_repair(cq);
 			// RDMA WRITEs of this process on a RoCE v2 wire: its receive
@@ -557,7 +588,7 @@ again:
 			uint64_t now = now_ns();
 			if (!t.empty_since) {
 				t.empty_since = now;
-			} else if (now - t.empty_since > kCqSpinNs) {
+			} else if (now - t.empty_since > kCqSpinNs && alone) {
 				cq_sleep(cq, slot, c);
 				// Look again before answering "empty": the completion
 				// that woke the sleep (or came during it) is returned by
