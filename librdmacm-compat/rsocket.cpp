@@ -98,6 +98,7 @@ struct rs {
 	int conn_err = 0;     // what a send fails with once the connection is gone
 	// options (stored; most only change nothing here)
 	int reuseaddr = 0, keepalive = 0, nodelay = 0, keepidle = 7200;
+	int v6only = 0; // IPV6_V6ONLY, as the CM's AFONLY
 	int sndbuf = kSlot * kSendSlots, rcvbuf = kSlot * kCredits;
 	int sqsize = kSqDepth, rqsize = kRecvSlots, inl = 0, iomapsize = 0;
 	linger lin = {0, 0};
@@ -729,7 +730,9 @@ socklen_t sa_len(const sockaddr *a)
 
 int copy_addr(const sockaddr *a, sockaddr *out, socklen_t *len)
 {
-	if (!out || !len)
+	// A null address with no room asks for the length only, as the
+	// kernel answers it (librspreload's fallback to a real socket does).
+	if (!len || (!out && *len))
 		return fail(EFAULT);
 	socklen_t n = sa_len(a);
 	memcpy(out, a, std::min(n, *len));
@@ -1195,6 +1198,9 @@ int *int_opt(rs *s, int level, int name)
 		case TCP_NODELAY: return &s->nodelay;
 		case TCP_KEEPIDLE: return &s->keepidle;
 		}
+	} else if (level == IPPROTO_IPV6) {
+		if (name == IPV6_V6ONLY)
+			return &s->v6only;
 	} else if (level == SOL_RDMA) {
 		switch (name) {
 		case RDMA_SQSIZE: return &s->sqsize;
@@ -1238,6 +1244,14 @@ SV_API int rsetsockopt(int socket, int level, int optname, const void *optval, s
 		// then the stored value is all there is.
 		int v = *p != 0;
 		rdma_set_option(s->id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &v, sizeof(v));
+	}
+	if (level == IPPROTO_IPV6 && optname == IPV6_V6ONLY) {
+		// The CM's AFONLY (rdma-core's rsockets): a dual-stack listener
+		// (iperf3's, IPV6_V6ONLY 0) takes IPv4 connections too.
+		*p = *p != 0;
+		if (s->id && rdma_set_option(s->id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, p,
+					     sizeof(*p)))
+			return -1;
 	}
 	return 0;
 }

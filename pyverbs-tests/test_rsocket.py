@@ -574,3 +574,44 @@ def read_line(p, timeout):
     if not sel.select(timeout):
         return "(nothing)"
     return p.stdout.readline().strip()
+
+
+def echo_sums(sout, cout, size):
+    ms = re.search(r"server bytes=(\d+) sum=(\w+)", sout)
+    mc = re.search(r"client bytes=(\d+) sum=(\w+)", cout)
+    assert ms and mc, (sout, cout)
+    assert int(ms.group(1)) == size and ms.groups() == mc.groups(), (sout, cout)
+
+
+def test_preload_dual_stack_listener(link, run_env, softverbs_run, build_dir):
+    """A listener on :: with IPV6_V6ONLY off (iperf3's default) and an
+    IPv4 client, both under librspreload: IPV6_V6ONLY is the CM's AFONLY,
+    as in rdma-core's rsockets.  It was refused (ENOTSUP), and such a
+    server did not start."""
+    if not os.path.exists(PRELOAD):
+        pytest.skip("librspreload.so not installed")
+    prog = echo_prog(build_dir)
+    port = next(_port)
+    res = pair(preloaded(softverbs_run, [prog, "server", "::", str(port), "dual"]),
+               preloaded(softverbs_run, [prog, "client", "127.0.0.1", str(port), "200000", "poll"]),
+               run_env, lambda: cm_listening(port), timeout=TIMEOUT)
+    sout, cout = check_pair(res, "sv_rs_echo")
+    echo_sums(sout, cout, 200000)
+
+
+def test_preload_client_of_a_plain_tcp_server(run_env, softverbs_run, build_dir):
+    """A preloaded client of a server that is not under the preload: no
+    rsocket listens, and librspreload moves the socket onto a real one,
+    asking getsockname for the length with a null address first.  That
+    got EFAULT (the kernel and rdma-core answer the length), so a
+    preloaded program reached no plain TCP server at all."""
+    if not os.path.exists(PRELOAD):
+        pytest.skip("librspreload.so not installed")
+    from test_traffic_pingpong import listening
+    prog = echo_prog(build_dir)
+    port = next(_port)
+    res = pair([prog, "server", "127.0.0.1", str(port), "block"],
+               preloaded(softverbs_run, [prog, "client", "127.0.0.1", str(port), "200000", "poll"]),
+               run_env, lambda: listening(port), timeout=TIMEOUT)
+    sout, cout = check_pair(res, "sv_rs_echo")
+    echo_sums(sout, cout, 200000)

@@ -3,9 +3,11 @@
 // librspreload.so (pyverbs-tests/test_rsocket.py) its sockets become
 // rsockets.  Every byte is checked.
 //
-//   sv_rs_echo server ADDR PORT [block|poll]
+//   sv_rs_echo server ADDR PORT [block|poll|dual]
 //       accepts one connection and echoes it until end of file; prints
-//       "listening" once it listens, then "server bytes=N sum=X".
+//       "listening" once it listens, then "server bytes=N sum=X".  dual:
+//       blocking, and an IPv6 ADDR listens with IPV6_V6ONLY off (IPv4
+//       peers too, as iperf3's default listener does).
 //   sv_rs_echo client ADDR PORT BYTES [poll|select]
 //       sends BYTES bytes (the 32-bit little-endian word i at byte 4i) in
 //       chunks of varying size while reading the echo back, nonblocking;
@@ -80,6 +82,14 @@ static int server(const char *host, const char *port, const char *mode)
 		die("socket");
 	if (setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)))
 		die("setsockopt SO_REUSEADDR");
+	if (mode && !strcmp(mode, "dual")) {
+		int zero = 0, got = 1;
+		socklen_t gl = sizeof(got);
+		if (setsockopt(l, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)))
+			die("setsockopt IPV6_V6ONLY");
+		if (getsockopt(l, IPPROTO_IPV6, IPV6_V6ONLY, &got, &gl) || got != 0)
+			die("getsockopt IPV6_V6ONLY");
+	}
 	if (bind(l, (struct sockaddr *)&ss, len))
 		die("bind");
 	if (listen(l, 4))
