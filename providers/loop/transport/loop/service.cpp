@@ -203,6 +203,28 @@ void release_state(sv_svc_ring *r)
 		;
 }
 
+// The clock of a wait on a peer's service: the peer's lease looked at
+// every kPeerTimeoutNs, the wait given up on a live peer after
+// kServiceGiveUpNs.
+struct peer_clock {
+	fabric &fab;
+	uint32_t lease, gen;
+	uint64_t first = now_ns(), start = first;
+	// 0 to wait on, ESRCH (the peer is gone) or ETIMEDOUT.
+	int check()
+	{
+		uint64_t now = now_ns();
+		if (now - start <= kPeerTimeoutNs)
+			return 0;
+		if (!fab.lease_alive(lease, gen))
+			return ESRCH;
+		if (now - first > kServiceGiveUpNs)
+			return ETIMEDOUT;
+		start = now;
+		return 0;
+	}
+};
+
 // Takes the requesters' lock of a peer's ring; a dead holder's is taken
 // over.  Returns 0, ESRCH when the peer is gone, or ETIMEDOUT when a live
 // holder kept it for kServiceGiveUpNs (it may itself wait that long twice
@@ -212,8 +234,8 @@ void release_state(sv_svc_ring *r)
 int lock_ring(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r)
 {
 	auto me = static_cast<uint32_t>(getpid());
-	uint64_t start = now_ns(), first = start;
-	for (uint64_t spins = 0;; spins++) {
+	peer_clock clock{fab, peer_lease, peer_gen};
+	for (;;) {
 		uint32_t holder = 0;
 		if (word(r->lock).compare_exchange_weak(holder, me, std::memory_order_acquire))
 			return 0;
@@ -222,27 +244,21 @@ int lock_ring(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *
 			release_state(r); // Its request withdrawn, unless being served
 			return 0;
 		}
-		uint64_t now = now_ns();
-		if (now - start > kPeerTimeoutNs) {
-			if (!fab.lease_alive(peer_lease, peer_gen))
-				return ESRCH;
-			if (now - first > kServiceGiveUpNs)
-				return ETIMEDOUT;
-			start = now;
-		}
+		if (int e = clock.check())
+			return e;
 		sched_yield();
 	}
 }
 
 // Waits while the ring's state is busy or also (the service's work in
-// progress): spins, then sleeps on the futex, looking at the peer's lease
-// every kPeerTimeoutNs.  Returns 0 with st the state that ended the wait,
-// ESRCH when the peer is gone, or ETIMEDOUT when it lives but has not
-// moved the state for kServiceGiveUpNs (stopped, or stuck).
+// progress): spins, then sleeps on the futex (peer_clock's looks and
+// give-up).  Returns 0 with st the state that ended the wait, ESRCH when
+// the peer is gone, or ETIMEDOUT when it lives but has not moved the state
+// for kServiceGiveUpNs (stopped, or stuck).
 int wait_state(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r,
 	       uint32_t busy, uint32_t also, uint32_t &st)
 {
-	uint64_t start = now_ns(), first = start;
+	peer_clock clock{fab, peer_lease, peer_gen};
 	for (int i = 0;; i++) {
 		st = word(r->state).load(std::memory_order_acquire);
 		if (st != busy && st != also)
@@ -251,14 +267,8 @@ int wait_state(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring 
 			continue;
 		timespec ts{0, kServiceWaitNs}; // Then look again
 		futex(&r->state, FUTEX_WAIT, st, &ts);
-		uint64_t now = now_ns();
-		if (now - start > kPeerTimeoutNs) {
-			if (!fab.lease_alive(peer_lease, peer_gen))
-				return ESRCH;
-			if (now - first > kServiceGiveUpNs)
-				return ETIMEDOUT;
-			start = now;
-		}
+		if (int e = clock.check())
+			return e;
 	}
 }
 
