@@ -735,7 +735,8 @@ int copy_addr(const sockaddr *a, sockaddr *out, socklen_t *len)
 	if (!len || (!out && *len))
 		return fail(EFAULT);
 	socklen_t n = sa_len(a);
-	memcpy(out, a, std::min(n, *len));
+	if (out)
+		memcpy(out, a, std::min(n, *len));
 	*len = n;
 	return 0;
 }
