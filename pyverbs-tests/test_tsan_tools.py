@@ -76,15 +76,6 @@ def test_rping_verify(tsan_env):
     assert cout.count("ping data:") == 200
 
 
-def test_ucmatose(tsan_env):
-    """Two connections, 50 SENDs each way on each, then disconnects."""
-    port = random.randint(20000, 40000)
-    _, cout = run_pair(["ucmatose", "-p", str(port), "-c", "2", "-C", "50"],
-                       ["ucmatose", "-s", "127.0.0.1", "-p", str(port), "-c", "2", "-C", "50"],
-                       tsan_env, port)
-    assert "test complete" in cout
-
-
 def test_udaddy(tsan_env):
     """UD: address handles from the CM, SENDs each way (udaddy's own port,
     7174: its -p names a port space; CM ports are the fabric's own)."""
@@ -92,13 +83,21 @@ def test_udaddy(tsan_env):
     assert "test complete" in cout
 
 
-def test_rstream(tsan_env):
-    """rsockets: 200 transfers of 4 KiB each way."""
+# Connected pairs on a port of their own: ucmatose, two connections with 50
+# SENDs each way on each, then disconnects; rstream (rsockets), 200
+# transfers of 4 KiB each way.  (tool: its arguments on both sides, and what
+# the client prints at the end.)
+CM_PAIRS = {"ucmatose": (["-c", "2", "-C", "50"], "test complete"),
+            "rstream": (["-S", "4096", "-C", "200"], "4k")}
+
+
+@pytest.mark.parametrize("tool", list(CM_PAIRS))
+def test_cm_pair(tsan_env, tool):
+    args, done = CM_PAIRS[tool]
     port = random.randint(20000, 40000)
-    _, cout = run_pair(["rstream", "-p", str(port), "-S", "4096", "-C", "200"],
-                       ["rstream", "-s", "127.0.0.1", "-p", str(port), "-S", "4096", "-C", "200"],
-                       tsan_env, port)
-    assert "4k" in cout
+    _, cout = run_pair([tool, "-p", str(port)] + args,
+                       [tool, "-s", "127.0.0.1", "-p", str(port)] + args, tsan_env, port)
+    assert done in cout
 
 
 # Debian's verbs tools, not rdma_cm ones: their pairs meet over TCP, and our
@@ -109,17 +108,6 @@ VERBS_TOOLS = [
     ("ibv_rc_pingpong", ["-e", "-n", "200"]),  # Completion events
     ("ibv_srq_pingpong", ["-n", "100"]),
     ("ibv_ud_pingpong", ["-n", "200", "-s", "1024"]),
-]
-
-
-@pytest.mark.parametrize("tool,args", VERBS_TOOLS,
-                         ids=[f"{t}{''.join(a[:1])}" for t, a in VERBS_TOOLS])
-def test_pingpong_tools(tsan_env, tool, args):
-    from test_traffic_pingpong import pingpong
-    pingpong(tsan_env, tool, args)
-
-
-PERFTEST = [
     ("ib_send_bw", ["-n", "2000"]),
     ("ib_send_bw", ["-e", "-n", "1000"]),  # Completion events
     ("ib_write_bw", ["-n", "2000", "-q", "2"]),
@@ -129,9 +117,13 @@ PERFTEST = [
 ]
 
 
-@pytest.mark.parametrize("tool,args", PERFTEST,
-                         ids=[f"{t}{''.join(a[:1])}" for t, a in PERFTEST])
-def test_perftest_tools(tsan_env, tool, args):
+@pytest.mark.parametrize("tool,args", VERBS_TOOLS,
+                         ids=[f"{t}{''.join(a[:1])}" for t, a in VERBS_TOOLS])
+def test_verbs_tools(tsan_env, tool, args):
+    if tool.startswith("ibv_"):
+        from test_traffic_pingpong import pingpong
+        pingpong(tsan_env, tool, args)
+        return
     from test_service_path import perftest_pair
     assert shutil.which(tool), f"{tool} not installed (perftest)"
     out = perftest_pair(tsan_env, tool, args)

@@ -575,7 +575,7 @@ again:
 		// every 64 empty polls only.
 		poll_state &t = t_poll;
 		note_idle(t, cq);
-		bool alone = t.counted ? !g_many_pollers.load(std::memory_order_relaxed) : one_poller(t);
+		bool alone = one_poller(t);
 		if ((++t.empty_polls & 63) == 0) {
 			cq_repair(cq);
 			// RDMA WRITEs of this process on a RoCE v2 wire: its receive
