@@ -257,12 +257,16 @@ def test_resize_against_local_pushers_and_arms(build_dir, env):
     """One CQ resized every 200 us while two threads of the same process
     complete into it (push_own) and a poller re-arms it: completions arrive
     in order per sender, none lost or doubled, no crash (the old ring used
-    to be unmapped under a pusher), and the last arm still raises its event
-    (an arm could land on the ring being replaced)."""
+    to be unmapped under a pusher), one event per arm (a resize used to copy
+    the arm across while a producer of the old ring fired it there: two
+    events), and the last arm still raises its event (an arm could land on
+    the ring being replaced)."""
     prog = build_dir / "tests" / "progs" / "sv_cqrace"
     if not prog.exists():
         pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs libibverbs-dev)")
     p = svtest.run([str(prog), "-s", "3"], env, timeout=120)
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
-    m = re.search(r"OK sv_cqrace completions=(\d+) resizes=(\d+)", p.stdout)
+    m = re.search(r"OK sv_cqrace completions=(\d+) resizes=(\d+) arms=(\d+) events=(\d+)",
+                  p.stdout)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0, p.stdout
+    assert 2 <= int(m.group(4)) <= int(m.group(3)), p.stdout

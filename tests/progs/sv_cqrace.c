@@ -4,8 +4,10 @@
  *   - two sender threads, each with an RC QP connected (in this process) to
  *     a peer QP, post signaled RDMA WRITEs whose send completions the
  *     provider pushes into the CQ from the posting thread (push_own);
- *   - a poller thread polls the CQ, checks that each sender's completions
- *     arrive in order, none lost or doubled, and re-arms the CQ;
+ *   - a poller thread polls the CQ and checks that each sender's
+ *     completions arrive in order, none lost or doubled;
+ *   - an event thread arms the CQ, takes its event, checks that no second
+ *     one follows for the same arm, and arms it again;
  *   - a resizer thread resizes the CQ between small and large sizes.
  * A resize used to unmap the old ring while a sender could still be pushing
  * into it, and an arm could land on the ring being replaced (and be lost).
@@ -30,7 +32,7 @@ static struct ibv_comp_channel *CH;
 static struct ibv_qp *QA[NS], *QB[NS];
 static struct ibv_mr *MR;
 static _Atomic int stop, senders_done;
-static _Atomic uint64_t posted[NS], done[NS], resizes;
+static _Atomic uint64_t posted[NS], done[NS], resizes, arms, events;
 
 static void *sender(void *arg)
 {
@@ -62,7 +64,6 @@ static void *poller(void *arg)
 {
 	(void)arg;
 	struct ibv_wc wc[16];
-	uint64_t polls = 0;
 	for (;;) {
 		int n = ibv_poll_cq(CQ, 16, wc);
 		if (n < 0)
@@ -79,8 +80,6 @@ static void *poller(void *arg)
 				     (unsigned long long)atomic_load(&done[t]));
 			atomic_store(&done[t], seq + 1);
 		}
-		if (++polls % 64 == 0)
-			CHECK_EQ(ibv_req_notify_cq(CQ, 0), 0);
 		if (atomic_load(&senders_done) == NS) {
 			int idle = 1;
 			for (int t = 0; t < NS; t++)
@@ -90,6 +89,32 @@ static void *poller(void *arg)
 				return NULL;
 		}
 	}
+}
+
+/* Arms the CQ, takes its event, and before arming again makes sure no
+ * second event comes: one arm, at most one event (a resize used to copy
+ * the arm to the new ring while a producer of the old ring was about to
+ * fire it there: two events for one arm). */
+static void *eventer(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&stop)) {
+		struct pollfd pfd = {CH->fd, POLLIN, 0};
+		if (poll(&pfd, 1, 20) != 1)
+			continue;
+		struct ibv_cq *ecq;
+		void *ectx;
+		CHECK_EQ(ibv_get_cq_event(CH, &ecq, &ectx), 0);
+		CHECK(ecq == CQ);
+		ibv_ack_cq_events(CQ, 1);
+		atomic_fetch_add(&events, 1);
+		if (poll(&pfd, 1, 2) != 0)
+			FAIL("a second completion event for one arm (event %llu)",
+			     (unsigned long long)atomic_load(&events));
+		atomic_fetch_add(&arms, 1);
+		CHECK_EQ(ibv_req_notify_cq(CQ, 0), 0);
+	}
+	return NULL;
 }
 
 static void *resizer(void *arg)
@@ -136,18 +161,21 @@ int main(int argc, char **argv)
 		svt_connect(QA[t], QB[t]->qp_num, D.lid, &conn);
 		svt_connect(QB[t], QA[t]->qp_num, D.lid, &conn);
 	}
+	atomic_store(&arms, 1);
 	CHECK_EQ(ibv_req_notify_cq(CQ, 0), 0);
-	pthread_t ts[NS], tp, tr;
+	pthread_t ts[NS], tp, tr, te;
 	for (int t = 0; t < NS; t++)
 		CHECK_EQ(pthread_create(&ts[t], NULL, sender, (void *)(intptr_t)t), 0);
 	CHECK_EQ(pthread_create(&tp, NULL, poller, NULL), 0);
 	CHECK_EQ(pthread_create(&tr, NULL, resizer, NULL), 0);
+	CHECK_EQ(pthread_create(&te, NULL, eventer, NULL), 0);
 	usleep((useconds_t)seconds * 1000000);
 	atomic_store(&stop, 1);
 	for (int t = 0; t < NS; t++)
 		pthread_join(ts[t], NULL);
 	pthread_join(tr, NULL);
 	pthread_join(tp, NULL);
+	pthread_join(te, NULL);
 
 	/* Drain the events the run raised, then: armed once, one more
 	 * completion must raise exactly one event. */
@@ -159,6 +187,13 @@ int main(int argc, char **argv)
 	while (ibv_get_cq_event(CH, &ecq, &ectx) == 0)
 		evs++;
 	ibv_ack_cq_events(CQ, evs);
+	uint64_t all = atomic_load(&events) + evs;
+	if (evs > 1 || all > atomic_load(&arms))
+		FAIL("%llu completion events for %llu arms (%u after the last): an arm fired twice",
+		     (unsigned long long)all, (unsigned long long)atomic_load(&arms), evs);
+	if (atomic_load(&events) < 2)
+		FAIL("%llu completion events in the run: the arms were not exercised",
+		     (unsigned long long)atomic_load(&events));
 	CHECK(fcntl(CH->fd, F_SETFL, fl) == 0);
 	struct ibv_wc wc;
 	while (ibv_poll_cq(CQ, 1, &wc) > 0)
@@ -194,7 +229,8 @@ int main(int argc, char **argv)
 	free(buf);
 	CHECK_EQ(ibv_dealloc_pd(D.pd), 0);
 	CHECK_EQ(ibv_close_device(D.ctx), 0);
-	printf("OK sv_cqrace completions=%llu resizes=%llu\n", (unsigned long long)total,
-	       (unsigned long long)atomic_load(&resizes));
+	printf("OK sv_cqrace completions=%llu resizes=%llu arms=%llu events=%llu\n",
+	       (unsigned long long)total, (unsigned long long)atomic_load(&resizes),
+	       (unsigned long long)atomic_load(&arms), (unsigned long long)all);
 	return 0;
 }

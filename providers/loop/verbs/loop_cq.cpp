@@ -1213,14 +1213,32 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	}
 	nr->cons = 0;
 	cq->head = 0;
-	// The arm, as it is now that no producer can reach the old ring: one
-	// that fired there disarmed it.  ibv_req_notify_cq waits on arm_lock
-	// until the CQ names the new ring, so no arm lands on the old one.
+	// The arm moves to the new ring, taken off the old one with an
+	// exchange: a producer that published there before the close and has
+	// yet to look at the arm finds it disarmed and raises nothing (copied
+	// instead, the arm fired once there and stayed set here: two events
+	// for one arm).  That producer's completion is among those moved, and
+	// an arm over completions not yet polled fires at once, as
+	// ibv_req_notify_cq does: one event.  One that fired there first left
+	// it disarmed.  ibv_req_notify_cq waits on arm_lock until the CQ names
+	// the new ring, so no arm lands on the old one.
 	std::unique_lock<std::mutex> arm(cq->arm_lock);
-	std::atomic_ref<uint32_t>(nr->armed).store(
-		std::atomic_ref<uint32_t>(cq->ring->armed).load(std::memory_order_seq_cst),
-		std::memory_order_seq_cst);
+	uint32_t armed = std::atomic_ref<uint32_t>(cq->ring->armed)
+				 .exchange(SV_CQ_DISARMED, std::memory_order_seq_cst);
+	std::atomic_ref<uint32_t>(nr->armed).store(armed, std::memory_order_seq_cst);
 	std::atomic_ref<uint64_t>(nr->prod).store(moved, std::memory_order_release);
+	if (armed != SV_CQ_DISARMED && nr->mod_count <= 1) {
+		bool fire = false;
+		for (uint64_t i = 0; i < moved && !fire; i++)
+			fire = armed == SV_CQ_ARM_ALL || (ns[i].flags & SV_CQE_SOLICITED) ||
+			       ns[i].status != IBV_WC_SUCCESS;
+		// No producer reaches this ring yet: the store is the disarm.
+		if (fire) {
+			std::atomic_ref<uint32_t>(nr->armed).store(SV_CQ_DISARMED,
+								   std::memory_order_seq_cst);
+			notify_channel(nr);
+		}
+	}
 	// Now producers may find the new ring: every QP and XRC SRQ that
 	// completes into this CQ names it.
 	{
@@ -1238,10 +1256,8 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 				o.cq_gen = nref.gen;
 			}
 	}
-	// Events counted lost on the old ring move with the channel's word.
-	std::atomic_ref<uint32_t>(nr->lost_events)
-		.fetch_add(std::atomic_ref<uint32_t>(cq->ring->lost_events).exchange(0),
-			   std::memory_order_seq_cst);
+	// The channel counts events lost from here on in the new ring's word;
+	// those counted in the old one move across below, as late as possible.
 	if (ibcq->channel)
 		verbs_comp_channel_lost_word(ibcq, &nr->lost_events);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
@@ -1261,6 +1277,13 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	// none is.  They never block inside, so this wait is short.
 	while (cq->pushers.load(std::memory_order_seq_cst))
 		sched_yield();
+	// Events counted lost on the old ring: after the wait, so that a
+	// producer of ours that fired there before the arm moved and found the
+	// channel full is counted.  (One in another process, between its
+	// disarm and its count, can still miss: a window of a send call.)
+	std::atomic_ref<uint32_t>(nr->lost_events)
+		.fetch_add(std::atomic_ref<uint32_t>(old->lost_events).exchange(0),
+			   std::memory_order_seq_cst);
 	drop_old_geometry(cq);
 	queue_destroy(fab, oref, old);
 	return 0;
