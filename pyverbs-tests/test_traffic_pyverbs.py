@@ -243,6 +243,25 @@ r["marker"] = wcd(poll(b.cq))
 r["marker_data"] = b.mr.read(17, 40) == b"MARKER-0123456789"
 r["gid_b"] = b.gid.gid
 r["gid_a"] = a.gid.gid
+# A UD SEND to a connected RC QP's number is not that QP's to take: it is
+# dropped, its receive stays posted and its buffer untouched; the RC peer's
+# SEND after it is what that receive gets.
+c = Side(DEV_B); dd = Side(DEV_B)
+connect(c, dd)
+c.mr.write(b"\xcc" * 64, 64, 0)
+recv(c, 7, 0, 64)
+a.mr.write(b"UD-INTRUDER", 11, 8192)
+w = send_wr(8, e.IBV_WR_SEND, [SGE(a.mr.buf + 8192, 11, a.mr.lkey)])
+w.set_wr_ud(ah_lid, c.qp.qp_num, 0x1234)
+a.qp.post_send(w)
+r["intruder_send"] = wcd(poll(a.cq))
+r["intruder_dropped"] = empty(c.cq, 0) and c.mr.read(64, 0) == b"\xcc" * 64
+dd.mr.write(b"RC-PEER", 7, 0)
+dd.qp.post_send(send_wr(9, e.IBV_WR_SEND, [SGE(dd.mr.buf, 7, dd.mr.lkey)]))
+r["rc_send"] = wcd(poll(dd.cq))
+r["rc_recv"] = wcd(poll(c.cq))
+r["rc_data"] = c.mr.read(8, 0) == b"RC-PEER\xcc"
+r["rc_state"] = qstate(c.qp)
 out(r)
 """
 
@@ -270,6 +289,11 @@ def test_ud(env, devs):
     assert r["marker_send"]["status"] == 0
     assert (r["marker"]["wr_id"], r["marker"]["status"], r["marker"]["byte_len"]) == (3, 0, 17 + 40)
     assert r["marker_data"]
+    # The UD SEND to an RC QP: sent (UD has no answers), not delivered.
+    assert r["intruder_send"]["status"] == 0 and r["intruder_dropped"]
+    assert r["rc_send"]["status"] == 0
+    assert (r["rc_recv"]["wr_id"], r["rc_recv"]["status"], r["rc_recv"]["byte_len"]) == (7, 0, 7)
+    assert r["rc_data"] and r["rc_state"] == 3  # RTS
 
 
 ERRORS = r"""

@@ -435,6 +435,7 @@ step run_ud(loop_qp *qp, send_wr &w)
 	r.sl = w.ah.sl;
 	r.grh = &grh;
 	r.grh_valid = global;
+	r.datagram = true;
 	bool eth = fabric_port_is_eth(lctx, qp->attr.port_num);
 	bool mcast = (!eth && w.ah.dlid >= 0xc000 && w.ah.dlid != 0xffff) ||
 		     (w.ah.is_global && w.ah.grh.dgid.raw[0] == 0xff);

@@ -276,6 +276,12 @@ tp_answer respond_taken(const transport_ops &t, loop_qp *qp, const peer &p, cons
 
 [[gnu::hot]] tp_answer respond(const transport_ops &t, loop_qp *qp, const peer &p, const tp_request &r)
 {
+	// A packet whose transport is not the QP's is invalid and dropped (IB
+	// 9.6.1.1: a UD SEND to an RC QP's number is not an RC SEND; taken,
+	// any UD QP of the fabric could write into any connected QP's
+	// receives).  Connected requesters check the type before they come.
+	if (r.datagram != (p.rec.qp_type == IBV_QPT_UD))
+		return r.datagram ? ack(0) : kLost;
 	if (p.rec.qp_type == IBV_QPT_UD)
 		return respond_ud(t, qp, p, r);
 	std::vector<uint8_t> &wqe_buf = qp->resp_wqe_buf;

@@ -116,6 +116,7 @@ struct tp_request {
 	uint8_t sl;
 	const ibv_grh *grh; // UD: the GRH placed at the head of the receive buffer
 	bool grh_valid;	    // UD: wc_flags gets IBV_WC_GRH
+	bool datagram;	    // From a UD QP: only a UD QP takes it (respond)
 };
 
 // The responder's answer.

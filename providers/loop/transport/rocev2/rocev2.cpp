@@ -2096,6 +2096,7 @@ void respond_datagram(qp_wire &qw, const rv::parsed &p, const host_addr &from,
 	r.qkey = h.d.qkey;
 	r.grh = &grh;
 	r.grh_valid = true;
+	r.datagram = true;
 	respond(loop_transport_ops, proxy, tp, r);
 }
 
