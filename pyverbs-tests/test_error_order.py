@@ -11,6 +11,7 @@ import pytest
 import exverbs
 
 from memsv import RC
+import svtest
 from svtest import pyverbs
 
 SETUP = RC + r"""
@@ -194,3 +195,16 @@ out({"bind": bind, "real_key": ok, "data": data, "asked_key": bad,
 """, env)
     ok, rem = r.pop("codes")
     assert r == {"bind": ok, "real_key": ok, "data": True, "asked_key": rem}
+
+
+def test_send_queue_drain_and_error_states(env, build_dir):
+    """SQD and SQE as IB 10.3.1 defines them (tests/progs/sv_sqd.c): RTS ->
+    SQD raises IBV_EVENT_SQ_DRAINED when asked, after a SEND already
+    started (an RNR wait) finishes, with sq_draining 1 until then; WRs
+    posted in SQD start only at SQD -> RTS (no completion, no byte moved
+    before); a UC QP's local send error parks it in SQE, flushing what
+    follows, while its receive queue goes on; SQE -> RTS resumes it.  SQD
+    was accepted and ignored: no event, WRs ran at once; a UD or UC send
+    error left the QP sending (UD) or took it to ERR (UC)."""
+    p = svtest.run([svtest.built_prog(build_dir, "sv_sqd")], env, timeout=90)
+    assert p.returncode == 0 and p.stdout.strip() == "OK sv_sqd", (p.stdout, p.stderr)

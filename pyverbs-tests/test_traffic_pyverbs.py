@@ -232,11 +232,19 @@ w.set_wr_ud(ah_lid, b.qp.qp_num, 0x1234)
 a.qp.post_send(w)
 r["too_long"] = wcd(poll(a.cq))
 r["too_long_not_delivered"] = empty(b.cq, 0)
-# The time-free check that neither was delivered: a good SEND of marked
-# bytes after them is what receive 3 (posted before both) gets.
+# The send error parks the UD QP in SQE (IB 10.3.1): a WR posted now
+# completes flushed; SQE -> RTS resumes it.
+r["sqe_state"] = qstate(a.qp)
 a.mr.write(b"MARKER-0123456789", 17, 4096)
 w = send_wr(6, e.IBV_WR_SEND, [SGE(a.mr.buf + 4096, 17, a.mr.lkey)])
 w.set_wr_ud(ah_lid, b.qp.qp_num, 0x1234)
+a.qp.post_send(w)
+r["sqe_flushed"] = wcd(poll(a.cq))
+at = QPAttr(); at.qp_state = e.IBV_QPS_RTS; at.cur_qp_state = e.IBV_QPS_SQE
+a.qp.modify(at, e.IBV_QP_STATE | e.IBV_QP_CUR_STATE)
+r["resumed_state"] = qstate(a.qp)
+# The time-free check that neither was delivered: a good SEND of marked
+# bytes after them is what receive 3 (posted before both) gets.
 a.qp.post_send(w)
 r["marker_send"] = wcd(poll(a.cq))
 r["marker"] = wcd(poll(b.cq))
@@ -286,6 +294,9 @@ def test_ud(env, devs):
     assert r["bad_qkey_send"]["status"] == 0 and r["bad_qkey_dropped"]
     assert r["too_long"]["status"] == 1  # IBV_WC_LOC_LEN_ERR
     assert r["too_long_not_delivered"]
+    assert r["sqe_state"] == 5  # IBV_QPS_SQE
+    assert (r["sqe_flushed"]["wr_id"], r["sqe_flushed"]["status"]) == (6, 5)  # WR_FLUSH_ERR
+    assert r["resumed_state"] == 3  # RTS
     assert r["marker_send"]["status"] == 0
     assert (r["marker"]["wr_id"], r["marker"]["status"], r["marker"]["byte_len"]) == (3, 0, 17 + 40)
     assert r["marker_data"]

@@ -386,6 +386,9 @@ struct loop_qp {
 	// valid while sq_head_valid.
 	bool sq_head_valid = false;
 	send_wr sq_head;
+	// RTS -> SQD asked for IBV_EVENT_SQ_DRAINED and it is not raised yet
+	// (sq_drained, completer.cpp).  Under sq_lock.
+	bool sqd_notify = false;
 	uint32_t req_psn = 0; // The requester's next sequence number (requester.cpp)
 	// The requester's scratch lists of resolved segments (local SGEs, the
 	// remote key's range), used under sq_lock: per QP, not thread_local,
@@ -736,6 +739,9 @@ int loop_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
 // Moves a QP to ERR (if not already) and flushes its receive queue; usable on
 // a peer's QP.  Returns true if this call made the transition.
 bool qp_set_error(fabric &fab, uint32_t slot);
+// Moves a UD or UC QP in RTS or SQD to SQE after a send error (IB 10.3.1:
+// its send queue stops, its receive queue goes on).  True if it did.
+bool qp_set_sqe(fabric &fab, uint32_t slot);
 // Flushes receive WQEs of ring into the CQ ring with WR_FLUSH_ERR.
 void rq_flush(sv_rq_ring *rq, sv_cq_ring *cq, uint32_t qpn);
 // The same, each flushed completion handed to sink (which retries across a
@@ -827,6 +833,16 @@ int pd_place(ibv_pd *pd, uint64_t type, size_t bytes, queue_place &place,
 // Completes every WR of the backlog flushed (the QP went to ERR).  Caller
 // holds sq_lock.
 void qp_flush_backlog(loop_qp *qp);
+// The QP left SQD for RTS: runs what waited (progress_add for a remainder).
+// Caller holds sq_lock; returns whether the progress thread must take it.
+bool qp_resume_backlog(loop_qp *qp);
+// In SQD: whether a WR the requester started (a retry booked, WRITEs on
+// the wire) has yet to finish; sq_draining of ibv_query_qp.  Caller holds
+// sq_lock.
+bool qp_sq_busy(const loop_qp *qp);
+// In SQD with nothing started left: raises IBV_EVENT_SQ_DRAINED once if
+// asked for.  Caller holds sq_lock.
+void qp_sq_drained(loop_qp *qp);
 // Runs the backlog of a QP (called by the progress thread); returns the time
 // of the next retry or 0 when the backlog is empty.
 uint64_t qp_run_backlog(loop_qp *qp);

@@ -602,6 +602,10 @@ static void sc_ud(void)
 	CHECK_WC(wc, IBV_WC_LOC_LEN_ERR);
 	CHECK_EQ(wc.wr_id, 5);
 	svt_expect_empty(p.bcq, NOTHING_MS, "too long must not arrive");
+	/* The send error parked the QP in SQE (IB 10.3.1); SQE -> RTS resumes */
+	CHECK_EQ(svt_state(p.qa), IBV_QPS_SQE);
+	struct ibv_qp_attr ra = {.qp_state = IBV_QPS_RTS};
+	CHECK(ibv_modify_qp(p.qa, &ra, IBV_QP_STATE) == 0);
 	/* Exactly the MTU passes (into a big enough buffer) */
 	struct ibv_sge rbig = svt_sge(mb, 0, 40 + mtu);
 	(void)rbig;

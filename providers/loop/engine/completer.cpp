@@ -93,9 +93,15 @@ int push_own(loop_cq *cq, sv_cqe &e)
 	if (!signaled)
 		return;
 	push_sq(qp, w, st, wc_opcode(w.opcode), byte_len);
-	// An error completion takes a connected QP to ERR (IB C10-61, C10-96):
+	if (st == IBV_WC_SUCCESS || st == IBV_WC_WR_FLUSH_ERR)
+		return;
+	// An error completion takes a reliable QP to ERR (IB C10-61, C10-96):
 	// its receive queue and the WRs behind this one then complete flushed.
-	if (st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR && qp->type != IBV_QPT_UD)
+	// A UD or UC QP goes to SQE instead: the WRs behind complete flushed,
+	// its receive queue goes on, and SQE -> RTS resumes it (IB 10.3.1).
+	if (qp->type == IBV_QPT_UD || qp->type == IBV_QPT_UC)
+		qp_set_sqe(*qp->ctx->fab, qp->slot);
+	else
 		qp_set_error(*qp->ctx->fab, qp->slot);
 }
 
@@ -179,14 +185,22 @@ uint64_t drain(loop_qp *qp)
 	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
 	while (qp->sq_cons != posted) {
 		uint32_t state = std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire);
-		if (state == IBV_QPS_ERR) {
+		if (state == IBV_QPS_ERR || state == IBV_QPS_SQE) {
 			flush_backlog(qp);
 			return 0;
 		}
 		// The head is on the wire (rocev2_write_start), completed from
 		// there: what waits behind it runs once it is done.
+		// (In SQD a drained event may wait for them: looked at again.)
 		if (qp->wire_next > qp->sq_cons)
-			return qp->wire_next >= posted ? 0 : now_ns() + kWireWaitNs;
+			return qp->wire_next >= posted && !qp->sqd_notify ? 0
+									 : now_ns() + kWireWaitNs;
+		// SQD: a WR already started (its retry booked) finishes; none
+		// starts until SQD -> RTS (qp_resume_backlog).
+		if (state == IBV_QPS_SQD && !qp_sq_busy(qp)) {
+			qp_sq_drained(qp);
+			return 0;
+		}
 		send_wr &w = qp->sq_head;
 		if (!qp->sq_head_valid) {
 			ibv_wc_status st = wqe_read(qp, qp->sq_cons, w);
@@ -207,7 +221,30 @@ uint64_t drain(loop_qp *qp)
 		}
 		return book_retry(qp, w, s, now);
 	}
+	if (std::atomic_ref<uint32_t>(rec.state).load(std::memory_order_acquire) == IBV_QPS_SQD)
+		qp_sq_drained(qp);
 	return 0;
+}
+
+bool qp_sq_busy(const loop_qp *qp)
+{
+	return qp->wire_next > qp->sq_cons ||
+	       (qp->sq_head_valid && qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed) &&
+		qp->sq_head.next_try_ns);
+}
+
+void qp_sq_drained(loop_qp *qp)
+{
+	if (!qp->sqd_notify || qp_sq_busy(qp))
+		return;
+	qp->sqd_notify = false;
+	raise_qp_event(*qp->ctx->fab, qp->slot, IBV_EVENT_SQ_DRAINED);
+}
+
+bool qp_resume_backlog(loop_qp *qp)
+{
+	drain(qp);
+	return qp->sq_cons != qp->sq_posted.load(std::memory_order_relaxed);
 }
 
 } // namespace loop

@@ -31,7 +31,9 @@ inline constexpr uint32_t kPsnMask = 0xffffff;
 
 inline bool peer_receives(const sv_qp_rec &q)
 {
-	return q.state == IBV_QPS_RTR || q.state == IBV_QPS_RTS || q.state == IBV_QPS_SQD;
+	// SQE stops the send queue only (IB 10.3.1, C10-38).
+	return q.state == IBV_QPS_RTR || q.state == IBV_QPS_RTS || q.state == IBV_QPS_SQD ||
+	       q.state == IBV_QPS_SQE;
 }
 
 // requester.cpp

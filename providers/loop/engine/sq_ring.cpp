@@ -452,6 +452,8 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 		flush_backlog(qp);
 		return 0;
 	}
+	if (state == IBV_QPS_SQD)
+		return 0; // Queued: it starts at SQD -> RTS (qp_resume_backlog)
 	// Over RoCE v2 an RDMA WRITE goes out now and completes from the wire,
 	// with others in flight behind it (docs/rocev2.md).
 	if (qp->wire_remote && state == IBV_QPS_RTS) {

@@ -424,6 +424,19 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 	return 0;
 }
 
+bool qp_set_sqe(fabric &fab, uint32_t slot)
+{
+	if (slot >= SV_MAX_QPS)
+		return false;
+	std::atomic_ref<uint32_t> st = qp_state_ref(fab.reg()->qps[slot]);
+	uint32_t cur = st.load(std::memory_order_acquire);
+	do {
+		if (cur != IBV_QPS_RTS && cur != IBV_QPS_SQD)
+			return false;
+	} while (!st.compare_exchange_weak(cur, IBV_QPS_SQE, std::memory_order_acq_rel));
+	return true;
+}
+
 bool qp_set_error(fabric &fab, uint32_t slot)
 {
 	if (slot >= SV_MAX_QPS)
@@ -738,7 +751,7 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 		mask &= ~(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY);
 	fabric &fab = *qp->ctx->fab;
 	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
-	std::lock_guard<qlock> sg(qp->sq_lock);
+	std::unique_lock<qlock> sg(qp->sq_lock);
 	auto cur = static_cast<ibv_qp_state>(qp_state_ref(rec).load(std::memory_order_acquire));
 	auto next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
 	int missing = 0, extra = 0;
@@ -834,6 +847,21 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 	if (next == IBV_QPS_ERR)
 		qp_flush_backlog(qp); // Under sq_lock, which we hold
 	rocev2_qp_modified(qp, mask);
+	// SQD: no WR starts; one already started finishes, and then the
+	// drained event comes if it was asked for (at once if none was).
+	bool resume = false;
+	if (next == IBV_QPS_SQD && cur != IBV_QPS_SQD) {
+		qp->sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && attr->en_sqd_async_notify;
+		qp_sq_drained(qp);
+	} else if (next != IBV_QPS_SQD) {
+		qp->sqd_notify = false;
+		// Back to RTS from SQD: what was posted meanwhile runs now.
+		if (cur == IBV_QPS_SQD && next == IBV_QPS_RTS)
+			resume = qp_resume_backlog(qp);
+	}
+	sg.unlock();
+	if (resume)
+		progress_add(qp); // The progress lock comes before sq_lock
 	return 0;
 }
 
@@ -850,6 +878,10 @@ int loop_query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *i
 	attr->cur_qp_state = attr->qp_state;
 	attr->cap = qp->cap;
 	attr->sq_draining = 0;
+	if (attr->qp_state == IBV_QPS_SQD) {
+		std::lock_guard<qlock> sg(qp->sq_lock);
+		attr->sq_draining = qp_sq_busy(qp);
+	}
 	memset(init, 0, sizeof(*init));
 	init->qp_context = ibqp->qp_context;
 	init->send_cq = ibqp->send_cq;

@@ -741,7 +741,8 @@ void memo_peer_keep(loop_qp *qp, loop_qp::peer_memo &pm, const peer &p)
 	std::atomic_thread_fence(std::memory_order_acquire);
 	const sv_lease &l = r->leases[pm.owner_lease];
 	return qp_rec_still(q, gen) && gen == pm.gen && lease == pm.owner_lease && ogen == pm.owner_gen && type == pm.type &&
-	       port == pm.port_now && (st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD) &&
+	       port == pm.port_now && (st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD ||
+				       st == IBV_QPS_SQE) &&
 	       (acc & need) == need &&
 	       (!rcq || (cq.slot == rcq->slot && cq.gen == rcq->gen)) &&
 	       std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_relaxed) == ogen &&
