@@ -288,7 +288,8 @@ def test_ud(env, devs):
         assert r[name + "_data"] and r[name + "_after"]
     g = bytes(r["grh_grh"])
     assert g[0] >> 4 == 6 and g[6] == 0x1b and g[7] == 9  # version, next header, hop limit
-    assert int.from_bytes(g[4:6], "big") == 512
+    # PayLen: BTH 12 + DETH 8 + 512 + ICRC 4 (IB 8.3.1), as on the wire
+    assert int.from_bytes(g[4:6], "big") == 12 + 8 + 512 + 4
     assert g[8:24] == bytes.fromhex(r["gid_a"].replace(":", ""))
     assert g[24:40] == bytes.fromhex(r["gid_b"].replace(":", ""))
     assert r["bad_qkey_send"]["status"] == 0 and r["bad_qkey_dropped"]

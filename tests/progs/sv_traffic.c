@@ -559,7 +559,7 @@ static void sc_ud(void)
 			struct ibv_grh *h = (struct ibv_grh *)B;
 			CHECK(memcmp(&h->dgid, &p.b.gid, 16) == 0);
 			CHECK(memcmp(&h->sgid, &p.a.gid, 16) == 0);
-			CHECK_EQ(ntohs(h->paylen), 200);
+			CHECK_EQ(ntohs(h->paylen), 12 + 8 + 200 + 4); /* BTH DETH data ICRC */
 			CHECK_EQ(h->next_hdr, 0x1b);
 			CHECK_EQ(h->hop_limit, 64);
 			CHECK_EQ(ntohl(h->version_tclass_flow) >> 28, 6);

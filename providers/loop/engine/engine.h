@@ -36,6 +36,14 @@ inline bool peer_receives(const sv_qp_rec &q)
 	       q.state == IBV_QPS_SQE;
 }
 
+// A UD packet's GRH PayLen: the bytes after the GRH up to and including
+// the ICRC (IB 8.3.1): BTH, DETH, the immediate if any, the payload padded
+// to 4 bytes, ICRC.
+inline uint32_t ud_grh_paylen(uint64_t payload, bool imm)
+{
+	return static_cast<uint32_t>(12 + 8 + (imm ? 4 : 0) + ((payload + 3) & ~uint64_t{3}) + 4);
+}
+
 // requester.cpp
 bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op);
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op);

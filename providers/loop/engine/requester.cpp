@@ -420,7 +420,8 @@ step run_ud(loop_qp *qp, send_wr &w)
 		int n = loop_gid_table(lctx, qp->attr.port_num, table, kGidTableLen, true);
 		if (w.ah.grh.sgid_index < n)
 			sgid = table[w.ah.grh.sgid_index].gid;
-		build_grh(grh, sgid, w.ah.grh.dgid, static_cast<uint32_t>(lb.len), w.ah.grh);
+		build_grh(grh, sgid, w.ah.grh.dgid,
+			  ud_grh_paylen(lb.len, w.opcode == IBV_WR_SEND_WITH_IMM), w.ah.grh);
 	} else {
 		memset(&grh, 0, sizeof(grh));
 	}

@@ -2083,7 +2083,8 @@ void respond_datagram(qp_wire &qw, const rv::parsed &p, const host_addr &from,
 	};
 	ibv_grh grh{};
 	grh.version_tclass_flow = htobe32(6u << 28);
-	grh.paylen = htobe16(static_cast<uint16_t>(p.payload_len));
+	grh.paylen = htobe16(static_cast<uint16_t>(
+		ud_grh_paylen(p.payload_len, h.b.opcode == rv::UD_SEND_ONLY_WITH_IMMEDIATE)));
 	grh.next_hdr = 0x1b;
 	grh.hop_limit = 64;
 	grh.sgid = gid_of(from);
