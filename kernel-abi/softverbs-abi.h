@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 12
+#define SV_ABI_VERSION 13
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -198,7 +198,10 @@ struct sv_qp_rec {
 	uint32_t xrcd;		/* XRC domain id (XRC_RECV QPs) */
 	uint32_t dest_qpn;	/* Connected peer (RC/UC/XRC), from INIT->RTR */
 	uint8_t min_rnr_timer;	/* Encoded as in ibv_qp_attr; sent back in an RNR NAK */
-	uint8_t reserved0[3];
+	uint8_t comm_est;	/* Set (by exchange, any process) by the first request
+				 * that finds the QP in RTR, which raises
+				 * IBV_EVENT_COMM_EST; cleared at INIT->RTR */
+	uint8_t reserved0[2];
 	uint32_t reserved[2];
 };
 SV_STATIC_ASSERT(sizeof(struct sv_qp_rec) == 80, "QP record size");

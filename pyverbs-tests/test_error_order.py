@@ -208,3 +208,14 @@ def test_send_queue_drain_and_error_states(env, build_dir):
     error left the QP sending (UD) or took it to ERR (UC)."""
     p = svtest.run([svtest.built_prog(build_dir, "sv_sqd")], env, timeout=90)
     assert p.returncode == 0 and p.stdout.strip() == "OK sv_sqd", (p.stdout, p.stderr)
+
+
+def test_comm_est_last_wqe_and_one_multicast_copy(env, build_dir):
+    """tests/progs/sv_async.c: IBV_EVENT_COMM_EST once on a QP in RTR at its
+    first request (a SEND; a WRITE, which takes the express way), none for
+    a responder already in RTS; IBV_EVENT_QP_LAST_WQE_REACHED when a QP on
+    an SRQ goes to ERR, by modify and by a responder error; one multicast
+    copy for a QP attached to two groups of one LID.  The two events were
+    never raised, and the QP got two copies."""
+    p = svtest.run([svtest.built_prog(build_dir, "sv_async")], env, timeout=90)
+    assert p.returncode == 0 and p.stdout.strip() == "OK sv_async", (p.stdout, p.stderr)

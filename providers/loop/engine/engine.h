@@ -135,5 +135,13 @@ uint16_t fabric_port_lid(loop_context *lctx, uint8_t port);
 bool fabric_port_is_eth(loop_context *lctx, uint8_t port);
 uint8_t fabric_port_mtu(loop_context *lctx, uint8_t port);
 void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type);
+// The first request that finds a connected QP of this fabric in RTR raises
+// IBV_EVENT_COMM_EST on it (IB 11.6.3), once until it enters RTR again.
+void raise_comm_est(fabric &fab, const peer &p);
+inline void note_comm_est(fabric &fab, const peer &p)
+{
+	if (p.rec.state == IBV_QPS_RTR && !p.rec.comm_est && !p.remote) [[unlikely]]
+		raise_comm_est(fab, p);
+}
 
 } // namespace loop

@@ -350,6 +350,7 @@ step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, 
 		complete(qp, w, IBV_WC_REM_INV_REQ_ERR, 0);
 		return step::done;
 	}
+	note_comm_est(*lctx->fab, p);
 	// One sequence number per request that reaches a responder, from the
 	// QP's SQ PSN on, kept across its retries (a responder that keeps
 	// state knows a duplicate by it).
@@ -529,6 +530,7 @@ bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b)
 		return false;
 	if (!wrs.empty() && (p.pid != b.p.pid || p.slot != b.p.slot))
 		return false;
+	note_comm_est(*qp->ctx->fab, p);
 	local_buf lb;
 	if (!read && (gather_local(qp, w, false, lb) != IBV_WC_SUCCESS || lb.checked))
 		return false;

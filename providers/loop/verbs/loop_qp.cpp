@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Queue pairs: creation, the state machine, receive queues.
+#include "engine.h"
 #include "loop.h"
 #include "objects.h"
 #include "qp_state.h"
@@ -448,6 +449,11 @@ bool qp_set_error(fabric &fab, uint32_t slot)
 		if (cur == IBV_QPS_ERR || cur == IBV_QPS_RESET)
 			return false;
 	} while (!st.compare_exchange_weak(cur, IBV_QPS_ERR, std::memory_order_acq_rel));
+	// A QP on an SRQ takes no receive WQE from here on: the last one it
+	// will consume is behind it (IB 11.6.3, "Last WQE Reached"; consumers
+	// wait for this before they destroy such a QP).
+	if (q.has_srq)
+		raise_qp_event(fab, slot, IBV_EVENT_QP_LAST_WQE_REACHED);
 	// Flush the receive queue (not a shared SRQ) into the receive CQ.
 	if (!q.has_srq && q.qp_type != IBV_QPT_XRC_SEND) {
 		queue_hold rqh = queue_map(fab, {q.rq_obj, q.rq_gen}, SV_OBJ_RQ);
@@ -826,6 +832,8 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 			rec.dest_qpn = attr->dest_qp_num;
 		if (mask & IBV_QP_MIN_RNR_TIMER)
 			rec.min_rnr_timer = attr->min_rnr_timer;
+		if (next == IBV_QPS_RTR && cur != IBV_QPS_RTR)
+			std::atomic_ref<uint8_t>(rec.comm_est).store(0, std::memory_order_relaxed);
 		if (next == IBV_QPS_RESET && qp->rq) {
 			// Back to RESET: the receive queue is emptied, nothing completes.
 			std::atomic_ref<uint64_t>(qp->rq->cons)

@@ -212,6 +212,10 @@ void lt_mcast_members(loop_qp *qp, const send_wr &w, bool eth, std::vector<peer>
 				qpns.insert(qpns.end(), m.qpns,
 					    m.qpns + std::min<uint32_t>(m.num_qps, SV_MAX_MCAST_QPS));
 	}
+	// One copy per QP: a QP attached to two groups that share the LID a
+	// datagram without a GRH names is one member of both.
+	std::sort(qpns.begin(), qpns.end());
+	qpns.erase(std::unique(qpns.begin(), qpns.end()), qpns.end());
 	for (uint32_t qpn : qpns) {
 		if (qpn == qp->qpn)
 			continue; // No loopback to the sender
@@ -733,6 +737,11 @@ void memo_peer_keep(loop_qp *qp, loop_qp::peer_memo &pm, const peer &p)
 	uint32_t acc = std::atomic_ref<const uint32_t>(q.access).load(std::memory_order_relaxed);
 	uint8_t type = std::atomic_ref<const uint8_t>(q.qp_type).load(std::memory_order_relaxed);
 	uint8_t port = std::atomic_ref<const uint8_t>(q.port).load(std::memory_order_relaxed);
+	// A peer in RTR that has not had its first request goes the way that
+	// raises its IBV_EVENT_COMM_EST (note_comm_est).
+	if (st == IBV_QPS_RTR &&
+	    !std::atomic_ref<const uint8_t>(q.comm_est).load(std::memory_order_relaxed))
+		return false;
 	obj_ref cq{};
 	if (rcq) {
 		cq.slot = std::atomic_ref<const uint32_t>(q.rcq_obj).load(std::memory_order_relaxed);
@@ -1137,6 +1146,7 @@ bool express_enabled()
 			    fabric_port_is_eth(qp->ctx, at.port_num), p) ||
 	    !peer_receives(p.rec) || p.rec.qp_type != qp->type)
 		return false;
+	note_comm_est(*qp->ctx->fab, p);
 	if (!write)
 		return express_send(qp, w, p, src, len, a);
 	if (!(p.rec.access & IBV_ACCESS_REMOTE_WRITE))
@@ -1262,6 +1272,20 @@ void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type)
 		return;
 	sv_async_msg m{static_cast<uint32_t>(type), kObjQp, qp_slot, q.generation};
 	send_async(ring->async_addr, ring->async_len, m);
+}
+
+void raise_comm_est(fabric &fab, const peer &p)
+{
+	if (p.slot >= SV_MAX_QPS || p.rec.qp_type == IBV_QPT_UD)
+		return;
+	sv_qp_rec &q = fab.reg()->qps[p.slot];
+	std::atomic_ref<uint8_t> f(q.comm_est);
+	if (f.load(std::memory_order_relaxed) ||
+	    std::atomic_ref<uint32_t>(q.generation).load(std::memory_order_acquire) !=
+		    p.rec.generation ||
+	    f.exchange(1, std::memory_order_acq_rel))
+		return;
+	raise_qp_event(fab, p.slot, IBV_EVENT_COMM_EST);
 }
 
 atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)

@@ -1878,6 +1878,7 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 		count(&sv_wire_counters::drop_other); // Another service's packet
 		return;
 	}
+	note_comm_est(*proxy->ctx->fab, tp); // The first packet of a QP in RTR
 	uint32_t psn = h.b.psn;
 	int32_t d = psn_diff(psn, qw.epsn);
 	bool starts = low == rv::RC_SEND_FIRST || low == rv::RC_SEND_ONLY ||
