@@ -820,6 +820,8 @@ enum sv_svc_state {
 	SV_SVC_POSTED = 1,
 	SV_SVC_DONE = 2,
 	SV_SVC_SERVING = 3, /* Claimed by the service: req and bounce are its */
+	SV_SVC_ABANDONED = 4, /* SERVING, and its requester gave up: the service
+			       * moves no byte it has not moved yet, then DONE */
 };
 
 enum sv_svc_op {

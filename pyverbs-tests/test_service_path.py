@@ -196,6 +196,29 @@ def test_stopped_receiver_fails_the_message_visibly(env, build_dir, op, senders)
     assert r["untouched"] == "1", lines
 
 
+def test_a_request_given_up_on_moves_no_byte_later(env, build_dir):
+    """The service thread claimed a SEND's copy and stalled past the
+    requester's 10 s give-up (SOFTVERBS_TEST_SERVICE_STALL_MS=11000, as a
+    thread stopped right after its claim): the requester completed the
+    receive in error, so the application may have that buffer back, and
+    the service, once it runs again, must not copy into it.  The requester
+    marks the request abandoned; the receiver finds its memory untouched
+    4 s after the stall ended (the bytes used to land then)."""
+    p = subprocess.run([str(build_dir / "tests" / "progs" / "sv_stuck"), "stall"],
+                       env=dict(env, SOFTVERBS_CMA="0", SOFTVERBS_REMAP="0",
+                                SOFTVERBS_TEST_SERVICE_STALL_MS="11000"),
+                       capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    lines = p.stdout.splitlines()
+    s = stuck_fields(next(l for l in lines if l.startswith("SENDER")), "SENDER")
+    assert int(s["status"]) == IBV_WC_REM_OP_ERR and 9 <= int(s["secs"]) < 35, lines
+    r = stuck_fields(next(l for l in lines if l.startswith("RECEIVER")), "RECEIVER")
+    want = sorted(f"{100 + i}:{IBV_WC_LOC_QP_OP_ERR if i == 0 else IBV_WC_WR_FLUSH_ERR}"
+                  for i in range(4))
+    assert sorted(r["wc"].split(",")) == want, lines
+    assert r["untouched"] == "1", lines
+
+
 def svc_rings(fabric, L):
     """(path, owner pid) of the fabric's service rings."""
     from test_fault_injection import queue_segments

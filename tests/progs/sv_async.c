@@ -6,7 +6,8 @@
  *
  * - IBV_EVENT_COMM_EST (IB 11.6.3): raised on a QP in RTR by the first
  *   request that reaches it, once: a SEND, and (on another pair) an RDMA
- *   WRITE; none for a QP that was in RTS before its first request.
+ *   WRITE; none for a QP that was in RTS before its first request, and none
+ *   for a SEND that failed at its requester (a bad lkey: nothing went out).
  * - IBV_EVENT_QP_LAST_WQE_REACHED: raised on a QP attached to an SRQ when it
  *   goes to ERR, by ibv_modify_qp and by a responder error (a SEND longer
  *   than the SRQ's buffer).
@@ -109,6 +110,19 @@ static void comm_est(void)
 				     got, want);
 		}
 	}
+	/* A SEND that fails at the requester (a bad lkey) sends nothing. */
+	struct ibv_qp *x = svt_qp(&D, &o), *y = svt_qp(&D, &o);
+	svt_connect(x, y->qp_num, D.lid, &c);
+	to_rtr_only(y, x->qp_num);
+	svt_post_recv1(y, 200, &r, 1);
+	struct ibv_sge bad = s;
+	bad.lkey ^= 0x77700;
+	CHECK_EQ(svt_post_send1(x, 9, IBV_WR_SEND, &bad, 1, IBV_SEND_SIGNALED, 0, 0), 0);
+	CHECK_WC(svt_wait(cq, "a SEND with a bad lkey"), IBV_WC_LOC_PROT_ERR);
+	if (count_events(IBV_EVENT_COMM_EST, y, 300) != 0)
+		FAIL("COMM_EST for a request that never left its requester");
+	CHECK_EQ(ibv_destroy_qp(x), 0);
+	CHECK_EQ(ibv_destroy_qp(y), 0);
 	for (int i = 0; i < 6; i++)
 		CHECK_EQ(ibv_destroy_qp(q[i]), 0);
 	CHECK_EQ(ibv_destroy_cq(cq), 0);

@@ -167,6 +167,51 @@ static void sqd(void)
 	CHECK_EQ(ibv_dereg_mr(mb), 0);
 }
 
+/* An XRC send QP made without a receive CQ: its events come all the same
+ * (they were looked for only through the receive CQ's ring). */
+static void xrc_send_drained(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(D.ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_xrcd_init_attr xa = {.comp_mask = IBV_XRCD_INIT_ATTR_FD |
+						     IBV_XRCD_INIT_ATTR_OFLAGS,
+					.fd = -1, .oflags = O_CREAT};
+	struct ibv_xrcd *xrcd = ibv_open_xrcd(D.ctx, &xa);
+	CHECK(xrcd);
+	struct ibv_qp_init_attr_ex ia = {.qp_type = IBV_QPT_XRC_SEND, .send_cq = cq,
+					 .cap = {.max_send_wr = 8, .max_send_sge = 1},
+					 .comp_mask = IBV_QP_INIT_ATTR_PD, .pd = D.pd};
+	struct ibv_qp *q = ibv_create_qp_ex(D.ctx, &ia);
+	CHECK(q);
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	CHECK(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					   IBV_QP_ACCESS_FLAGS) == 0);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = 0x123;
+	a.ah_attr.dlid = D.lid;
+	a.ah_attr.port_num = 1;
+	CHECK(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					   IBV_QP_RQ_PSN) == 0);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 1;
+	a.rnr_retry = 1;
+	a.max_rd_atomic = 1;
+	CHECK(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+	to_sqd(q, 1);
+	expect_drained(q, "an XRC send QP without a receive CQ");
+	CHECK_EQ(ibv_destroy_qp(q), 0);
+	CHECK_EQ(ibv_close_xrcd(xrcd), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+}
+
 static void uc_sqe(void)
 {
 	struct ibv_cq *ca = ibv_create_cq(D.ctx, 64, NULL, NULL, 0);
@@ -241,6 +286,7 @@ int main(void)
 	svt_watchdog(60);
 	svt_open(&D, "loop0");
 	sqd();
+	xrc_send_drained();
 	uc_sqe();
 	CHECK_EQ(ibv_dealloc_pd(D.pd), 0);
 	CHECK_EQ(ibv_close_device(D.ctx), 0);

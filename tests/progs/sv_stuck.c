@@ -4,7 +4,7 @@
  * every byte between the processes goes through the receiver's service
  * thread, which a stopped process does not run).
  *
- *   sv_stuck send|write_imm|held|stray [SENDERS]
+ *   sv_stuck send|write_imm|held|stray|stall [SENDERS]
  *
  * Process 0, the receiver, has one RC QP per sender (SENDERS, default 1,
  * at most 4), each with NRECV receives of SLOT bytes posted (wr_id
@@ -27,6 +27,10 @@
  * (a request its service holds) and later DONE, and lets it go on itself.
  * stray: nobody is stopped; the sender prints "CONNECTED" and waits for
  * $SV_STUCK_GO while the test writes SERVING into every service ring.
+ * stall: nobody is stopped; one sender's SEND goes at once (the test sets
+ * SOFTVERBS_TEST_SERVICE_STALL_MS past the give-up: the receiver's service
+ * thread sleeps after it claims the request), and the receiver looks at
+ * its memory 4 s later than in the other modes, after the stall's end.
  * Exit status 0 whenever all ran to the end; the test judges the lines. */
 #include "svmp.h"
 
@@ -34,7 +38,7 @@
 #define SLOT 4096
 #define MAXS 4
 
-enum mode { M_SEND, M_WRITE_IMM, M_HELD, M_STRAY };
+enum mode { M_SEND, M_WRITE_IMM, M_HELD, M_STRAY, M_STALL };
 static enum mode g_mode;
 static int g_senders = 1;
 
@@ -113,7 +117,7 @@ static void child(int me)
 	svmp_barrier(20000, NULL, NULL);
 	if (me) {
 		pid_t rx = (pid_t)atomic_load(pid_word);
-		if (me == 1 && g_mode != M_STRAY) {
+		if (me == 1 && g_mode != M_STRAY && g_mode != M_STALL) {
 			CHECK(kill(rx, SIGSTOP) == 0);
 			wait_stopped(rx);
 			atomic_store(stopped_word, 1);
@@ -126,6 +130,8 @@ static void child(int me)
 			printf("CONNECTED\n");
 			fflush(stdout);
 			wait_go();
+		} else if (g_mode == M_STALL) {
+			/* Nobody stopped: the service thread stalls by itself */
 		} else {
 			uint64_t until = svt_now_ms() + 10000;
 			while (!atomic_load(stopped_word)) {
@@ -159,7 +165,7 @@ static void child(int me)
 		int got = rc ? 0 : svt_poll(cq, &wc, 60000);
 		uint64_t secs = (svt_now_ms() - t0) / 1000;
 		atomic_fetch_add(done_word, 1);
-		if (me == 1 && g_mode != M_STRAY) {
+		if (me == 1 && g_mode != M_STRAY && g_mode != M_STALL) {
 			uint64_t until = svt_now_ms() + 90000;
 			while (atomic_load(done_word) < (uint64_t)g_senders && svt_now_ms() < until)
 				usleep(1000);
@@ -201,6 +207,8 @@ static void child(int me)
 							 (int)wc.status);
 			quiet = svt_now_ms() + 2000;
 		}
+		if (g_mode == M_STALL)
+			usleep(4000000); /* Past the stalled service's end */
 		char states[64] = "";
 		size_t sl = 0;
 		int data_ok = 1;
@@ -231,18 +239,18 @@ static void child(int me)
 
 int main(int argc, char **argv)
 {
-	static const char *const names[] = {"send", "write_imm", "held", "stray"};
+	static const char *const names[] = {"send", "write_imm", "held", "stray", "stall"};
 	int m = -1;
-	for (int i = 0; argc >= 2 && i < 4; i++)
+	for (int i = 0; argc >= 2 && i < 5; i++)
 		if (!strcmp(argv[1], names[i]))
 			m = i;
 	if (m < 0 || argc > 3)
-		FAIL("usage: sv_stuck send|write_imm|held|stray [SENDERS]");
+		FAIL("usage: sv_stuck send|write_imm|held|stray|stall [SENDERS]");
 	g_mode = (enum mode)m;
 	if (argc == 3)
 		g_senders = (int)svmp_parse_u64(argv[2], "sender count");
 	if (g_senders < 1 || g_senders > MAXS || (g_senders > 1 && m >= M_HELD))
-		FAIL("senders: 1..%d, and 1 with held or stray", MAXS);
+		FAIL("senders: 1..%d, and 1 with held, stray or stall", MAXS);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	return svmp_run(1 + g_senders, 150000, child, 0);
 }

@@ -79,7 +79,7 @@ int push_own(loop_cq *cq, sv_cqe &e)
 	e.src_qp = static_cast<uint32_t>(w.sq_index);
 	e.flags = SV_CQE_SQ_INDEX;
 	if (push_own(qp->scq, e) == ENOSPC && qp_set_error(*qp->ctx->fab, qp->slot))
-		raise_qp_event(*qp->ctx->fab, qp->slot, IBV_EVENT_QP_FATAL);
+		raise_own_qp_event(qp, IBV_EVENT_QP_FATAL);
 }
 
 [[gnu::hot]] void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len)
@@ -168,9 +168,10 @@ uint64_t book_retry(loop_qp *qp, send_wr &w, step s, uint64_t now)
 		w.next_try_ns = now + timeout_ns(qp->attr.timeout);
 	}
 	if (fail != IBV_WC_SUCCESS) {
-		complete(qp, w, fail, 0);
+		complete(qp, w, fail, 0); // ERR, or SQE for UC (complete())
 		sq_set_cons(qp, qp->sq_cons + 1);
-		qp_set_error(fab, qp->slot);
+		if (qp->type != IBV_QPT_UC && qp->type != IBV_QPT_UD)
+			qp_set_error(fab, qp->slot);
 		flush_backlog(qp);
 		return 0;
 	}
@@ -238,7 +239,7 @@ void qp_sq_drained(loop_qp *qp)
 	if (!qp->sqd_notify || qp_sq_busy(qp))
 		return;
 	qp->sqd_notify = false;
-	raise_qp_event(*qp->ctx->fab, qp->slot, IBV_EVENT_SQ_DRAINED);
+	raise_own_qp_event(qp, IBV_EVENT_SQ_DRAINED);
 }
 
 bool qp_resume_backlog(loop_qp *qp)

@@ -135,6 +135,9 @@ uint16_t fabric_port_lid(loop_context *lctx, uint8_t port);
 bool fabric_port_is_eth(loop_context *lctx, uint8_t port);
 uint8_t fabric_port_mtu(loop_context *lctx, uint8_t port);
 void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type);
+// The same for a QP of this process, through its context's own socket
+// (whatever CQs and queues it has).
+void raise_own_qp_event(loop_qp *qp, ibv_event_type type);
 // The first request that finds a connected QP of this fabric in RTR raises
 // IBV_EVENT_COMM_EST on it (IB 11.6.3), once until it enters RTR again.
 void raise_comm_est(fabric &fab, const peer &p);

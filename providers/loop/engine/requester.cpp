@@ -304,6 +304,7 @@ step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, 
 		op.compare_add = w.compare_add;
 		op.swap = w.swap;
 	}
+	note_comm_est(*qp->ctx->fab, p); // The request goes out
 	int err = t.atomic(qp, p, op);
 	if (no_answer(err))
 		return step::unreachable;
@@ -350,7 +351,6 @@ step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, 
 		complete(qp, w, IBV_WC_REM_INV_REQ_ERR, 0);
 		return step::done;
 	}
-	note_comm_est(*lctx->fab, p);
 	// One sequence number per request that reaches a responder, from the
 	// QP's SQ PSN on, kept across its retries (a responder that keeps
 	// state knows a duplicate by it).
@@ -372,6 +372,11 @@ step run_atomic(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p, 
 			return step::done;
 		}
 	}
+	// The request goes out now (an atomic's, after its length check in
+	// run_atomic): a responder in RTR has its first one.
+	if (w.opcode != IBV_WR_ATOMIC_CMP_AND_SWP && w.opcode != IBV_WR_ATOMIC_FETCH_AND_ADD &&
+	    w.opcode != IBV_WR_ATOMIC_WRITE)
+		note_comm_est(*lctx->fab, p);
 	switch (w.opcode) {
 	case IBV_WR_SEND:
 	case IBV_WR_SEND_WITH_INV:
@@ -530,10 +535,10 @@ bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b)
 		return false;
 	if (!wrs.empty() && (p.pid != b.p.pid || p.slot != b.p.slot))
 		return false;
-	note_comm_est(*qp->ctx->fab, p);
 	local_buf lb;
 	if (!read && (gather_local(qp, w, false, lb) != IBV_WC_SUCCESS || lb.checked))
 		return false;
+	note_comm_est(*qp->ctx->fab, p);
 	uint32_t right = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
 	uint64_t len = read ? sge_bytes(w) : lb.len;
 	std::vector<rseg> &riov = qp->req_riov;

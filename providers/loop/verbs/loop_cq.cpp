@@ -1227,15 +1227,23 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 				 .exchange(SV_CQ_DISARMED, std::memory_order_seq_cst);
 	std::atomic_ref<uint32_t>(nr->armed).store(armed, std::memory_order_seq_cst);
 	std::atomic_ref<uint64_t>(nr->prod).store(moved, std::memory_order_release);
-	if (armed != SV_CQ_DISARMED && nr->mod_count <= 1) {
+	// A moderated CQ's count moves with its arm (a producer that counted
+	// the last one there found the arm gone: the count fires here).
+	uint32_t counted = std::atomic_ref<uint32_t>(cq->ring->mod_pending)
+				   .exchange(0, std::memory_order_acq_rel);
+	std::atomic_ref<uint32_t>(nr->mod_pending).store(counted, std::memory_order_relaxed);
+	if (armed != SV_CQ_DISARMED) {
 		bool fire = false;
-		for (uint64_t i = 0; i < moved && !fire; i++)
+		if (nr->mod_count > 1)
+			fire = armed == SV_CQ_ARM_ALL && counted >= nr->mod_count;
+		for (uint64_t i = 0; i < moved && !fire && nr->mod_count <= 1; i++)
 			fire = armed == SV_CQ_ARM_ALL || (ns[i].flags & SV_CQE_SOLICITED) ||
 			       ns[i].status != IBV_WC_SUCCESS;
 		// No producer reaches this ring yet: the store is the disarm.
 		if (fire) {
 			std::atomic_ref<uint32_t>(nr->armed).store(SV_CQ_DISARMED,
 								   std::memory_order_seq_cst);
+			std::atomic_ref<uint32_t>(nr->mod_pending).store(0, std::memory_order_relaxed);
 			notify_channel(nr);
 		}
 	}

@@ -1266,12 +1266,27 @@ uint8_t fabric_port_mtu(loop_context *lctx, uint8_t port)
 void raise_qp_event(fabric &fab, uint32_t qp_slot, ibv_event_type type)
 {
 	sv_qp_rec &q = fab.reg()->qps[qp_slot];
-	queue_hold h = queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ);
-	auto *ring = h.as<sv_cq_ring>();
-	if (!ring)
-		return;
 	sv_async_msg m{static_cast<uint32_t>(type), kObjQp, qp_slot, q.generation};
-	send_async(ring->async_addr, ring->async_len, m);
+	// The owner's async socket is named in its receive CQ's ring, and in
+	// its receive queue's (an XRC send QP may have no receive CQ).  An XRC
+	// target QP has neither: its events are not delivered (docs/design.md).
+	queue_hold h = queue_map(fab, {q.rcq_obj, q.rcq_gen}, SV_OBJ_CQ);
+	if (auto *ring = h.as<sv_cq_ring>()) {
+		send_async(ring->async_addr, ring->async_len, m);
+		return;
+	}
+	if (q.has_srq || q.qp_type == IBV_QPT_XRC_SEND || q.qp_type == IBV_QPT_XRC_RECV)
+		return;
+	queue_hold rh = queue_map(fab, {q.rq_obj, q.rq_gen}, SV_OBJ_RQ);
+	if (auto *rq = rh.as<sv_rq_ring>())
+		send_async(rq->async_addr, rq->async_len, m);
+}
+
+void raise_own_qp_event(loop_qp *qp, ibv_event_type type)
+{
+	const sv_qp_rec &q = qp->ctx->fab->reg()->qps[qp->slot];
+	sv_async_msg m{static_cast<uint32_t>(type), kObjQp, qp->slot, q.generation};
+	send_async(qp->ctx->async_addr, qp->ctx->async_len, m);
 }
 
 void raise_comm_est(fabric &fab, const peer &p)

@@ -12,7 +12,9 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <linux/futex.h>
 #include <mutex>
 #include <pthread.h>
@@ -115,6 +117,18 @@ bool registered(service &s, uint64_t addr, uint64_t len, bool write)
 	return found;
 }
 
+// SOFTVERBS_TEST_SERVICE_STALL_MS: the service thread sleeps that long
+// after it claims each request, as one stopped there would (the tests of
+// the give-up; docs/configuration.md).  0 when unset.
+uint64_t test_stall_ms()
+{
+	static const uint64_t ms = [] {
+		const char *v = getenv("SOFTVERBS_TEST_SERVICE_STALL_MS");
+		return v ? strtoull(v, nullptr, 10) : 0ULL;
+	}();
+	return ms;
+}
+
 void serve(service *s)
 {
 	sv_svc_ring *r = s->ring;
@@ -122,7 +136,7 @@ void serve(service *s)
 		if (s->stop.load(std::memory_order_acquire))
 			return;
 		uint32_t st = word(r->state).load(std::memory_order_acquire);
-		if (st == SV_SVC_SERVING &&
+		if ((st == SV_SVC_SERVING || st == SV_SVC_ABANDONED) &&
 		    word(r->state).compare_exchange_strong(st, SV_SVC_IDLE, std::memory_order_relaxed)) {
 			// Only this thread claims, and it holds nothing here: an
 			// outside writer's SERVING, which requesters would wait out
@@ -146,9 +160,19 @@ void serve(service *s)
 		uint64_t addr = r->addr, len = r->len;
 		uint32_t op = r->op;
 		int status = 0;
+		if (uint64_t ms = test_stall_ms()) [[unlikely]] {
+			timespec ts{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
+			nanosleep(&ts, nullptr);
+		}
 		if (len > SV_SVC_BOUNCE || (op != SV_SVC_WRITE && op != SV_SVC_READ) ||
 		    !registered(*s, addr, len, op == SV_SVC_WRITE)) {
 			status = EFAULT;
+		} else if (word(r->state).load(std::memory_order_acquire) == SV_SVC_ABANDONED) {
+			// Its requester gave up (this thread was stopped or stuck
+			// since the claim) and completed the message's receive in
+			// error: the application may have that buffer back, so no
+			// byte goes into it now.
+			status = ECANCELED;
 		} else {
 			// Through the kernel even here: a registered range may have been
 			// unmapped by the application (ODP), which must not crash us.
@@ -198,7 +222,7 @@ bool forced()
 void release_state(sv_svc_ring *r)
 {
 	uint32_t s = word(r->state).load(std::memory_order_acquire);
-	while (s != SV_SVC_SERVING &&
+	while (s != SV_SVC_SERVING && s != SV_SVC_ABANDONED &&
 	       !word(r->state).compare_exchange_weak(s, SV_SVC_IDLE, std::memory_order_acq_rel))
 		;
 }
@@ -293,8 +317,12 @@ int call(fabric &fab, uint32_t peer_lease, uint32_t peer_gen, sv_svc_ring *r, ui
 		if (word(r->state).compare_exchange_strong(st, SV_SVC_IDLE,
 							   std::memory_order_acq_rel))
 			return ETIMEDOUT; // Withdrawn: the service will not run it
-		if (st == SV_SVC_SERVING)
-			return ETIMEDOUT; // Running: the ring stays the service's
+		// Running: the ring stays the service's, told that nobody
+		// waits for it any more (it moves nothing it has not moved).
+		if (st == SV_SVC_SERVING &&
+		    word(r->state).compare_exchange_strong(st, SV_SVC_ABANDONED,
+							   std::memory_order_acq_rel))
+			return ETIMEDOUT;
 		std::atomic_thread_fence(std::memory_order_acquire);
 		err = 0; // Finished just now: its answer below
 	}
@@ -441,7 +469,7 @@ int service_xfer(pid_t pid, const iovec *local, int nl, const iovec *remote, int
 	// A request an earlier requester gave up on, still in the service's
 	// hands: req and bounce are its until it is done.
 	uint32_t st;
-	int err = wait_state(*fab, lease, l.generation, r, SV_SVC_SERVING, SV_SVC_SERVING, st);
+	int err = wait_state(*fab, lease, l.generation, r, SV_SVC_SERVING, SV_SVC_ABANDONED, st);
 	// Walk both lists; each request covers part of one remote iovec.
 	int li = 0;
 	size_t lo = 0;

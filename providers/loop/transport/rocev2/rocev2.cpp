@@ -1090,6 +1090,10 @@ void settle_locked(qp_wire &qw, loop_qp *qp)
 	tl_settling = false;
 	if (backlog_start(qp) != qp->sq_posted.load(std::memory_order_relaxed))
 		progress_kick();
+	// SQD waiting on these flights: drained now, if nothing else started.
+	if (std::atomic_ref<uint32_t>(qp->ctx->fab->reg()->qps[qp->slot].state)
+		    .load(std::memory_order_acquire) == IBV_QPS_SQD)
+		qp_sq_drained(qp);
 }
 
 // Completes the answered flights in order, if the QP's sq_lock is free
