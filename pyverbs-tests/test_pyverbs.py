@@ -216,3 +216,34 @@ with d.Context(name="loop0") as ctx:
 """, env)
     assert r["raised"] and r["errno"] == errno.ENODATA, r
     assert r["zero"] == "0000:0000:0000:0000:0000:0000:0000:0000", r
+
+
+def test_import_of_another_process_context_is_not_supported(env):
+    """ibv_import_device takes a command fd of a context of this process
+    (design.md, "Device memory and imports").  A context's fd of another
+    process (here reopened through /proc, as one passed over a socket would
+    be) is EOPNOTSUPP, not EINVAL as for an fd that is no context at all;
+    one of this process imports."""
+    r = pyverbs(r"""
+import os, subprocess, sys
+ctx = d.Context(name="loop0")
+mine = d.Context(cmd_fd=os.dup(ctx.cmd_fd))
+child = '''
+import os, sys, json
+import pyverbs.device as d
+from pyverbs.pyverbs_error import PyverbsRDMAError
+res = {}
+for name, path in (("theirs", sys.argv[1]), ("memfd", None)):
+    fd = os.open(path, os.O_RDWR) if path else os.memfd_create("other")
+    try:
+        d.Context(cmd_fd=fd)
+        res[name] = 0
+    except PyverbsRDMAError as e:
+        res[name] = e.error_code
+print(json.dumps(res))
+'''
+p = subprocess.run([sys.executable, "-c", child, f"/proc/{os.getpid()}/fd/{ctx.cmd_fd}"],
+                   capture_output=True, text=True, timeout=60)
+out(dict(json.loads(p.stdout.splitlines()[-1]), imported=mine.cmd_fd >= 0))
+""", env)
+    assert r == {"theirs": errno.EOPNOTSUPP, "memfd": errno.EINVAL, "imported": True}, r
