@@ -10,7 +10,8 @@ orders are driven from C.
 - ibv_destroy_cq blocks until its completion events are acknowledged, and
   ibv_destroy_cq/qp until their async events are;
 - a destroyed object given to a verb is EINVAL (ENOENT to destroy it
-  again), an object of another context EINVAL: never a crash;
+  again), an object of another context EINVAL: never a crash; also a CQ
+  destroyed while other threads poll, start_poll and arm it ("polled");
 - a UD QP attached to a multicast group: ibv_destroy_qp is EBUSY;
 - ibv_close_device with every kind of object live destroys them (the peer's
   WRITE fails and lands nothing), without waiting for unacknowledged
@@ -21,7 +22,7 @@ import pytest
 import svtest
 
 SCENARIOS = ["pd", "cq", "channel", "xrcd", "unacked", "async", "stale", "foreign", "mcast",
-             "close", "fork"]
+             "close", "fork", "polled"]
 
 
 def run_prog(build_dir, env, scenario, debug=False):

@@ -10,6 +10,7 @@
 #include "svt.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 
 /* Two RC QPs of one process connected to each other, on one CQ each side
@@ -1068,10 +1069,78 @@ static void scenario_fork(struct svt_dev *d)
 	}
 }
 
+/* A CQ no QP uses, destroyed while other threads poll it (ibv_poll_cq,
+ * and an extended CQ's start_poll) and arm it: the destroy succeeds, the
+ * others get errors from then on, never a fault (the destroy used to land
+ * between the poller's look at the CQ and its lock, which then read the
+ * unmapped ring). */
+static struct {
+	struct ibv_cq *cq;
+	struct ibv_cq_ex *cqx;
+	_Atomic int stop;
+	_Atomic long calls, errors;
+} g_polled;
+
+static void *polled_poller(void *arg)
+{
+	int kind = (int)(intptr_t)arg;
+	while (!atomic_load(&g_polled.stop)) {
+		int bad;
+		if (kind == 0) {
+			struct ibv_wc wc[4];
+			bad = ibv_poll_cq(g_polled.cq, 4, wc) < 0;
+		} else if (kind == 1) {
+			struct ibv_poll_cq_attr pa = {0};
+			int e = ibv_start_poll(g_polled.cqx, &pa);
+			if (!e)
+				ibv_end_poll(g_polled.cqx);
+			bad = e && e != ENOENT;
+		} else {
+			bad = ibv_req_notify_cq(g_polled.cq, 0) != 0;
+		}
+		atomic_fetch_add(&g_polled.calls, 1);
+		if (bad)
+			atomic_fetch_add(&g_polled.errors, 1);
+	}
+	return NULL;
+}
+
+static void scenario_polled(struct svt_dev *d)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d->ctx);
+	CHECK(ch);
+	for (int round = 0; round < 100; round++) {
+		struct ibv_cq_init_attr_ex ca = {.cqe = 16, .channel = ch,
+						 .wc_flags = IBV_WC_STANDARD_FLAGS};
+		struct ibv_cq_ex *cqx = ibv_create_cq_ex(d->ctx, &ca);
+		CHECK(cqx);
+		g_polled.cqx = cqx;
+		g_polled.cq = ibv_cq_ex_to_cq(cqx);
+		atomic_store(&g_polled.stop, 0);
+		atomic_store(&g_polled.calls, 0);
+		atomic_store(&g_polled.errors, 0);
+		pthread_t t[3];
+		for (int i = 0; i < 3; i++)
+			CHECK_EQ(pthread_create(&t[i], NULL, polled_poller, (void *)(intptr_t)i), 0);
+		while (atomic_load(&g_polled.calls) < 30)
+			sched_yield();
+		CHECK_EQ(ibv_destroy_cq(g_polled.cq), 0);
+		long seen = atomic_load(&g_polled.calls);
+		while (atomic_load(&g_polled.calls) < seen + 30)
+			sched_yield();
+		atomic_store(&g_polled.stop, 1);
+		for (int i = 0; i < 3; i++)
+			pthread_join(t[i], NULL);
+		if (!atomic_load(&g_polled.errors))
+			FAIL("round %d: no error from a destroyed CQ's verbs", round);
+	}
+	CHECK_EQ(ibv_destroy_comp_channel(ch), 0);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
-		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|async|stale|foreign|mcast|close|fork\n", argv[0]);
+		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|async|stale|foreign|mcast|close|fork|polled\n", argv[0]);
 		return 2;
 	}
 	svt_watchdog(60);
@@ -1100,6 +1169,8 @@ int main(int argc, char **argv)
 		scenario_close(&d);
 	else if (!strcmp(s, "fork"))
 		scenario_fork(&d);
+	else if (!strcmp(s, "polled"))
+		scenario_polled(&d);
 	else
 		FAIL("unknown scenario %s", s);
 	CHECK_EQ(ibv_dealloc_pd(d.pd), 0);

@@ -1021,6 +1021,10 @@ int loop_destroy_cq(ibv_cq *ibcq)
 		// after it woke, and drop the idle lists that may name this CQ.
 		g_cq_gen.fetch_add(1, std::memory_order_acq_rel);
 		std::lock_guard<qlock> g(cq->lock);
+		// And an arm in another thread (ibv_req_notify_cq takes arm_lock,
+		// not the lock): it finds no ring after this, never an unmapped
+		// one.  The order of resize's: the lock, then arm_lock.
+		std::lock_guard<std::mutex> ag(cq->arm_lock);
 		ring = cq->ring;
 		if (cq->alloc_pd)
 			close_placed(cq);
@@ -1046,6 +1050,10 @@ int loop_destroy_cq(ibv_cq *ibcq)
 	if (n < 0)
 		return -EINVAL;
 	std::lock_guard<qlock> g(cq->lock);
+	// Destroyed by another thread between the look above and the lock:
+	// its ring is gone (an application's race; an error, not a fault).
+	if (!cq->ring) [[unlikely]]
+		return -EINVAL;
 	int i = 0;
 	sv_cqe e;
 	while (i < n && cq_take(cq, e)) {
@@ -1091,6 +1099,8 @@ int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	// cq->lock, which an extended CQ's open poll batch holds.
 	std::lock_guard<std::mutex> g(cq->arm_lock);
 	sv_cq_ring *ring = cq->ring;
+	if (!ring)
+		return EINVAL; // Destroyed meanwhile by another thread
 	uint32_t arm = solicited_only ? SV_CQ_ARM_SOLICITED : SV_CQ_ARM_ALL;
 	std::atomic_ref<uint32_t> armed(ring->armed);
 	armed.store(arm, std::memory_order_seq_cst);
@@ -1123,6 +1133,8 @@ int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
 	if (attr->moderate.cq_period > kMaxCqModPeriod || attr->moderate.cq_count > kMaxCqModCount)
 		return EINVAL;
 	std::lock_guard<qlock> g(cq->lock);
+	if (!cq->ring)
+		return EINVAL; // Destroyed meanwhile by another thread
 	std::atomic_ref<uint32_t>(cq->ring->mod_count)
 		.store(attr->moderate.cq_count, std::memory_order_release);
 	return 0;
@@ -1137,6 +1149,8 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 		return EINVAL;
 	g_cq_gen.fetch_add(1, std::memory_order_acq_rel); // Idle lists may name the old ring
 	std::lock_guard<qlock> g(cq->lock);
+	if (!cq->ring)
+		return EINVAL; // Destroyed meanwhile by another thread
 	if (cq->agent)
 		return EBUSY; // An agent holds the ring's address
 	if (cq->alloc_pd)
@@ -1303,6 +1317,8 @@ int loop_dv_cq_agent(ibv_cq *ibcq, int on, softverbs_dv_cq *out)
 	if (!cq->life.is(kLifeCq))
 		return life_bad("softverbs_dv_cq_agent", cq, cq->life, kLifeCq);
 	std::lock_guard<qlock> g(cq->lock);
+	if (!cq->ring)
+		return EINVAL; // Destroyed meanwhile by another thread
 	if (on) {
 		if (!out)
 			return EINVAL;

@@ -59,6 +59,11 @@ int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) noexcept
 	bool lock = !single_threaded(cq);
 	if (lock)
 		cq->lock.lock();
+	if (!cq->ring) [[unlikely]] { // Destroyed meanwhile by another thread
+		if (lock)
+			cq->lock.unlock();
+		return EINVAL;
+	}
 	if (!cq_pop(cq, cq->cur)) {
 		if (lock)
 			cq->lock.unlock();
