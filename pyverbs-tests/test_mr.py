@@ -29,6 +29,32 @@ out(res)
     assert r["unmapped"] == errno.EFAULT
 
 
+def test_registration_needs_the_protection_pinning_would(env):
+    """As the kernel's ib_umem_get pins (for writing when the access writes:
+    LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC, MW_BIND): a read-only mapping
+    registers for remote reads only, a PROT_NONE one not at all (EFAULT).
+    They used to register, and the requester's later fault in them was
+    blamed on the responder, whose QP went to ERR."""
+    r = pyverbs(RC + """
+import ctypes, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+def region(prot):
+    return libc.mmap(None, 8192, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+ro, none = region(mmap.PROT_READ), region(0)  # PROT_NONE is 0
+res = {"ro_lw": err(MR, pd, 8192, e.IBV_ACCESS_LOCAL_WRITE, address=ro),
+       "ro_read": err(MR, pd, 8192, e.IBV_ACCESS_REMOTE_READ, address=ro),
+       "ro_bind": err(MR, pd, 8192, e.IBV_ACCESS_MW_BIND, address=ro),
+       "none": err(MR, pd, 8192, 0, address=none),
+       "none_read": err(MR, pd, 8192, e.IBV_ACCESS_REMOTE_READ, address=none)}
+out(res)
+""", env)
+    assert r == {"ro_lw": errno.EFAULT, "ro_read": 0, "ro_bind": errno.EFAULT,
+                 "none": errno.EFAULT, "none_read": errno.EFAULT}, r
+
+
 def test_zero_based_iova_and_bounds(env):
     r = pyverbs(RC + """
 a, b = pair()

@@ -544,6 +544,13 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 
 namespace {
 
+// ib_access_writable(): the accesses for which the kernel pins writable.
+bool writable_access(int access)
+{
+	return access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND);
+}
+
 // Whether every page of [addr, addr + len) is mapped, as a kernel that pins
 // the pages would find out.
 bool range_mapped(uintptr_t addr, size_t len)
@@ -561,6 +568,52 @@ bool range_mapped(uintptr_t addr, size_t len)
 		if (mincore(reinterpret_cast<void *>(a), n, vec.data()) && errno == ENOMEM)
 			return false;
 		a += n;
+	}
+	return true;
+}
+
+// Whether the mappings over [addr, addr + len) allow what pinning them for
+// access would: read, and write too when the access writes (the kernel's
+// ib_umem_get pins with FOLL_WRITE for ib_access_writable(), and a page it
+// cannot pin is EFAULT).  From /proc/self/maps, read with plain calls; a
+// file that cannot be read says yes (mincore already said mapped).
+bool range_allows(uintptr_t addr, size_t len, bool write)
+{
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return true;
+	thread_local std::vector<char> text;
+	text.clear();
+	char buf[16384];
+	for (;;) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		text.insert(text.end(), buf, buf + n);
+	}
+	close(fd);
+	uintptr_t end = addr + len, covered = addr;
+	const char *p = text.data(), *stop = p + text.size();
+	while (p < stop && covered < end) {
+		const char *eol = static_cast<const char *>(memchr(p, '\n', static_cast<size_t>(stop - p)));
+		if (!eol)
+			eol = stop;
+		char *q;
+		uintptr_t lo = strtoull(p, &q, 16);
+		uintptr_t hi = (q < eol && *q == '-') ? strtoull(q + 1, &q, 16) : 0;
+		bool r = false, w = false;
+		if (q + 3 < eol) {
+			r = q[1] == 'r';
+			w = q[2] == 'w';
+		}
+		if (hi > covered && lo <= covered) {
+			if (!r || (write && !w))
+				return false;
+			covered = hi;
+		}
+		p = eol + 1;
 	}
 	return true;
 }
@@ -637,8 +690,9 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 		errno = EINVAL;
 		return nullptr;
 	}
-	if (!odp && !range_mapped(reinterpret_cast<uintptr_t>(addr), length)) {
-		errno = EFAULT; // What ib_umem_get() answers for memory that is not there
+	if (!odp && (!range_mapped(reinterpret_cast<uintptr_t>(addr), length) ||
+		     !range_allows(reinterpret_cast<uintptr_t>(addr), length, writable_access(access)))) {
+		errno = EFAULT; // What ib_umem_get() answers for memory it cannot pin
 		return nullptr;
 	}
 	loop_mr *mr = new_mr();
@@ -759,7 +813,9 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
 		if (!length || length > kMaxMrSize)
 			return EINVAL;
-		if (!odp && !range_mapped(reinterpret_cast<uintptr_t>(addr), length))
+		if (!odp && (!range_mapped(reinterpret_cast<uintptr_t>(addr), length) ||
+			     !range_allows(reinterpret_cast<uintptr_t>(addr), length,
+					   writable_access(access))))
 			return EFAULT;
 	}
 	// The new range is reached by address: noted before the record
