@@ -887,6 +887,8 @@ void on_request(cm_id *p, const wire_msg &m)
 	push_event(l->chan, e);
 }
 
+void qp_to_err(cm_id *p);
+
 void on_message(cm_id *p, const wire_msg &m)
 {
 	switch (m.type) {
@@ -897,6 +899,12 @@ void on_message(cm_id *p, const wire_msg &m)
 	case M_REP: {
 		remember_remote(p, m);
 		fill_path(p);
+		// The passive side's answer sets ours, as the IB CM moves the
+		// active QP from the REP: its initiator depth is what we must
+		// take as a responder, its responder resources what we may have
+		// outstanding as a requester.
+		p->resp_res = m.init_depth;
+		p->init_depth = m.resp_res;
 		p->state = st::rep_rcvd;
 		auto *e = new_event(p, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
 		set_conn_pdata(e, m, kRepPdata);
@@ -912,6 +920,9 @@ void on_message(cm_id *p, const wire_msg &m)
 	}
 	case M_REJ: {
 		p->state = st::rejected;
+		// As rdma-core's rdma_get_cm_event: a rejected id's QP goes to
+		// ERR, and what it had posted completes flushed.
+		qp_to_err(p);
 		auto *e = new_event(p, RDMA_CM_EVENT_REJECTED, static_cast<int>(m.status));
 		set_conn_pdata(e, m, kRejPdata);
 		push_event(p->chan, e);
@@ -3160,6 +3171,8 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 		bool ud = p->id.qp_type == IBV_QPT_UD;
 		if (fd < 0) {
 			p->state = st::rejected;
+			if (!ud)
+				qp_to_err(p); // As for a REJ (on_message)
 			if (ud)
 				push(p, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED);
 			else
@@ -3169,6 +3182,8 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 			if (!send_msg(fd, m)) {
 				close_conn(p);
 				p->state = st::rejected;
+				if (!ud)
+					qp_to_err(p);
 				push(p, ud ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_REJECTED,
 				     ud ? -ECONNREFUSED : kRejInvalidServiceId);
 			} else {

@@ -1493,3 +1493,17 @@ def test_refused_req_retried_only_for_a_recent_listener(env):
     assert r == {"nobody": ["RDMA_CM_EVENT_REJECTED", 8, True],
                  "relisten": ["RDMA_CM_EVENT_CONNECT_REQUEST", True],
                  "rejected": ["RDMA_CM_EVENT_REJECTED", 28]}, r
+
+
+def test_qp_attributes_follow_the_peers_answer(env, build_dir):
+    """tests/progs/sv_cm_params.c: once ESTABLISHED, the active QP's
+    max_rd_atomic and max_dest_rd_atomic are what the passive side
+    accepted (its responder resources and initiator depth), not what the
+    active side asked for; a rejected connect (by the peer, or no listener)
+    leaves the active QP in ERR with its posted receive flushed, as
+    rdma-core's rdma_get_cm_event does.  Both stayed as asked and in INIT."""
+    prog = build_dir / "tests" / "progs" / "sv_cm_params"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs librdmacm-dev)")
+    p = svtest.run([str(prog), "127.0.0.1"], env, timeout=90)
+    assert p.returncode == 0 and p.stdout.strip() == "OK sv_cm_params", (p.stdout, p.stderr)

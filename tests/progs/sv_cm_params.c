@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: MIT
+// rdma_cm's QP attributes from the other side's answer, in one process
+// (pyverbs-tests/test_rdmacm.py):
+//   - the active side asks for initiator depth 3 and responder resources 5,
+//     the passive side accepts with responder resources 2 and initiator
+//     depth 1: once ESTABLISHED, the active QP has max_rd_atomic 2 (what
+//     the responder takes) and max_dest_rd_atomic 1 (what it sends), as the
+//     IB CM sets them from the REP;
+//   - a connect the passive side rejects, and one to a port with no
+//     listener: REJECTED, and the active QP is in ERR with its posted
+//     receive completed flushed, as rdma-core's rdma_get_cm_event does.
+//
+//   sv_cm_params ADDR
+//
+// Prints "OK sv_cm_params" when every check held; else a FAIL line, exit 1.
+#include <rdma/rdma_cma.h>
+#include <infiniband/verbs.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FAIL(...)                                                                  \
+	do {                                                                       \
+		fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);               \
+		fprintf(stderr, __VA_ARGS__);                                      \
+		fputc('\n', stderr);                                               \
+		exit(1);                                                           \
+	} while (0)
+#define CHECK(c)                                                                   \
+	do {                                                                       \
+		if (!(c))                                                          \
+			FAIL("%s (errno %d %s)", #c, errno, strerror(errno));      \
+	} while (0)
+
+static struct rdma_event_channel *ch;
+static char addr[64];
+
+static struct rdma_cm_event *expect(enum rdma_cm_event_type type, struct rdma_cm_id **id)
+{
+	struct rdma_cm_event *ev;
+	CHECK(rdma_get_cm_event(ch, &ev) == 0);
+	if (ev->event != type)
+		FAIL("event %s (status %d), expected %s", rdma_event_str(ev->event), ev->status,
+		     rdma_event_str(type));
+	if (id)
+		*id = ev->id;
+	return ev;
+}
+
+// A resolved client id with a QP of its own CQ, to port (network order).
+static struct rdma_cm_id *client(uint16_t port, struct ibv_cq **cqp)
+{
+	struct rdma_cm_id *c;
+	CHECK(rdma_create_id(ch, &c, NULL, RDMA_PS_TCP) == 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = port};
+	CHECK(inet_pton(AF_INET, addr, &sa.sin_addr) == 1);
+	CHECK(rdma_resolve_addr(c, NULL, (struct sockaddr *)&sa, 2000) == 0);
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_ADDR_RESOLVED, NULL));
+	CHECK(rdma_resolve_route(c, 2000) == 0);
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_ROUTE_RESOLVED, NULL));
+	struct ibv_cq *cq = ibv_create_cq(c->verbs, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 4, .max_recv_wr = 4,
+					      .max_send_sge = 1, .max_recv_sge = 1}};
+	CHECK(rdma_create_qp(c, NULL, &qa) == 0);
+	*cqp = cq;
+	return c;
+}
+
+static void rejected_qp_flushed(struct rdma_cm_id *c, struct ibv_cq *cq, const char *how)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	CHECK(ibv_query_qp(c->qp, &a, IBV_QP_STATE, &ia) == 0);
+	if (a.qp_state != IBV_QPS_ERR)
+		FAIL("%s: the active QP is in state %d after REJECTED, not ERR", how, a.qp_state);
+	struct ibv_wc wc;
+	int n = 0;
+	for (int i = 0; i < 2000 && !n; i++) {
+		n = ibv_poll_cq(cq, 1, &wc);
+		if (!n)
+			usleep(1000);
+	}
+	if (n != 1 || wc.wr_id != 42 || wc.status != IBV_WC_WR_FLUSH_ERR)
+		FAIL("%s: the posted receive did not complete flushed", how);
+}
+
+static void post_one_recv(struct rdma_cm_id *c, struct ibv_mr *mr)
+{
+	struct ibv_sge s = {(uintptr_t)mr->addr, 64, mr->lkey};
+	struct ibv_recv_wr w = {.wr_id = 42, .sg_list = &s, .num_sge = 1}, *bad;
+	CHECK(ibv_post_recv(c->qp, &w, &bad) == 0);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2)
+		FAIL("usage: sv_cm_params ADDR");
+	alarm(60);
+	snprintf(addr, sizeof(addr), "%s", argv[1]);
+	ch = rdma_create_event_channel();
+	CHECK(ch);
+	struct rdma_cm_id *l;
+	CHECK(rdma_create_id(ch, &l, NULL, RDMA_PS_TCP) == 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	CHECK(inet_pton(AF_INET, addr, &sa.sin_addr) == 1);
+	CHECK(rdma_bind_addr(l, (struct sockaddr *)&sa) == 0);
+	CHECK(rdma_listen(l, 4) == 0);
+	uint16_t port = rdma_get_src_port(l);
+
+	// The depths.
+	struct ibv_cq *cq;
+	struct rdma_cm_id *c = client(port, &cq);
+	struct rdma_conn_param cp = {.initiator_depth = 3, .responder_resources = 5,
+				     .retry_count = 7, .rnr_retry_count = 7};
+	CHECK(rdma_connect(c, &cp) == 0);
+	struct rdma_cm_id *s;
+	struct rdma_cm_event *ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, &s);
+	// Seen from the passive side: the active's depth is its resources.
+	if (ev->param.conn.responder_resources != 3 || ev->param.conn.initiator_depth != 5)
+		FAIL("the request carries %u/%u, not 3/5", ev->param.conn.responder_resources,
+		     ev->param.conn.initiator_depth);
+	rdma_ack_cm_event(ev);
+	struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 4, .max_recv_wr = 4,
+					      .max_send_sge = 1, .max_recv_sge = 1}};
+	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
+	struct rdma_conn_param ap = {.responder_resources = 2, .initiator_depth = 1};
+	CHECK(rdma_accept(s, &ap) == 0);
+	int established = 0;
+	while (established < 2) {
+		struct rdma_cm_id *who;
+		ev = expect(RDMA_CM_EVENT_ESTABLISHED, &who);
+		if (who == c && (ev->param.conn.responder_resources != 1 ||
+				 ev->param.conn.initiator_depth != 2))
+			FAIL("the active side's ESTABLISHED says %u/%u, not 1/2",
+			     ev->param.conn.responder_resources, ev->param.conn.initiator_depth);
+		rdma_ack_cm_event(ev);
+		established++;
+	}
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	CHECK(ibv_query_qp(c->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &ia) == 0);
+	if (a.max_rd_atomic != 2 || a.max_dest_rd_atomic != 1)
+		FAIL("the active QP has max_rd_atomic %u, max_dest_rd_atomic %u; the REP said 2, 1",
+		     a.max_rd_atomic, a.max_dest_rd_atomic);
+	CHECK(ibv_query_qp(s->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &ia) == 0);
+	if (a.max_rd_atomic != 1 || a.max_dest_rd_atomic != 2)
+		FAIL("the passive QP has max_rd_atomic %u, max_dest_rd_atomic %u; it accepted 1, 2",
+		     a.max_rd_atomic, a.max_dest_rd_atomic);
+	CHECK(rdma_disconnect(c) == 0);
+	for (int i = 0; i < 2; i++)
+		rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED, NULL));
+	rdma_destroy_qp(s);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(s) == 0);
+	CHECK(rdma_destroy_id(c) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+
+	// A rejected connect: its QP goes to ERR, its receive flushes.
+	c = client(port, &cq);
+	void *buf = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(c->pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr);
+	post_one_recv(c, mr);
+	CHECK(rdma_connect(c, &cp) == 0);
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_CONNECT_REQUEST, &s));
+	CHECK(rdma_reject(s, "no", 2) == 0);
+	ev = expect(RDMA_CM_EVENT_REJECTED, NULL);
+	rdma_ack_cm_event(ev);
+	rejected_qp_flushed(c, cq, "a consumer reject");
+	CHECK(rdma_destroy_id(s) == 0);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(c) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+
+	// No listener on the port.
+	CHECK(rdma_destroy_id(l) == 0);
+	c = client(port, &cq);
+	mr = ibv_reg_mr(c->pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr);
+	post_one_recv(c, mr);
+	CHECK(rdma_connect(c, &cp) == 0);
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_REJECTED, NULL));
+	rejected_qp_flushed(c, cq, "no listener");
+	CHECK(ibv_dereg_mr(mr) == 0);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(c) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	free(buf);
+	rdma_destroy_event_channel(ch);
+	printf("OK sv_cm_params\n");
+	return 0;
+}
