@@ -2149,6 +2149,29 @@ uint8_t cap(uint8_t v, int max)
 
 // ----------------------------------------------------- id lifecycle ---
 
+// Drops the channel's dead events (their id was destroyed before they were
+// retrieved) with the eventfd's count of each, so that the fd does not poll
+// readable for events nobody will get.  Only while no thread is inside
+// rdma_get_cm_event, which reads the count outside the lock: otherwise they
+// stay, and the reader skips them.  Caller holds G().mu.
+void reap_dead(channel_priv *c)
+{
+	if (c->readers || c->destroyed)
+		return;
+	for (auto it = c->q.begin(); it != c->q.end();) {
+		if (!(*it)->dead) {
+			++it;
+			continue;
+		}
+		delete *it;
+		it = c->q.erase(it);
+		pollfd pfd{c->ch.fd, POLLIN, 0};
+		uint64_t v;
+		if (poll(&pfd, 1, 0) == 1 && read(c->ch.fd, &v, sizeof(v)) != sizeof(v))
+			log_msg("%s", "cannot take a dropped event's count");
+	}
+}
+
 void destroy_locked(cm_id *p)
 {
 	global &g = G();
@@ -2187,6 +2210,8 @@ void destroy_locked(cm_id *p)
 	for (event_priv *e : p->chan->q)
 		if (e->about == p || e->counted == p)
 			e->dead = true;
+	if (!p->sync)
+		reap_dead(p->chan);
 	if (p->sync) {
 		for (event_priv *e : p->chan->q)
 			delete e;

@@ -1507,3 +1507,30 @@ def test_qp_attributes_follow_the_peers_answer(env, build_dir):
         pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs librdmacm-dev)")
     p = svtest.run([str(prog), "127.0.0.1"], env, timeout=90)
     assert p.returncode == 0 and p.stdout.strip() == "OK sv_cm_params", (p.stdout, p.stderr)
+
+
+def test_dropped_events_leave_the_channel_unreadable(env):
+    """An event queued for an id that is then destroyed unretrieved is
+    dropped with its count: the channel's fd no longer polls readable
+    (a loop of poll, then a blocking rdma_get_cm_event, hung), and the
+    next event is still delivered."""
+    r, _ = cm_child('''
+        import select
+        ch = cm.rdma_create_event_channel()
+        fd = ctypes.cast(ch, ctypes.POINTER(ctypes.c_int))[0]
+        def readable():
+            return bool(select.select([fd], [], [], 0.2)[0])
+        out = {}
+        i = new_id(ch)
+        assert cm.rdma_resolve_addr(i, None, sin("127.0.0.1", 9), 1000) == 0
+        out["queued"] = readable()
+        assert cm.rdma_destroy_id(i) == 0
+        out["after_destroy"] = readable()
+        j = new_id(ch)
+        assert cm.rdma_resolve_addr(j, None, sin("127.0.0.1", 9), 1000) == 0
+        out["next"] = get_event(ch)[0]
+        out["drained"] = readable()
+        print(json.dumps(out))
+    ''', env)
+    assert r == {"queued": True, "after_destroy": False,
+                 "next": "RDMA_CM_EVENT_ADDR_RESOLVED", "drained": False}, r
