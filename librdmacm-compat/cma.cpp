@@ -888,6 +888,7 @@ void on_request(cm_id *p, const wire_msg &m)
 }
 
 void qp_to_err(cm_id *p);
+uint8_t cap(uint8_t v, int max);
 
 void on_message(cm_id *p, const wire_msg &m)
 {
@@ -903,8 +904,10 @@ void on_message(cm_id *p, const wire_msg &m)
 		// active QP from the REP: its initiator depth is what we must
 		// take as a responder, its responder resources what we may have
 		// outstanding as a requester.
-		p->resp_res = m.init_depth;
-		p->init_depth = m.resp_res;
+		// (Within this device's limits: a peer over RoCE v2 may offer
+		// more than our QPs take.)
+		p->resp_res = p->dev ? cap(m.init_depth, p->dev->attr.max_qp_rd_atom) : m.init_depth;
+		p->init_depth = p->dev ? cap(m.resp_res, p->dev->attr.max_qp_init_rd_atom) : m.resp_res;
 		p->state = st::rep_rcvd;
 		auto *e = new_event(p, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
 		set_conn_pdata(e, m, kRepPdata);
@@ -3534,6 +3537,7 @@ SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
 				if (err)
 					send_peer(p, m);
 				close_conn(p);
+				qp_to_err(p); // As rdma-core's ucma_process_conn_resp
 				p->state = st::error;
 				e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
 				e->ev.status = err ? -err : -ECONNRESET;

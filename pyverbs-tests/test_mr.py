@@ -44,15 +44,23 @@ libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_i
 def region(prot):
     return libc.mmap(None, 8192, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
 ro, none = region(mmap.PROT_READ), region(0)  # PROT_NONE is 0
+wo = region(mmap.PROT_WRITE)
 res = {"ro_lw": err(MR, pd, 8192, e.IBV_ACCESS_LOCAL_WRITE, address=ro),
        "ro_read": err(MR, pd, 8192, e.IBV_ACCESS_REMOTE_READ, address=ro),
        "ro_bind": err(MR, pd, 8192, e.IBV_ACCESS_MW_BIND, address=ro),
        "none": err(MR, pd, 8192, 0, address=none),
-       "none_read": err(MR, pd, 8192, e.IBV_ACCESS_REMOTE_READ, address=none)}
+       "none_read": err(MR, pd, 8192, e.IBV_ACCESS_REMOTE_READ, address=none),
+       "wo_lw": err(MR, pd, 8192, e.IBV_ACCESS_LOCAL_WRITE, address=wo)}
+m = MR(pd, 8192, e.IBV_ACCESS_REMOTE_READ, address=ro)
+res["rereg_to_write"] = err(m.rereg, e.IBV_REREG_MR_CHANGE_ACCESS, None, 0, 0,
+                            e.IBV_ACCESS_LOCAL_WRITE)
 out(res)
 """, env)
+    # A write-only mapping pins for writing (VM_WRITE is what counts), and
+    # an MR made writable by rereg where it stays is pinned for it anew.
     assert r == {"ro_lw": errno.EFAULT, "ro_read": 0, "ro_bind": errno.EFAULT,
-                 "none": errno.EFAULT, "none_read": errno.EFAULT}, r
+                 "none": errno.EFAULT, "none_read": errno.EFAULT, "wo_lw": 0,
+                 "rereg_to_write": errno.EFAULT}, r
 
 
 def test_zero_based_iova_and_bounds(env):

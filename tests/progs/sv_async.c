@@ -40,27 +40,6 @@ static int count_events(int type, struct ibv_qp *qp, int ms)
 	}
 }
 
-static void to_rtr_only(struct ibv_qp *qp, uint32_t dqpn)
-{
-	struct ibv_qp_attr a;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	a.qp_access_flags = SVT_ALL_ACCESS;
-	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					    IBV_QP_ACCESS_FLAGS) == 0);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dqpn;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 1;
-	a.ah_attr.dlid = D.lid;
-	a.ah_attr.port_num = 1;
-	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-					    IBV_QP_MIN_RNR_TIMER) == 0);
-}
 
 static void comm_est(void)
 {
@@ -77,7 +56,7 @@ static void comm_est(void)
 	for (int i = 0; i < 6; i += 2) {
 		svt_connect(q[i], q[i + 1]->qp_num, D.lid, &c);
 		if (i < 4)
-			to_rtr_only(q[i + 1], q[i]->qp_num);
+			svt_to_rtr(q[i + 1], q[i]->qp_num, D.lid, &c);
 		else
 			svt_connect(q[i + 1], q[i]->qp_num, D.lid, &c);
 	}
@@ -113,7 +92,7 @@ static void comm_est(void)
 	/* A SEND that fails at the requester (a bad lkey) sends nothing. */
 	struct ibv_qp *x = svt_qp(&D, &o), *y = svt_qp(&D, &o);
 	svt_connect(x, y->qp_num, D.lid, &c);
-	to_rtr_only(y, x->qp_num);
+	svt_to_rtr(y, x->qp_num, D.lid, &c);
 	svt_post_recv1(y, 200, &r, 1);
 	struct ibv_sge bad = s;
 	bad.lkey ^= 0x77700;

@@ -14,7 +14,8 @@
 //
 // Prints "OK sv_cm_params" when every check held; else a FAIL line, exit 1.
 #include <rdma/rdma_cma.h>
-#include <infiniband/verbs.h>
+
+#include "svt.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -22,19 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define FAIL(...)                                                                  \
-	do {                                                                       \
-		fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);               \
-		fprintf(stderr, __VA_ARGS__);                                      \
-		fputc('\n', stderr);                                               \
-		exit(1);                                                           \
-	} while (0)
-#define CHECK(c)                                                                   \
-	do {                                                                       \
-		if (!(c))                                                          \
-			FAIL("%s (errno %d %s)", #c, errno, strerror(errno));      \
-	} while (0)
 
 static struct rdma_event_channel *ch;
 static char addr[64];

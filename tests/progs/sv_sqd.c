@@ -72,20 +72,47 @@ static void expect_drained(struct ibv_qp *qp, const char *when)
 		FAIL("%s: a second event %d after SQ_DRAINED", when, ev);
 }
 
+/* Two connected QPs of type, a on CQ ca with MR ma, b on cb with mb; RNR
+ * retried forever. */
+struct duo {
+	struct ibv_cq *ca, *cb;
+	struct ibv_mr *ma, *mb;
+	struct ibv_qp *a, *b;
+};
+
+static void duo_up(struct duo *d, enum ibv_qp_type type)
+{
+	d->ca = ibv_create_cq(D.ctx, 64, NULL, NULL, 0);
+	d->cb = ibv_create_cq(D.ctx, 64, NULL, NULL, 0);
+	CHECK(d->ca && d->cb);
+	d->ma = svt_mr(&D, 8192, SVT_ALL_ACCESS);
+	d->mb = svt_mr(&D, 8192, SVT_ALL_ACCESS);
+	struct svt_qpopt o = {.type = type, .scq = d->ca, .rcq = d->ca};
+	d->a = svt_qp(&D, &o);
+	o.scq = o.rcq = d->cb;
+	d->b = svt_qp(&D, &o);
+	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 7, 7};
+	svt_connect(d->a, d->b->qp_num, D.lid, &c);
+	svt_connect(d->b, d->a->qp_num, D.lid, &c);
+}
+
+static void duo_down(struct duo *d)
+{
+	CHECK_EQ(ibv_destroy_qp(d->a), 0);
+	CHECK_EQ(ibv_destroy_qp(d->b), 0);
+	CHECK_EQ(ibv_destroy_cq(d->ca), 0);
+	CHECK_EQ(ibv_destroy_cq(d->cb), 0);
+	CHECK_EQ(ibv_dereg_mr(d->ma), 0);
+	CHECK_EQ(ibv_dereg_mr(d->mb), 0);
+}
+
 static void sqd(void)
 {
-	struct ibv_cq *ca = ibv_create_cq(D.ctx, 64, NULL, NULL, 0);
-	struct ibv_cq *cb = ibv_create_cq(D.ctx, 64, NULL, NULL, 0);
-	CHECK(ca && cb);
-	struct ibv_mr *ma = svt_mr(&D, 8192, SVT_ALL_ACCESS);
-	struct ibv_mr *mb = svt_mr(&D, 8192, SVT_ALL_ACCESS);
-	struct svt_qpopt o = {.type = IBV_QPT_RC, .scq = ca, .rcq = ca};
-	struct ibv_qp *a = svt_qp(&D, &o);
-	o.scq = o.rcq = cb;
-	struct ibv_qp *b = svt_qp(&D, &o);
-	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 7, 7}; /* RNR retried forever */
-	svt_connect(a, b->qp_num, D.lid, &c);
-	svt_connect(b, a->qp_num, D.lid, &c);
+	struct duo d;
+	duo_up(&d, IBV_QPT_RC);
+	struct ibv_cq *ca = d.ca, *cb = d.cb;
+	struct ibv_mr *ma = d.ma, *mb = d.mb;
+	struct ibv_qp *a = d.a, *b = d.b;
 	struct ibv_qp *eq;
 
 	/* Nothing in flight: drained at once, asked for. */
@@ -158,13 +185,7 @@ static void sqd(void)
 	if (next_event(100, &eq) != -1)
 		FAIL("an event for a drain that did not ask for one");
 	to_rts(a, IBV_QPS_SQD);
-
-	CHECK_EQ(ibv_destroy_qp(a), 0);
-	CHECK_EQ(ibv_destroy_qp(b), 0);
-	CHECK_EQ(ibv_destroy_cq(ca), 0);
-	CHECK_EQ(ibv_destroy_cq(cb), 0);
-	CHECK_EQ(ibv_dereg_mr(ma), 0);
-	CHECK_EQ(ibv_dereg_mr(mb), 0);
+	duo_down(&d);
 }
 
 /* An XRC send QP made without a receive CQ: its events come all the same
@@ -214,18 +235,11 @@ static void xrc_send_drained(void)
 
 static void uc_sqe(void)
 {
-	struct ibv_cq *ca = ibv_create_cq(D.ctx, 64, NULL, NULL, 0);
-	struct ibv_cq *cb = ibv_create_cq(D.ctx, 64, NULL, NULL, 0);
-	CHECK(ca && cb);
-	struct ibv_mr *ma = svt_mr(&D, 4096, SVT_ALL_ACCESS);
-	struct ibv_mr *mb = svt_mr(&D, 4096, SVT_ALL_ACCESS);
-	struct svt_qpopt o = {.type = IBV_QPT_UC, .scq = ca, .rcq = ca};
-	struct ibv_qp *a = svt_qp(&D, &o);
-	o.scq = o.rcq = cb;
-	struct ibv_qp *b = svt_qp(&D, &o);
-	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 7, 7};
-	svt_connect(a, b->qp_num, D.lid, &c);
-	svt_connect(b, a->qp_num, D.lid, &c);
+	struct duo d;
+	duo_up(&d, IBV_QPT_UC);
+	struct ibv_cq *ca = d.ca, *cb = d.cb;
+	struct ibv_mr *ma = d.ma, *mb = d.mb;
+	struct ibv_qp *a = d.a, *b = d.b;
 
 	/* A local protection error (a bad lkey): SQE, the WR behind flushed. */
 	struct ibv_sge bad = svt_sge(ma, 0, 16);
@@ -272,13 +286,7 @@ static void uc_sqe(void)
 	CHECK_WC(w, IBV_WC_SUCCESS);
 	CHECK_EQ(w.wr_id, 200);
 	CHECK(memcmp(mb->addr, ma->addr, 16) == 0);
-
-	CHECK_EQ(ibv_destroy_qp(a), 0);
-	CHECK_EQ(ibv_destroy_qp(b), 0);
-	CHECK_EQ(ibv_destroy_cq(ca), 0);
-	CHECK_EQ(ibv_destroy_cq(cb), 0);
-	CHECK_EQ(ibv_dereg_mr(ma), 0);
-	CHECK_EQ(ibv_dereg_mr(mb), 0);
+	duo_down(&d);
 }
 
 int main(void)

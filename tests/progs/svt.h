@@ -159,8 +159,9 @@ struct svt_conn {
 	uint8_t timeout, retry_cnt, rnr_retry;
 };
 
-static inline void svt_connect(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid,
-			       const struct svt_conn *c)
+/* RESET -> INIT -> RTR toward dqpn at dlid: a responder that stays there. */
+static inline void svt_to_rtr(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid,
+			      const struct svt_conn *c)
 {
 	int uc = qp->qp_type == IBV_QPT_UC;
 	struct ibv_qp_attr a;
@@ -185,6 +186,14 @@ static inline void svt_connect(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid,
 	if (!uc)
 		mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
 	CHECK(ibv_modify_qp(qp, &a, mask) == 0);
+}
+
+static inline void svt_connect(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid,
+			       const struct svt_conn *c)
+{
+	int uc = qp->qp_type == IBV_QPT_UC;
+	svt_to_rtr(qp, dqpn, dlid, c);
+	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
 	a.sq_psn = 0;
@@ -192,7 +201,7 @@ static inline void svt_connect(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid,
 	a.retry_cnt = c->retry_cnt;
 	a.rnr_retry = c->rnr_retry;
 	a.max_rd_atomic = 4;
-	mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+	int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
 	if (!uc)
 		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
 	CHECK(ibv_modify_qp(qp, &a, mask) == 0);

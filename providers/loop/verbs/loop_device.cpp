@@ -426,18 +426,20 @@ verbs_context *loop_import_context_impl(ibv_device *ibdev, int cmd_fd)
 {
 	auto *orig = static_cast<loop_context *>(objects_find(kObjCtx, fd_identity(cmd_fd)));
 	if (!orig || &orig->ldev->vdev.device != ibdev) {
-		// A context's command fd of another process (passed over a
-		// socket, or inherited): its objects live in that process's
-		// memory, which this one cannot act through.  Not supported,
-		// rather than "not a command fd".
+		// A context's command fd that is no open context of this
+		// process: another process's (passed over a socket; a forked
+		// child finds its inherited copies above), or one of ours
+		// already closed.  Its objects live where this process cannot
+		// act through them: not supported, rather than "not a command fd".
 		char path[64], target[64] = "";
 		snprintf(path, sizeof(path), "/proc/self/fd/%d", cmd_fd);
 		ssize_t n = readlink(path, target, sizeof(target) - 1);
 		bool ours = !orig && n > 0 &&
 			    !strncmp(target, "/memfd:softverbs-context", strlen("/memfd:softverbs-context"));
 		if (ours)
-			debug_log("ibv_import_device: fd %d is a context of another process; "
-				  "imports work within the process that opened the device",
+			debug_log("ibv_import_device: fd %d is no open context of this process "
+				  "(another process's, or one closed); imports work within the "
+				  "process that opened the device",
 				  cmd_fd);
 		errno = ours ? EOPNOTSUPP : EINVAL;
 		return nullptr;

@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -572,49 +573,93 @@ bool range_mapped(uintptr_t addr, size_t len)
 	return true;
 }
 
+// PROCMAP_QUERY (Linux 6.11), spelled here: Debian 12's headers predate it.
+struct procmap_query_arg {
+	uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
+		vma_offset, inode;
+	uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+	uint64_t vma_name_addr, build_id_addr;
+};
+static_assert(sizeof(procmap_query_arg) == 104, "struct procmap_query");
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, procmap_query_arg);
+constexpr uint64_t kVmaReadable = 0x01, kVmaWritable = 0x02;
+
 // Whether the mappings over [addr, addr + len) allow what pinning them for
-// access would: read, and write too when the access writes (the kernel's
-// ib_umem_get pins with FOLL_WRITE for ib_access_writable(), and a page it
-// cannot pin is EFAULT).  From /proc/self/maps, read with plain calls; a
-// file that cannot be read says yes (mincore already said mapped).
+// access would: the kernel's ib_umem_get pins for writing when the access
+// writes (ib_access_writable()), which needs VM_WRITE, else for reading,
+// which needs VM_READ; a page it cannot pin is EFAULT.  Asked of
+// /proc/self/maps one VMA at a time with PROCMAP_QUERY, or, on a kernel
+// without it, read from its text up to the range's end.  A file that cannot
+// be read says yes (mincore already said mapped).
 bool range_allows(uintptr_t addr, size_t len, bool write)
 {
 	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return true;
-	thread_local std::vector<char> text;
-	text.clear();
-	char buf[16384];
-	for (;;) {
-		ssize_t n = read(fd, buf, sizeof(buf));
+	uint64_t need = write ? kVmaWritable : kVmaReadable;
+	uintptr_t end = addr + len, covered = addr;
+	bool ok = true, text = false;
+	while (covered < end) {
+		procmap_query_arg q{};
+		q.size = sizeof(q);
+		q.query_addr = covered;
+		if (ioctl(fd, kProcmapQuery, &q) < 0) {
+			if (errno == ENOENT) {
+				ok = false; // Unmapped since mincore looked
+				break;
+			}
+			text = true; // An older kernel: the text below
+			break;
+		}
+		if (!(q.vma_flags & need) || q.vma_end <= covered) {
+			ok = false;
+			break;
+		}
+		covered = q.vma_end;
+	}
+	if (!text) {
+		close(fd);
+		return ok;
+	}
+	// The text, a line at a time, up to the first VMA past the range.
+	char buf[8192];
+	size_t have = 0;
+	bool done = false;
+	while (!done && covered < end) {
+		ssize_t n = read(fd, buf + have, sizeof(buf) - have);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
 			break;
-		text.insert(text.end(), buf, buf + n);
+		have += static_cast<size_t>(n);
+		char *p = buf, *stop = buf + have;
+		for (;;) {
+			char *eol = static_cast<char *>(memchr(p, '\n', static_cast<size_t>(stop - p)));
+			if (!eol)
+				break;
+			char *q;
+			uintptr_t lo = strtoull(p, &q, 16);
+			uintptr_t hi = (q < eol && *q == '-') ? strtoull(q + 1, &q, 16) : 0;
+			bool r = q + 3 < eol && q[1] == 'r', w = q + 3 < eol && q[2] == 'w';
+			if (lo >= end) {
+				done = true;
+				break;
+			}
+			if (hi > covered && lo <= covered) {
+				if (write ? !w : !r) {
+					close(fd);
+					return false;
+				}
+				covered = hi;
+			}
+			p = eol + 1;
+		}
+		have = static_cast<size_t>(stop - p);
+		memmove(buf, p, have);
+		if (have == sizeof(buf))
+			break; // A line longer than the buffer: give up, say yes
 	}
 	close(fd);
-	uintptr_t end = addr + len, covered = addr;
-	const char *p = text.data(), *stop = p + text.size();
-	while (p < stop && covered < end) {
-		const char *eol = static_cast<const char *>(memchr(p, '\n', static_cast<size_t>(stop - p)));
-		if (!eol)
-			eol = stop;
-		char *q;
-		uintptr_t lo = strtoull(p, &q, 16);
-		uintptr_t hi = (q < eol && *q == '-') ? strtoull(q + 1, &q, 16) : 0;
-		bool r = false, w = false;
-		if (q + 3 < eol) {
-			r = q[1] == 'r';
-			w = q[2] == 'w';
-		}
-		if (hi > covered && lo <= covered) {
-			if (!r || (write && !w))
-				return false;
-			covered = hi;
-		}
-		p = eol + 1;
-	}
 	return true;
 }
 
@@ -817,6 +862,13 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 			     !range_allows(reinterpret_cast<uintptr_t>(addr), length,
 					   writable_access(access))))
 			return EFAULT;
+	} else if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && !odp && mr->fd < 0 &&
+		   writable_access(access) && !writable_access(vmr->access) &&
+		   vmr->mr_type == IBV_MR_TYPE_MR &&
+		   !range_allows(reinterpret_cast<uintptr_t>(vmr->ibv_mr.addr), vmr->ibv_mr.length,
+				 true)) {
+		// Made writable where it stays: pinned for writing now.
+		return EFAULT;
 	}
 	// The new range is reached by address: noted before the record
 	// changes, so that no move starts over it meanwhile.
