@@ -2150,6 +2150,21 @@ uint8_t cap(uint8_t v, int max)
 	return static_cast<uint8_t>(std::min<int>(v, max));
 }
 
+// rdma-core's ucma_valid_param: on an RDMA_PS_TCP id, a depth above the
+// device's maximum is EINVAL, except RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH
+// (0xFF: "the most there is").  Other port spaces are not checked (there
+// the values are capped where they are used).
+bool depths_valid(const cm_id *p, const rdma_conn_param *cp)
+{
+	if (p->id.ps != RDMA_PS_TCP || !cp || !p->dev)
+		return true;
+	const ibv_device_attr &a = p->dev->attr;
+	return (cp->responder_resources == RDMA_MAX_RESP_RES ||
+		cp->responder_resources <= a.max_qp_rd_atom) &&
+	       (cp->initiator_depth == RDMA_MAX_INIT_DEPTH ||
+		cp->initiator_depth <= a.max_qp_init_rd_atom);
+}
+
 // ----------------------------------------------------- id lifecycle ---
 
 // Drops the channel's dead events (their id was destroyed before they were
@@ -3153,11 +3168,17 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 			return fail(EINVAL);
 		if (!p->id.qp && !ud && (!conn_param || !conn_param->qp_num))
 			return fail(EINVAL);
+		if (!depths_valid(p, conn_param))
+			return fail(EINVAL);
 		m = base_msg(p, ud ? M_SIDR_REQ : M_REQ);
 		p->psn = rand24();
+		// Without parameters, or with 0xFF, the REQ offers the device's
+		// maximum, as rdma-core's rdma_connect does.
+		p->resp_res = cap(conn_param ? conn_param->responder_resources : uint8_t(RDMA_MAX_RESP_RES),
+				  p->dev->attr.max_qp_rd_atom);
+		p->init_depth = cap(conn_param ? conn_param->initiator_depth : uint8_t(RDMA_MAX_INIT_DEPTH),
+				    p->dev->attr.max_qp_init_rd_atom);
 		if (conn_param) {
-			p->resp_res = cap(conn_param->responder_resources, p->dev->attr.max_qp_rd_atom);
-			p->init_depth = cap(conn_param->initiator_depth, p->dev->attr.max_qp_init_rd_atom);
 			// 3-bit fields of the REQ: capped at 7 as the kernel's cma does.
 			p->retry = std::min<uint8_t>(conn_param->retry_count, 7);
 			p->rnr_retry = std::min<uint8_t>(conn_param->rnr_retry_count, 7);
@@ -3343,15 +3364,21 @@ SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 			return fail(EINVAL);
 		if (!p->id.qp && !ud && (!conn_param || !conn_param->qp_num))
 			return fail(EINVAL);
+		if (!depths_valid(p, conn_param))
+			return fail(EINVAL);
 		if (p->peer_gone) {
 			p->state = st::error;
 			push(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
 		} else {
 			wire_msg m = base_msg(p, ud ? M_SIDR_REP : M_REP);
 			p->psn = rand24();
-			p->resp_res = cap(conn_param ? conn_param->responder_resources : uint8_t(RDMA_MAX_RESP_RES),
-					  p->dev->attr.max_qp_rd_atom);
-			p->init_depth = cap(conn_param ? conn_param->initiator_depth : uint8_t(RDMA_MAX_INIT_DEPTH),
+			// Without parameters, or with 0xFF, what the REQ offered
+			// within the device's maximum (rdma-core's rdma_accept): the
+			// requester's initiator depth is our responder resources.
+			uint8_t rr = conn_param ? conn_param->responder_resources : uint8_t(RDMA_MAX_RESP_RES);
+			uint8_t id = conn_param ? conn_param->initiator_depth : uint8_t(RDMA_MAX_INIT_DEPTH);
+			p->resp_res = cap(rr == RDMA_MAX_RESP_RES ? p->r_init : rr, p->dev->attr.max_qp_rd_atom);
+			p->init_depth = cap(id == RDMA_MAX_INIT_DEPTH ? p->r_resp : id,
 					    p->dev->attr.max_qp_init_rd_atom);
 			if (conn_param) {
 				p->rnr_retry = std::min<uint8_t>(conn_param->rnr_retry_count, 7);

@@ -6,6 +6,11 @@
 //     depth 1: once ESTABLISHED, the active QP has max_rd_atomic 2 (what
 //     the responder takes) and max_dest_rd_atomic 1 (what it sends), as the
 //     IB CM sets them from the REP;
+//   - the parameters as rdma-core's ucma_valid_param checks them on an
+//     RDMA_PS_TCP id: a depth above the device's maximum is EINVAL on
+//     rdma_connect and on rdma_accept (the id still usable), 0xFF is the
+//     maximum; rdma_connect without parameters offers the maximum, and
+//     rdma_accept without them (or with 0xFF) takes what the REQ offered;
 //   - a connect the passive side rejects, and one to a port with no
 //     listener: REJECTED, and the active QP is in ERR with its posted
 //     receive completed flushed, as rdma-core's rdma_get_cm_event does.
@@ -78,6 +83,16 @@ static void rejected_qp_flushed(struct rdma_cm_id *c, struct ibv_cq *cq, const c
 		FAIL("%s: the posted receive did not complete flushed", how);
 }
 
+// The passive side's QP, with CQs rdma_create_qp makes (it writes them into
+// the attributes it is given: a fresh set each time).
+static int passive_qp(struct rdma_cm_id *s)
+{
+	struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 4, .max_recv_wr = 4,
+					      .max_send_sge = 1, .max_recv_sge = 1}};
+	return rdma_create_qp(s, NULL, &qa);
+}
+
 static void post_one_recv(struct rdma_cm_id *c, struct ibv_mr *mr)
 {
 	struct ibv_sge s = {(uintptr_t)mr->addr, 64, mr->lkey};
@@ -114,10 +129,7 @@ int main(int argc, char **argv)
 		FAIL("the request carries %u/%u, not 3/5", ev->param.conn.responder_resources,
 		     ev->param.conn.initiator_depth);
 	rdma_ack_cm_event(ev);
-	struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
-				      .cap = {.max_send_wr = 4, .max_recv_wr = 4,
-					      .max_send_sge = 1, .max_recv_sge = 1}};
-	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
+	CHECK(passive_qp(s) == 0);
 	struct rdma_conn_param ap = {.responder_resources = 2, .initiator_depth = 1};
 	CHECK(rdma_accept(s, &ap) == 0);
 	int established = 0;
@@ -141,6 +153,78 @@ int main(int argc, char **argv)
 	if (a.max_rd_atomic != 1 || a.max_dest_rd_atomic != 2)
 		FAIL("the passive QP has max_rd_atomic %u, max_dest_rd_atomic %u; it accepted 1, 2",
 		     a.max_rd_atomic, a.max_dest_rd_atomic);
+	CHECK(rdma_disconnect(c) == 0);
+	for (int i = 0; i < 2; i++)
+		rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED, NULL));
+	rdma_destroy_qp(s);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(s) == 0);
+	CHECK(rdma_destroy_id(c) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+
+	// The parameters' checks and defaults.
+	struct ibv_device_attr da;
+	c = client(port, &cq);
+	CHECK(ibv_query_device(c->verbs, &da) == 0);
+	CHECK(da.max_qp_init_rd_atom < 0xfe && da.max_qp_rd_atom < 0xfe);
+	uint8_t max_init = (uint8_t)da.max_qp_init_rd_atom, max_resp = (uint8_t)da.max_qp_rd_atom;
+	struct rdma_conn_param over = {.initiator_depth = max_init + 1, .responder_resources = 1};
+	errno = 0;
+	if (rdma_connect(c, &over) != -1 || errno != EINVAL)
+		FAIL("rdma_connect with initiator depth %u (max %u): errno %d, not EINVAL",
+		     over.initiator_depth, max_init, errno);
+	over = (struct rdma_conn_param){.initiator_depth = 1, .responder_resources = max_resp + 1};
+	errno = 0;
+	if (rdma_connect(c, &over) != -1 || errno != EINVAL)
+		FAIL("rdma_connect with responder resources %u (max %u): errno %d, not EINVAL",
+		     over.responder_resources, max_resp, errno);
+	CHECK(rdma_connect(c, NULL) == 0);
+	ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, &s);
+	if (ev->param.conn.responder_resources != max_init ||
+	    ev->param.conn.initiator_depth != max_resp)
+		FAIL("rdma_connect(NULL) offered %u/%u, not the maximum %u/%u",
+		     ev->param.conn.responder_resources, ev->param.conn.initiator_depth, max_init,
+		     max_resp);
+	rdma_ack_cm_event(ev);
+	CHECK(passive_qp(s) == 0);
+	over = (struct rdma_conn_param){.responder_resources = max_resp + 1, .initiator_depth = 1};
+	errno = 0;
+	if (rdma_accept(s, &over) != -1 || errno != EINVAL)
+		FAIL("rdma_accept with responder resources %u (max %u): errno %d, not EINVAL",
+		     over.responder_resources, max_resp, errno);
+	// 0xFF: the maximum, within what the REQ offered (all of it here).
+	ap = (struct rdma_conn_param){.responder_resources = RDMA_MAX_RESP_RES, .initiator_depth = 2};
+	CHECK(rdma_accept(s, &ap) == 0);
+	for (int i = 0; i < 2; i++)
+		rdma_ack_cm_event(expect(RDMA_CM_EVENT_ESTABLISHED, NULL));
+	CHECK(ibv_query_qp(s->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &ia) == 0);
+	if (a.max_rd_atomic != 2 || a.max_dest_rd_atomic != max_resp)
+		FAIL("accepted with 0xFF/2: the passive QP has max_dest_rd_atomic %u, max_rd_atomic "
+		     "%u; expected %u, 2", a.max_dest_rd_atomic, a.max_rd_atomic, max_resp);
+	CHECK(rdma_disconnect(c) == 0);
+	for (int i = 0; i < 2; i++)
+		rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED, NULL));
+	rdma_destroy_qp(s);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(s) == 0);
+	CHECK(rdma_destroy_id(c) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	// rdma_accept(NULL): what the REQ offered (3/5 asked by cp).
+	c = client(port, &cq);
+	CHECK(rdma_connect(c, &cp) == 0);
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_CONNECT_REQUEST, &s));
+	CHECK(passive_qp(s) == 0);
+	CHECK(rdma_accept(s, NULL) == 0);
+	for (int i = 0; i < 2; i++)
+		rdma_ack_cm_event(expect(RDMA_CM_EVENT_ESTABLISHED, NULL));
+	CHECK(ibv_query_qp(s->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &ia) == 0);
+	if (a.max_dest_rd_atomic != 3 || a.max_rd_atomic != 5)
+		FAIL("rdma_accept(NULL) of a REQ offering 3/5: the passive QP has max_dest_rd_atomic "
+		     "%u, max_rd_atomic %u", a.max_dest_rd_atomic, a.max_rd_atomic);
+	CHECK(ibv_query_qp(c->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &ia) == 0);
+	if (a.max_rd_atomic != 3 || a.max_dest_rd_atomic != 5)
+		FAIL("rdma_accept(NULL) of a REQ offering 3/5: the active QP has max_rd_atomic %u, "
+		     "max_dest_rd_atomic %u", a.max_rd_atomic, a.max_dest_rd_atomic);
 	CHECK(rdma_disconnect(c) == 0);
 	for (int i = 0; i < 2; i++)
 		rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED, NULL));
