@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -21,6 +22,10 @@ struct registry {
 	std::vector<const verbs_device_ops *> foreign;	 // rdma-core providers: never driven.
 	std::vector<const verbs_provider_sv *> providers; // softverbs providers.
 	std::vector<verbs_device *> devices;		 // Every device ever listed.
+	// Contexts open now (ibv_open_device, ibv_import_device), so that
+	// closing one twice, or a pointer that is not one, is EINVAL rather
+	// than a provider freeing it again.
+	std::unordered_set<const ibv_context *> open;
 };
 
 registry &reg()
@@ -219,6 +224,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	{
 		std::lock_guard<std::mutex> g(reg().lock);
 		vdev->refcount++;
+		reg().open.insert(&vctx->context);
 	}
 	return &vctx->context;
 }
@@ -242,6 +248,7 @@ EXPORT struct ibv_context *ibv_import_device(int cmd_fd)
 			ctx = &vctx->context;
 			std::lock_guard<std::mutex> g(reg().lock);
 			vdev->refcount++;
+			reg().open.insert(ctx);
 		} else {
 			err = errno;
 		}
@@ -256,10 +263,25 @@ EXPORT int ibv_close_device(struct ibv_context *context)
 {
 	if (!context)
 		return EINVAL;
+	{
+		std::lock_guard<std::mutex> g(reg().lock);
+		if (!reg().open.count(context)) {
+			core_log("ibv_close_device: %p is not an open context (closed already?)",
+				 static_cast<void *>(context));
+			return EINVAL;
+		}
+	}
 	verbs_device *vdev = verbs_get_device(context->device);
 	const verbs_context_ops *ops = get_ops(context);
 	if (!ops->free_context)
 		return EOPNOTSUPP;
+	{
+		// Out of the set before the provider frees it: a second close
+		// racing this one finds it gone.
+		std::lock_guard<std::mutex> g(reg().lock);
+		if (!reg().open.erase(context))
+			return EINVAL;
+	}
 	ops->free_context(context);
 	std::lock_guard<std::mutex> g(reg().lock);
 	put_device(vdev);

@@ -49,6 +49,9 @@ struct loop_context {
 	uint32_t identity;	       // Inode of cmd_fd: how ibv_import_device finds us
 	loop_context *imported_from; // Set on a context made by ibv_import_device
 	std::atomic<int> imports{0}; // Contexts ibv_import_device made from this one
+	// Closed with objects live: the memory stays (loop_free_context) for
+	// the application's destroys, but nothing new is made on it.
+	std::atomic<bool> closed{false};
 };
 
 struct loop_pd {

@@ -992,6 +992,33 @@ static void scenario_close(struct svt_dev *d)
 	memset(&wr, 0, sizeof(wr));
 	wr.opcode = IBV_WR_SEND;
 	CHECK_EQ(ibv_post_send(qe, &wr, &bad), EINVAL);
+	/* Nothing new is made on the closed context (EINVAL, where rdma-core's
+	 * would be a use after free), and closing it again is EINVAL, not a
+	 * second free. */
+	errno = 0;
+	CHECK(!ibv_alloc_pd(e.ctx) && errno == EINVAL);
+	errno = 0;
+	CHECK(!ibv_create_cq(e.ctx, 4, NULL, NULL, 0) && errno == EINVAL);
+	struct ibv_xrcd_init_attr xa = {.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+					.fd = -1, .oflags = O_CREAT};
+	errno = 0;
+	CHECK(!ibv_open_xrcd(e.ctx, &xa) && errno == EINVAL);
+	struct ibv_alloc_dm_attr dma = {.length = 64};
+	errno = 0;
+	CHECK(!ibv_alloc_dm(e.ctx, &dma) && errno == EINVAL);
+	struct ibv_td_init_attr tda = {0};
+	errno = 0;
+	CHECK(!ibv_alloc_td(e.ctx, &tda) && errno == EINVAL);
+	CHECK_EQ(ibv_close_device(e.ctx), EINVAL);
+	/* A context closed with nothing on it is freed: a second close is
+	 * EINVAL too, without touching its memory. */
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	CHECK(list && list[0]);
+	struct ibv_context *once = ibv_open_device(list[0]);
+	CHECK(once);
+	ibv_free_device_list(list);
+	CHECK_EQ(ibv_close_device(once), 0);
+	CHECK_EQ(ibv_close_device(once), EINVAL);
 	/* The CQ that used the channel is gone, so the channel can go. */
 	ibv_ack_cq_events(ecq, 1);
 	CHECK_EQ(ibv_destroy_comp_channel(ch), 0);

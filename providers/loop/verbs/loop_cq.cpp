@@ -986,6 +986,8 @@ loop_cq *cq_new(ibv_context *ctx, int cqe, ibv_comp_channel *channel, ibv_pd *pd
 
 ibv_cq *loop_create_cq(ibv_context *ctx, int cqe, ibv_comp_channel *channel, int comp_vector)
 {
+	if (ctx_closed(ctx, "ibv_create_cq"))
+		return nullptr;
 	if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
 		errno = EINVAL;
 		return nullptr;

@@ -17,6 +17,7 @@
 // wrappers: each is noexcept (none allocates, and cq_pop only copies out
 // of the ring).
 #include "loop.h"
+#include "objects.h"
 #include "loop_caps.h"
 
 #include <cerrno>
@@ -167,6 +168,8 @@ uint64_t read_completion_wallclock_ns(ibv_cq_ex *c) noexcept
 
 ibv_cq_ex *loop_create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr)
 {
+	if (ctx_closed(ctx, "ibv_create_cq_ex"))
+		return nullptr;
 	if (!attr) {
 		errno = EINVAL;
 		return nullptr;

@@ -156,6 +156,9 @@ std::vector<loop_context *> *g_kept_contexts;
 void loop_free_context(ibv_context *ctx)
 {
 	loop_context *lctx = to_loop_context(ctx);
+	// Nothing new is made on it from now (ctx_closed), also not while
+	// what the application left is destroyed.
+	lctx->closed.store(true, std::memory_order_release);
 	// What the application left: destroyed, as the kernel does when the
 	// device file closes (before contexts().m: the destroys may need it).
 	// Not for a context of an ibv_import_device family: there the kernel
@@ -174,7 +177,8 @@ void loop_free_context(ibv_context *ctx)
 	if (had_objects) {
 		// The application may still hold its objects' pointers, and they
 		// point here: a later ibv_destroy_qp reaches the provider through
-		// this context and answers ENOENT.  Only the command fd goes.
+		// this context and answers ENOENT.  Only the command fd goes (and
+		// nothing new is made on it: ctx_closed).
 		if (ctx->cmd_fd >= 0)
 			close(ctx->cmd_fd);
 		ctx->cmd_fd = -1;

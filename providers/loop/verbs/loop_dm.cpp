@@ -52,6 +52,8 @@ std::atomic<uint32_t> g_next_handle{1};
 
 ibv_dm *loop_alloc_dm(ibv_context *ctx, ibv_alloc_dm_attr *attr)
 {
+	if (ctx_closed(ctx, "ibv_alloc_dm"))
+		return nullptr;
 	loop_context *lctx = to_loop_context(ctx);
 	if (attr->comp_mask || !attr->length) {
 		errno = EINVAL;
@@ -110,6 +112,8 @@ int loop_free_dm(ibv_dm *ibdm)
 
 ibv_dm *loop_import_dm(ibv_context *ctx, uint32_t handle)
 {
+	if (ctx_closed(ctx, "ibv_import_dm"))
+		return nullptr;
 	auto *orig = static_cast<loop_dm *>(objects_find(kObjDm, handle));
 	if (!orig || orig->imported_from) {
 		errno = EINVAL;

@@ -11,6 +11,8 @@ namespace loop {
 
 ibv_pd *loop_import_pd(ibv_context *ctx, uint32_t handle)
 {
+	if (ctx_closed(ctx, "ibv_import_pd"))
+		return nullptr;
 	auto *orig = static_cast<loop_pd *>(objects_find(kObjPd, handle));
 	if (!orig || orig->imported) {
 		errno = EINVAL;

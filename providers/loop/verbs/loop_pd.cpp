@@ -12,6 +12,8 @@ namespace loop {
 
 ibv_pd *loop_alloc_pd(ibv_context *ctx)
 {
+	if (ctx_closed(ctx, "ibv_alloc_pd"))
+		return nullptr;
 	static std::atomic<uint32_t> next_pdn{1};
 	loop_context *lctx = to_loop_context(ctx);
 	// max_pd is device-wide, across processes (res_limits.h).

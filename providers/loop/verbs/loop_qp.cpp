@@ -466,6 +466,8 @@ bool qp_set_error(fabric &fab, uint32_t slot)
 
 ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 {
+	if (ctx_closed(ctx, "ibv_create_qp_ex"))
+		return nullptr;
 	loop_context *lctx = to_loop_context(ctx);
 	if (!attr || !valid_type(attr->qp_type)) {
 		errno = EOPNOTSUPP;

@@ -21,6 +21,8 @@ uint32_t wqe_bytes(uint32_t max_sge)
 
 ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
 {
+	if (ctx_closed(ctx, "ibv_create_srq_ex"))
+		return nullptr;
 	loop_context *lctx = to_loop_context(ctx);
 	uint32_t known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
 			 IBV_SRQ_INIT_ATTR_CQ;

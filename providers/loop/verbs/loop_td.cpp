@@ -15,6 +15,7 @@
 // application allocator cannot supply; its other allocations are small
 // host objects.  See docs/extended-verbs.md.
 #include "loop.h"
+#include "objects.h"
 
 #include <atomic>
 #include <cerrno>
@@ -50,6 +51,8 @@ loop_td *to_loop_td(ibv_td *td)
 
 ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr)
 {
+	if (ctx_closed(ctx, "ibv_alloc_td"))
+		return nullptr;
 	if (!attr || attr->comp_mask) {
 		errno = EINVAL;
 		return nullptr;
@@ -77,6 +80,8 @@ int loop_dealloc_td(ibv_td *ibtd)
 
 ibv_pd *loop_alloc_parent_domain(ibv_context *ctx, ibv_parent_domain_init_attr *attr)
 {
+	if (ctx_closed(ctx, "ibv_alloc_parent_domain"))
+		return nullptr;
 	uint32_t known = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
 			 IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
 	if (!attr || !attr->pd || (attr->comp_mask & ~known)) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // XRC domains and shared XRC target QPs.
 #include "loop.h"
+#include "objects.h"
 
 #include <cerrno>
 #include <new>
@@ -11,6 +12,8 @@ namespace loop {
 
 ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr)
 {
+	if (ctx_closed(ctx, "ibv_open_xrcd"))
+		return nullptr;
 	loop_context *lctx = to_loop_context(ctx);
 	uint32_t known = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
 	if (attr->comp_mask & ~known || !(attr->comp_mask & IBV_XRCD_INIT_ATTR_FD)) {
@@ -65,6 +68,8 @@ int loop_close_xrcd(ibv_xrcd *ibxrcd)
 // query and close it.  Receives reach it through its domain's SRQs.
 ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr)
 {
+	if (ctx_closed(ctx, "ibv_open_qp"))
+		return nullptr;
 	constexpr uint32_t needed =
 		IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
 	if (!attr || (attr->comp_mask & needed) != needed ||

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "objects.h"
+#include "loop.h"
 #include "tunables.h"
 
 #include <infiniband/verbs.h>
@@ -123,6 +124,15 @@ int obj_life::begin_destroy(uint32_t kind, const char *verb, const void *obj)
 		return EBUSY;
 	}
 	return 0;
+}
+
+bool ctx_closed(ibv_context *ctx, const char *verb)
+{
+	if (!to_loop_context(ctx)->closed.load(std::memory_order_acquire))
+		return false;
+	debug_log("%s: the context %p was closed (ibv_close_device)", verb, static_cast<void *>(ctx));
+	errno = EINVAL;
+	return true;
 }
 
 int life_bad(const char *verb, const void *obj, const obj_life &l, uint32_t kind)

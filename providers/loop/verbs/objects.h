@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdint>
 
+struct ibv_context;
+
 namespace loop {
 
 inline constexpr uint32_t kObjQp = 0; // sv_async_msg.kind for QPs; others use sv_obj_kind
@@ -180,5 +182,10 @@ bool owned_closing();
 
 // A message under SOFTVERBS_DEBUG (to stderr, prefixed "softverbs: ").
 void debug_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// Whether ctx was closed (ibv_close_device with objects live, whose memory
+// stays): then errno is EINVAL and verb's refusal is logged.  The verbs
+// that make objects on a context ask it first.
+bool ctx_closed(struct ibv_context *ctx, const char *verb);
 
 } // namespace loop
