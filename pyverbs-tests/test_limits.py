@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+import exverbs
 import svtest
 from svtest import pyverbs
 
@@ -390,3 +391,91 @@ print(json.dumps(res))
         env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, f"rc {p.returncode}\n{p.stdout}\n{p.stderr}"
     assert json.loads(p.stdout.splitlines()[-1]) == {"big": errno.ENOMEM, "small": 0}, p.stdout
+
+
+def test_message_and_address_limits(env):
+    """Found by a helper's audit of what loop0 advertises:
+    - a WR whose SGEs add up to more than the port's max_msg_sz (2^31) is
+      EINVAL at post, as rxe's validate_send_wr and post_one_recv answer:
+      ibv_post_send, an ibv_wr_* batch (posting none of it) and
+      ibv_post_recv; a receive of exactly max_msg_sz is taken (before, all
+      were posted, and a 2^31 + 1 byte SEND completed SUCCESS);
+    - a GRH's source GID index naming an empty slot of the table is
+      ENODATA from ibv_create_ah and from the AV of ibv_modify_qp (the
+      kernel's rdma_get_gid_attr), one beyond the table EINVAL (the empty
+      slot was taken);
+    - ibv_alloc_dm above max_dm_size is EINVAL (it was ENOMEM, the answer
+      for a pool used up);
+    - ibv_create_srq takes any srq_limit (ibv_create_srq(3): irrelevant to
+      create; rxe and mlx5 do not check it): it was EINVAL above max_wr."""
+    r = svtest.pyverbs(exverbs.SETUP + r"""
+from pyverbs.wr import SendWR
+from pyverbs.qp import QPInitAttr
+from pyverbs.addr import GlobalRoute
+from pyverbs.srq import SRQ, SrqInitAttr, SrqAttr
+from pyverbs.device import DM, AllocDmAttr
+a = ctx.query_device()
+pa = ctx.query_port(1)
+n = min(32, a.max_sge)
+chunk = (pa.max_msg_sz + 1 + n - 1) // n
+mr = MR(pd, (chunk + 4095) // 4096 * 4096, ACC)
+cq = CQ(ctx, 16)
+q = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq,
+                      cap=QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=n, max_recv_sge=n)))
+to_rts(q, q.qp_num)
+over = [SGE(mr.buf, chunk, mr.lkey) for _ in range(n)]
+res = {"sges": n, "total": n * chunk, "max": pa.max_msg_sz}
+res["send"] = errno_of(q.post_send, SendWR(opcode=e.IBV_WR_SEND, num_sge=n, sg=over))
+res["recv"] = errno_of(q.post_recv, RecvWR(num_sge=n, sg=over))
+exact = [SGE(mr.buf, chunk, mr.lkey) for _ in range(n - 1)]
+exact.append(SGE(mr.buf, pa.max_msg_sz - (n - 1) * chunk, mr.lkey))
+res["recv_exact"] = errno_of(q.post_recv, RecvWR(num_sge=n, sg=exact))
+xcq = cq_ex()
+x = qp_ex(xcq, max_sge=n)
+to_rts(x, x.qp_num)
+def batch():
+    x.wr_start()
+    x.wr_id = 1
+    x.wr_send()
+    x.wr_set_sge_list(n, over)
+    return x.wr_complete()
+res["wr_batch"] = errno_of(batch)
+gid = ctx.query_gid(1, 0)
+def ah(index):
+    return AH(pd, attr=AHAttr(port_num=1, dlid=pa.lid, is_global=1,
+                              gr=GlobalRoute(dgid=gid, sgid_index=index)))
+res["ah_empty"] = errno_of(ah, 5)
+res["ah_beyond"] = errno_of(ah, pa.gid_tbl_len)
+res["ah_ok"] = errno_of(ah, 0)
+r = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq,
+                      cap=QPCap(max_send_wr=1, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)))
+i = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=1)
+i.pkey_index = 0
+i.qp_access_flags = ACC
+r.modify(i, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+def rtr(index):
+    t = QPAttr(qp_state=e.IBV_QPS_RTR)
+    t.path_mtu = e.IBV_MTU_1024
+    t.dest_qp_num = q.qp_num
+    t.rq_psn = 0
+    t.max_dest_rd_atomic = 1
+    t.min_rnr_timer = 1
+    t.ah_attr = AHAttr(port_num=1, dlid=pa.lid, is_global=1,
+                       gr=GlobalRoute(dgid=gid, sgid_index=index))
+    r.modify(t, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN |
+             e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+res["rtr_empty"] = errno_of(rtr, 5)
+res["rtr_ok"] = errno_of(rtr, 0)
+dmax = ctx.query_device_ex().max_dm_size
+res["dm_over"] = errno_of(DM, ctx, AllocDmAttr(length=dmax + 1))
+res["dm_max"] = errno_of(lambda: DM(ctx, AllocDmAttr(length=dmax)).close())
+res["srq_limit"] = errno_of(lambda: SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1,
+                                                                srq_limit=5))).close())
+out(res)
+""", env, timeout=120)
+    assert r.pop("total") > r.pop("max"), r
+    assert r.pop("sges") >= 2
+    assert r == {"send": errno.EINVAL, "recv": errno.EINVAL, "recv_exact": 0,
+                 "wr_batch": errno.EINVAL, "ah_empty": errno.ENODATA,
+                 "ah_beyond": errno.EINVAL, "ah_ok": 0, "rtr_empty": errno.ENODATA,
+                 "rtr_ok": 0, "dm_over": errno.EINVAL, "dm_max": 0, "srq_limit": 0}, r

@@ -607,6 +607,10 @@ int loop_query_rt_values(ibv_context *ctx, ibv_values_ex *values);
 // at most a second old (the data path), else read now (queries).
 int loop_gid_table(loop_context *lctx, uint32_t port, gid_slot *table, int max,
 		   bool cached = false);
+// An address's source GID index on port: 0 when the slot holds a GID,
+// EINVAL beyond the table, ENODATA for an empty slot (the kernel's
+// rdma_get_gid_attr, which create_ah and modify_qp's AV go through).
+int loop_sgid_check(loop_context *lctx, uint32_t port, uint32_t index);
 
 // loop_pd.cpp
 ibv_pd *loop_alloc_pd(ibv_context *ctx);

@@ -268,6 +268,17 @@ namespace {
 
 // Copies an ibv_send_wr into our own form, checking what a real provider
 // checks at post time.  Returns 0 or the errno for post_send.
+// Whether n SGEs add up to more than the port's max_msg_sz: EINVAL at
+// post, as rxe's validate_send_wr and post_one_recv answer ("message length
+// too long"), rather than a message no HCA would carry.
+template <typename Sge> inline bool sges_too_long(const Sge *s, uint32_t n)
+{
+	uint64_t len = 0;
+	for (uint32_t i = 0; i < n; i++)
+		len += s[i].length;
+	return len > kMaxMsgSize;
+}
+
 [[gnu::hot]] int copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extra *x)
 {
 	// Any bits may come in (tests pass 77): check them as an integer first,
@@ -310,6 +321,8 @@ namespace {
 	} else {
 		for (int i = 0; i < in->num_sge; i++)
 			w.sge[i] = in->sg_list[i];
+		if (sges_too_long(w.sge, w.num_sge))
+			return EINVAL;
 	}
 	// imm_data and invalidate_rkey share a union in ibv_send_wr.
 	w.imm_data = is_inv_op(in->opcode) ? 0 : in->imm_data;
@@ -558,7 +571,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 		return -1;
 	const ibv_sge &s = in->sg_list[0];
 	uint64_t posted = qp->sq_posted.load(std::memory_order_relaxed);
-	if (!s.length || qp->sq_cons != posted ||
+	if (!s.length || s.length > kMaxMsgSize || qp->sq_cons != posted ||
 	    posted - qp->sq_retired.load(std::memory_order_acquire) >= qp->cap.max_send_wr)
 		return -1;
 	// copy_wr's form of it, the fields the express way, the completion and
@@ -734,6 +747,9 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 				qp->sq_retired.load(std::memory_order_acquire);
 		if (used + n > qp->cap.max_send_wr)
 			return ENOMEM;
+		for (size_t i = 0; i < n; i++)
+			if (!wrs[i].is_inline && sges_too_long(wrs[i].sge, wrs[i].num_sge))
+				return EINVAL; // copy_wr's check: the batch fails whole
 		// The room check above makes submit() succeed for every WR: the
 		// batch posts whole, unless memory runs out (ENOMEM, with the WRs
 		// before that one posted).

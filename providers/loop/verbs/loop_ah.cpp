@@ -24,9 +24,11 @@ ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 		errno = EINVAL; // RoCE needs a GRH
 		return nullptr;
 	}
-	if (attr->is_global && attr->grh.sgid_index >= kGidTableLen) {
-		errno = EINVAL;
-		return nullptr;
+	if (attr->is_global) {
+		if (int e = loop_sgid_check(lctx, attr->port_num, attr->grh.sgid_index)) {
+			errno = e;
+			return nullptr;
+		}
 	}
 	// max_ah is device-wide, across processes (res_limits.h).
 	if (int e = res_take(*lctx->fab, lctx->lease, SV_RES_AH)) {

@@ -59,6 +59,10 @@ ibv_dm *loop_alloc_dm(ibv_context *ctx, ibv_alloc_dm_attr *attr)
 		errno = EINVAL;
 		return nullptr;
 	}
+	if (attr->length > kMaxDmSize) {
+		errno = EINVAL; // Beyond max_dm_size (mlx5's answer); ENOMEM is the pool used up
+		return nullptr;
+	}
 	uint64_t len = (attr->length + kDmAlign - 1) & ~uint64_t(kDmAlign - 1);
 	{
 		std::lock_guard<std::mutex> g(g_dm_lock);

@@ -127,8 +127,9 @@ int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
 					   : (mask & IBV_QP_PORT ? a.port_num : qp->attr.port_num);
 		if (port < 1 || port > lctx->dev->num_ports)
 			return EINVAL;
-		if (ah.is_global && ah.grh.sgid_index >= kGidTableLen)
-			return EINVAL;
+		if (ah.is_global)
+			if (int e = loop_sgid_check(lctx, port, ah.grh.sgid_index))
+				return e;
 		bool eth = lctx->dev->ports[port - 1].link_layer == SV_LINK_ETH;
 		if (eth && !ah.is_global)
 			return EINVAL; // RoCE addresses by GID only
@@ -381,6 +382,16 @@ void rq_destroy(fabric &fab, loop_qp *qp)
 	uint64_t p = prod.load(std::memory_order_relaxed);
 	for (; wr; wr = wr->next) {
 		if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge) {
+			*bad = wr;
+			prod.store(p, std::memory_order_release);
+			return EINVAL;
+		}
+		// A receive longer than the port's max_msg_sz: EINVAL, as rxe's
+		// post_one_recv ("message length too long").
+		uint64_t len = 0;
+		for (int i = 0; i < wr->num_sge; i++)
+			len += wr->sg_list[i].length;
+		if (len > kMaxMsgSize) {
 			*bad = wr;
 			prod.store(p, std::memory_order_release);
 			return EINVAL;

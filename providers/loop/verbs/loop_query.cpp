@@ -126,6 +126,15 @@ int loop_gid_table(loop_context *lctx, uint32_t port, gid_slot *table, int max, 
 	return 1;
 }
 
+int loop_sgid_check(loop_context *lctx, uint32_t port, uint32_t index)
+{
+	if (index >= static_cast<uint32_t>(kGidTableLen))
+		return EINVAL;
+	gid_slot table[kGidTableLen];
+	int n = loop_gid_table(lctx, port, table, kGidTableLen, true);
+	return static_cast<int>(index) < n && table[index].valid ? 0 : ENODATA;
+}
+
 int loop_query_device_ex(ibv_context *ctx, const ibv_query_device_ex_input *input,
 			 ibv_device_attr_ex *attr, size_t attr_size)
 {

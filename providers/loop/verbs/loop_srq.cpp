@@ -74,8 +74,10 @@ ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr)
 		return nullptr;
 	}
 	ibv_srq_attr &a = attr->attr;
-	if (a.max_wr < 1 || a.max_wr > kMaxSrqWr || a.max_sge > kMaxSrqSge ||
-	    a.srq_limit > a.max_wr) {
+	// srq_limit is not checked here: ibv_create_srq(3) calls it irrelevant
+	// to create, and the kernel's rxe and mlx5 arm it as given without a
+	// check (ibv_modify_srq's EINVAL above max_wr is where it is checked).
+	if (a.max_wr < 1 || a.max_wr > kMaxSrqWr || a.max_sge > kMaxSrqSge) {
 		errno = EINVAL;
 		return nullptr;
 	}
