@@ -86,3 +86,42 @@ wr.set_bind_wr(mw, MWBindInfo(tgt, tgt.buf, 4096, e.IBV_ACCESS_REMOTE_WRITE))
 out(err(b.qp.post_send, wr))
 """, env)
     assert r == errno.EINVAL
+
+
+def test_bind_shapes_hcas_refuse(env):
+    """Found by a helper's probe: a type 2 window bound with length 0 is a
+    bind error (IBTA o10-37.2.40; rxe's rxe_check_bind_mw), and the window
+    stays unbound, so its MR deregisters (it completed SUCCESS and left
+    the window bound: the MR was EBUSY and the next bind failed); a type 1
+    window bound zero-based is EINVAL (o10-36.2.2; mlx5_bind_mw), where
+    type 2 zero-based stays allowed."""
+    r = pyverbs(RC + """
+a, b = pair()
+tgt = MR(pd, 4096, RW | e.IBV_ACCESS_MW_BIND)
+src = MR(pd, 4096, RW)
+mw = MW(pd, e.IBV_MW_TYPE_2)
+wr = SendWR(opcode=e.IBV_WR_BIND_MW, send_flags=e.IBV_SEND_SIGNALED)
+wr.set_bind_wr(mw, MWBindInfo(tgt, tgt.buf, 0, e.IBV_ACCESS_REMOTE_WRITE))
+b.qp.post_send(wr)
+res = {"zero_len": poll(b.cq)[0].status, "codes": [e.IBV_WC_MW_BIND_ERR]}
+# Unbound: a new QP binds it zero-based, and a WRITE at window offset 0 lands.
+c, d = pair()
+wr2 = SendWR(opcode=e.IBV_WR_BIND_MW, send_flags=e.IBV_SEND_SIGNALED)
+wr2.set_bind_wr(mw, MWBindInfo(tgt, tgt.buf + 1024, 1024,
+                               e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_ZERO_BASED))
+d.qp.post_send(wr2)
+res["type2_zero_based"] = poll(d.cq)[0].status
+res["write"] = write(c, src, 0, wr2.rkey, 64).status
+mw.close()
+m1 = MW(pd, e.IBV_MW_TYPE_1)
+f, g = pair()
+res["type1_zero_based"] = err(g.qp.bind_mw, m1, MWBind(MWBindInfo(
+    tgt, tgt.buf, 1024, e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_ZERO_BASED), e.IBV_SEND_SIGNALED))
+m1.close()
+res["dereg"] = err(tgt.close)
+out(res)
+""", env)
+    assert r["zero_len"] == r["codes"][0], r
+    assert r["type2_zero_based"] == 0 and r["write"] == 0, r
+    assert r["type1_zero_based"] == errno.EINVAL, r
+    assert r["dereg"] == 0, r

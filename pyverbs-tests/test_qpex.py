@@ -368,14 +368,18 @@ out({{"err": errno_of(qp_ex, cq, e.IBV_QPT_RC, e.IBV_QP_EX_WITH_SEND | {expr})}}
 
 def test_atomic_write_offered_on_rc_only(env):
     """Atomic write (IBTA 1.5) is an RC/XRC operation: offered there, refused
-    on UD.  Its traffic is checked by rdma-core's test_qp_ex_rc_atomic_write."""
+    on UD.  Its traffic is checked by rdma-core's test_qp_ex_rc_atomic_write.
+    The device says so: IB_UVERBS_DEVICE_ATOMIC_WRITE (bit 40) in
+    device_cap_flags_ex (a helper's probe found it worked unadvertised)."""
     r = run("""
 cq = cq_ex()
 out({"rc": errno_of(qp_ex, cq, e.IBV_QPT_RC, e.IBV_QP_EX_WITH_SEND | e.IBV_QP_EX_WITH_ATOMIC_WRITE),
-     "ud": errno_of(qp_ex, cq, e.IBV_QPT_UD, e.IBV_QP_EX_WITH_SEND | e.IBV_QP_EX_WITH_ATOMIC_WRITE)})
+     "ud": errno_of(qp_ex, cq, e.IBV_QPT_UD, e.IBV_QP_EX_WITH_SEND | e.IBV_QP_EX_WITH_ATOMIC_WRITE),
+     "cap": ctx.query_device_ex().device_cap_flags_ex})
 """, env)
     assert r["rc"] == 0, r
     assert r["ud"] == errno.EOPNOTSUPP, r
+    assert r["cap"] & (1 << 40), r
 
 
 def test_bind_mw_send_inv_and_local_inv(env):

@@ -13,7 +13,12 @@ inline constexpr unsigned int kDeviceCapFlags =
 	IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
 	IBV_DEVICE_XRC | IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
 	IBV_DEVICE_MEM_MGT_EXTENSIONS;
-inline constexpr uint64_t kDeviceCapFlagsEx = 0;
+// IB_UVERBS_DEVICE_ATOMIC_WRITE (rdma-core's kernel-headers/rdma/
+// ib_user_verbs.h; Debian 12's kernel headers predate it): IBTA 1.5's
+// atomic write, through ibv_wr_atomic_write and IBV_WR_ATOMIC_WRITE
+// (test_qpex.py, rdma-core's test_qp_ex_rc_atomic_write).
+inline constexpr uint64_t kDeviceAtomicWrite = 1ULL << 40;
+inline constexpr uint64_t kDeviceCapFlagsEx = kDeviceAtomicWrite;
 // Atomics take a fabric-wide striped lock: atomic among all users of the fabric.
 inline constexpr ibv_atomic_cap kAtomicCap = IBV_ATOMIC_HCA;
 // On-demand paging: nothing is pinned, so every transport and operation the

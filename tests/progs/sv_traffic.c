@@ -903,13 +903,17 @@ static void sc_errors(void)
 		wc = svt_wait(q.acq, "read into read-only");
 		CHECK_WC(wc, IBV_WC_LOC_PROT_ERR);
 	}
-	/* 2. remote access errors, each on a fresh pair; the target is left intact */
-	for (int kind = 0; kind < 6; kind++) {
+	/* 2. remote access errors, each on a fresh pair; the target is left intact.
+	 * Kinds 6-8 are zero-length: no key is checked (IBTA 9.4.3), but the
+	 * QP's rights are, as rxe's check_op_valid (they completed SUCCESS). */
+	for (int kind = 0; kind < 9; kind++) {
 		struct pair p;
 		pair_open(&p);
 		int qp_access_b = SVT_ALL_ACCESS;
-		if (kind == 3)
+		if (kind == 3 || kind == 6 || kind == 8)
 			qp_access_b = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ; /* no remote write */
+		if (kind == 7)
+			qp_access_b = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE; /* no remote read */
 		pair_connect(&p, IBV_QPT_RC, SVT_ALL_ACCESS, qp_access_b, 1, 7, 0, 0);
 		struct ibv_mr *ma = svt_mr(&p.a, 4096, SVT_ALL_ACCESS);
 		int mr_access = SVT_ALL_ACCESS;
@@ -934,8 +938,16 @@ static void sc_errors(void)
 		case 3: what = "QP without REMOTE_WRITE"; break;
 		case 4: raddr -= 8; op = IBV_WR_RDMA_READ; what = "read below the MR"; break;
 		case 5: op = IBV_WR_RDMA_READ; what = "MR without REMOTE_READ"; break;
+		case 6: what = "zero-length WRITE to a QP without REMOTE_WRITE"; break;
+		case 7: op = IBV_WR_RDMA_READ; what = "zero-length READ from a QP without REMOTE_READ"; break;
+		case 8:
+			op = IBV_WR_RDMA_WRITE_WITH_IMM;
+			what = "zero-length WRITE_WITH_IMM to a QP without REMOTE_WRITE";
+			break;
 		}
-		CHECK(svt_post_send1(p.qa, 10 + kind, op, &ss, 1, IBV_SEND_SIGNALED, raddr, rkey) == 0);
+		int nsge = kind >= 6 ? 0 : 1;
+		CHECK(svt_post_send1(p.qa, 10 + kind, op, &ss, nsge, IBV_SEND_SIGNALED, raddr, rkey) ==
+		      0);
 		/* A second WR behind it flushes */
 		CHECK(svt_post_send1(p.qa, 20 + kind, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0) ==
 		      0);
@@ -952,10 +964,16 @@ static void sc_errors(void)
 			if (b[i] != 0x55)
 				FAIL("%s: target byte %d changed", what, i);
 		check_flushed(&p, 1);
-		/* The responder's QP is in ERR and its outstanding receive flushed */
+		/* The responder's QP is in ERR and its outstanding receive flushed
+		 * (a WRITE_WITH_IMM took it: completed in error, as its non-empty
+		 * kind does) */
 		wc = svt_wait(p.bcq, "responder flush");
 		CHECK_EQ(wc.wr_id, 900);
-		CHECK_WC(wc, IBV_WC_WR_FLUSH_ERR);
+		if (kind == 8 && wc.status != IBV_WC_REM_ACCESS_ERR)
+			FAIL("%s: the taken receive completed %s, expected REM_ACCESS_ERR", what,
+			     ibv_wc_status_str(wc.status));
+		if (kind != 8)
+			CHECK_WC(wc, IBV_WC_WR_FLUSH_ERR);
 		/* The responder's owner hears of it: IBV_EVENT_QP_ACCESS_ERR on B */
 		struct pollfd pfd = {p.b.ctx->async_fd, POLLIN, 0};
 		if (poll(&pfd, 1, 2000) != 1)

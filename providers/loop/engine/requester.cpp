@@ -228,11 +228,13 @@ void remote_fail(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p,
 	riov.clear();
 	uint32_t raccess = 0;
 	uint64_t len = read ? sge_bytes(w) : lb.len;
-	int kerr = 0;
-	if (len)
-		kerr = !(p.rec.access & right) ? EACCES
-					       : t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr,
-							       len, right, riov, &raccess);
+	// The QP's rights are checked whatever the length (rxe's
+	// check_op_valid); the key only for bytes (a zero-length RDMA
+	// operation names no memory, IBTA 9.4.3).
+	int kerr = !(p.rec.access & right) ? EACCES : 0;
+	if (len && !kerr)
+		kerr = t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr, len, right, riov,
+				     &raccess);
 	if (no_answer(kerr))
 		return step::unreachable; // The target is gone (its memory mapped here)
 	if (kerr) {
@@ -544,8 +546,8 @@ bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b)
 	std::vector<rseg> &riov = qp->req_riov;
 	riov.clear();
 	uint32_t raccess = 0;
-	if (len && (!(p.rec.access & right) ||
-		    t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr, len, right, riov, &raccess)))
+	if (!(p.rec.access & right) ||
+	    (len && t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr, len, right, riov, &raccess)))
 		return false;
 	// Memory mapped here (fd-backed), the null MR and on-demand memory
 	// keep their own copies: the batch is for cross-memory attach.

@@ -162,12 +162,12 @@ tp_answer respond_write_imm(const transport_ops &t, loop_qp *qp, const peer &p,
 	std::vector<rseg> &riov = qp->resp_riov;
 	riov.clear();
 	uint32_t raccess = 0;
-	int kerr = 0;
-	if (lb.len)
-		kerr = !(p.rec.access & IBV_ACCESS_REMOTE_WRITE)
-			       ? EACCES
-			       : t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr, lb.len,
-					       IBV_ACCESS_REMOTE_WRITE, riov, &raccess);
+	// The QP's right whatever the length, the key only for bytes (as
+	// run_rdma).
+	int kerr = !(p.rec.access & IBV_ACCESS_REMOTE_WRITE) ? EACCES : 0;
+	if (lb.len && !kerr)
+		kerr = t.resolve_key(qp, p, w.rkey, p.rec.pdn, w.remote_addr, lb.len,
+				     IBV_ACCESS_REMOTE_WRITE, riov, &raccess);
 	if (kerr && (kerr == ESRCH || kerr == ETIMEDOUT || !t.alive(qp, p.qpn, false).alive)) {
 		riov.clear();
 		return kLost; // The target died: as if the request was lost

@@ -1214,6 +1214,10 @@ int loop_bind_mw(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *bind)
 	const ibv_mw_bind_info &bi = bind->bind_info;
 	if (!bi.mr && (bi.addr || bi.length))
 		return EINVAL;
+	// A type 1 window is not zero-based (IBTA o10-36.2.2; mlx5_bind_mw's
+	// EINVAL, rxe's bind error).
+	if (bi.mw_access_flags & IBV_ACCESS_ZERO_BASED)
+		return EINVAL;
 	if (bi.mr && bi.length && !(reinterpret_cast<verbs_mr *>(bi.mr)->access & IBV_ACCESS_MW_BIND))
 		return EINVAL;
 	ibv_send_wr wr{};
@@ -1291,6 +1295,10 @@ ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
 		return IBV_WC_MW_BIND_ERR;
 	// A type 2 window is bound once; invalidate it before binding again.
 	if (want_kind == SV_MR_KIND_MW2 && win.state == SV_MR_VALID)
+		return IBV_WC_MW_BIND_ERR;
+	// A type 2 window is not bound with length 0 (IBTA o10-37.2.40: that
+	// would be an invalidation by bind; rxe's bind error).
+	if (w.mw_type == IBV_MW_TYPE_2 && !w.bind_len)
 		return IBV_WC_MW_BIND_ERR;
 	bool unbind = w.mw_type == IBV_MW_TYPE_1 && !w.bind_len;
 	uint32_t pslot = 0;

@@ -1704,10 +1704,12 @@ void run_message(qp_wire &qw, const request &q, ibv_wr_opcode opcode)
 // scratch): 0, or the errno of the loop transport's key check.
 int check_range(const request &q, uint32_t rkey, uint64_t va, uint64_t len, uint32_t right)
 {
-	if (!len)
-		return 0;
+	// The QP's right whatever the length (as the loop transport's
+	// run_rdma), the key only for bytes.
 	if (!(q.tp.rec.access & right))
 		return EACCES;
+	if (!len)
+		return 0;
 	std::vector<rseg> &riov = q.proxy->resp_riov;
 	riov.clear();
 	uint32_t acc = 0;
