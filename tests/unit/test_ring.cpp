@@ -406,7 +406,9 @@ uint32_t sges_of(uint64_t seq, uint32_t max_sge)
 ibv_sge sge_of(uint64_t seq, uint32_t i)
 {
 	uint32_t m = mix(static_cast<uint32_t>(seq), i);
-	return ibv_sge{(seq << 8) | i, m, ~m};
+	// A length of 24 bits: a receive's SGEs add up to at most max_msg_sz
+	// (2^31), or post_recv refuses it.
+	return ibv_sge{(seq << 8) | i, m >> 8, ~m};
 }
 
 // Checks a taken WQE; returns its sequence number.
