@@ -165,6 +165,9 @@ struct cm_id {
 	st state = st::idle;
 	bool sync = false;
 	bool destroying = false;
+	// The parent's, in a child of fork(): nothing of it is served or sent
+	// here any more (cm_atfork_child); only its destroy works.
+	bool orphan = false;
 	channel_priv *chan = nullptr;
 	int bind_fd = -1, conn_fd = -1;
 	dev_entry *dev = nullptr;
@@ -252,6 +255,9 @@ struct global {
 	// reader that comes late, and reachable from here (not a leak to
 	// LeakSanitizer).
 	std::vector<channel_priv *> dead_channels;
+	// Event channels not destroyed (and the ids' own, of synchronous ids):
+	// a child of fork() gives each an event counter of its own.
+	std::vector<channel_priv *> channels;
 };
 
 global &G()
@@ -889,6 +895,7 @@ void on_request(cm_id *p, const wire_msg &m)
 
 void qp_to_err(cm_id *p);
 uint8_t cap(uint8_t v, int max);
+void channel_gone(channel_priv *c);
 
 void on_message(cm_id *p, const wire_msg &m)
 {
@@ -2043,9 +2050,91 @@ void cm_thread()
 	}
 }
 
+// fork(): the CM thread, the sockets it serves and the event channels'
+// counters are the parent's, and stay so.  The child starts afresh, as a
+// child of rdma-core's does with the kernel's rdma_cm (new channels and ids
+// work there): the parent's ids become orphans (closed here, never sent on
+// or served; rdma_destroy_id frees them, other calls are EINVAL), each
+// channel gets an event counter of its own with nothing queued (the
+// parent's events are the parent's to retrieve), and the CM thread and the
+// devices are started again on the next call.  Before, the child had no CM
+// thread: its calls that wait for a peer hung.
+void cm_atfork_prepare()
+{
+	G().mu.lock(); // No CM step is half done in the copy the child gets
+}
+
+void cm_atfork_parent()
+{
+	G().mu.unlock();
+}
+
+void cm_atfork_child()
+{
+	global &g = G();
+	g.mu.unlock(); // The forking thread's, which this one is
+	// Waiters of the parent's are not here: a condition variable of our own.
+	new (&g.cv) std::condition_variable;
+	auto drop = [](int &fd) {
+		if (fd >= 0)
+			close(fd);
+		fd = -1;
+	};
+	// First: the epoll set is the parent's too, and an EPOLL_CTL_DEL from
+	// here would take the parent's sockets out of it.
+	drop(g.ep);
+	for (auto &kv : g.ids) {
+		cm_id *p = kv.second;
+		drop(p->bind_fd);
+		drop(p->conn_fd);
+		drop(p->own_fd);
+		drop(p->gsi_fd);
+		p->orphan = true;
+		p->state = st::error;
+		p->wire = false;
+		p->resend.clear();
+		p->answer.clear();
+		p->resend_ms = p->deadline_ms = p->timewait_ms = 0;
+		p->children.clear();
+		p->listener = nullptr;
+		p->req_event = nullptr;
+	}
+	g.ids.clear();
+	for (auto &kv : g.lingers)
+		close(kv.first);
+	g.lingers.clear();
+	for (auto &t : g.tombs)
+		close(t.first);
+	g.tombs.clear();
+	drop(g.udp4);
+	drop(g.udp6);
+	g.uport4 = g.uport6 = 0;
+	for (channel_priv *c : g.channels) {
+		// The same descriptor number, a counter of the child's own.
+		int fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+		if (fd >= 0 && c->ch.fd >= 0 && dup3(fd, c->ch.fd, O_CLOEXEC) >= 0)
+			close(fd);
+		else if (fd >= 0)
+			close(fd);
+		for (event_priv *e : c->q)
+			e->dead = true;
+		c->q.clear(); // The parent's: left to it (their copies here leak)
+		c->readers = 0;
+	}
+	// The parent's device contexts: a child opens its own.
+	g.devs.clear();
+	g.inited = false;
+	g.init_err = 0;
+	g.any_wire = false;
+}
+
 int ensure_started_locked()
 {
 	global &g = G();
+	static bool forks = [] {
+		return pthread_atfork(cm_atfork_prepare, cm_atfork_parent, cm_atfork_child) == 0;
+	}();
+	(void)forks;
 	if (int e = fabric_init_locked())
 		return e;
 	if (g.ep < 0) {
@@ -2053,7 +2142,8 @@ int ensure_started_locked()
 		if (g.ep < 0)
 			return errno;
 		loop::start_detached(cm_thread); // Returns once it runs (thread_start.h)
-		atexit(linger_cm_at_exit);
+		static bool exit_hook = [] { return atexit(linger_cm_at_exit) == 0; }();
+		(void)exit_hook;
 	}
 	return 0;
 }
@@ -2235,6 +2325,7 @@ void destroy_locked(cm_id *p)
 			delete e;
 		p->chan->q.clear();
 		close(p->chan->ch.fd);
+		channel_gone(p->chan);
 		delete p->chan;
 	}
 	delete p->ep_qp_attr;
@@ -2582,6 +2673,7 @@ cm_id *new_id(channel_priv *chan, void *context, rdma_port_space ps, ibv_qp_type
 	return p;
 }
 
+// Caller holds G().mu.
 channel_priv *new_channel()
 {
 	int fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
@@ -2589,7 +2681,22 @@ channel_priv *new_channel()
 		return nullptr;
 	auto *c = new channel_priv;
 	c->ch.fd = fd;
+	try {
+		G().channels.push_back(c);
+	} catch (...) {
+		close(fd);
+		delete c;
+		errno = ENOMEM;
+		return nullptr;
+	}
 	return c;
+}
+
+// A channel destroyed: out of the live list.  Caller holds G().mu.
+void channel_gone(channel_priv *c)
+{
+	auto &v = G().channels;
+	v.erase(std::remove(v.begin(), v.end(), c), v.end());
 }
 
 // Synchronous ids: wait for the event the operation produces.
@@ -2775,6 +2882,7 @@ SV_API void rdma_destroy_event_channel(rdma_event_channel *channel)
 		return;
 	channel_priv *c = to_chan(channel);
 	std::lock_guard<std::mutex> lk(G().mu);
+	channel_gone(c);
 	for (event_priv *e : c->q)
 		delete e;
 	c->q.clear();
@@ -2844,7 +2952,7 @@ SV_API int rdma_destroy_id(rdma_cm_id *id)
 	}
 	std::unique_lock<std::mutex> lk(G().mu);
 	p->destroying = true;
-	G().cv.wait(lk, [p] { return p->reported == p->acked; });
+	G().cv.wait(lk, [p] { return p->orphan || p->reported == p->acked; });
 	destroy_locked(p);
 	return 0;
 }
@@ -3724,6 +3832,8 @@ SV_API int rdma_migrate_id(rdma_cm_id *id, rdma_event_channel *channel)
 		return -1;
 	if (to->destroyed)
 		return fail(EINVAL);
+	if (p->orphan)
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	G().cv.wait(lk, [p] { return p->reported == p->acked; });
 	channel_priv *from = p->chan;
 	if (from == to)

@@ -1509,6 +1509,21 @@ def test_qp_attributes_follow_the_peers_answer(env, build_dir):
     assert p.returncode == 0 and p.stdout.strip() == "OK sv_cm_params", (p.stdout, p.stderr)
 
 
+def test_a_forked_child_has_rdma_cm_of_its_own(env, build_dir):
+    """tests/progs/sv_cm_fork.c: after a fork (the parent's CM thread
+    running, a connection up), the child connects ids of its own on a
+    channel of its own and moves data over them; the ids it inherited are
+    the parent's (rdma_connect EINVAL, rdma_destroy_id at once), and the
+    parent's connection carries data both ways afterwards and disconnects
+    as usual.  Before, the child had no CM thread and its connect hung."""
+    prog = build_dir / "tests" / "progs" / "sv_cm_fork"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs librdmacm-dev)")
+    p = svtest.run([str(prog), "127.0.0.1"], env, timeout=90)
+    assert p.returncode == 0 and p.stdout.split() == ["OK", "child", "OK", "sv_cm_fork"], \
+        (p.stdout, p.stderr)
+
+
 def test_dropped_events_leave_the_channel_unreadable(env):
     """An event queued for an id that is then destroyed unretrieved is
     dropped with its count: the channel's fd no longer polls readable
