@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 13
+#define SV_ABI_VERSION 14
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -273,8 +273,15 @@ struct sv_mr_rec {
 			      * known); a peer checks the descriptor it took
 			      * is that file, in case the owner's fd number was
 			      * closed and reused for another */
+	uint64_t copiers;    /* Copies by address in flight: the cookie of
+			      * their registration << 32 | their count.  A
+			      * copier adds itself, then checks the record is
+			      * still VALID with that cookie; the owner's
+			      * dereg/rereg puts it out of service, then waits
+			      * for the count of its cookie to drain
+			      * (providers/loop/mr_copiers.h) */
 };
-SV_STATIC_ASSERT(sizeof(struct sv_mr_rec) == 96, "MR record size");
+SV_STATIC_ASSERT(sizeof(struct sv_mr_rec) == 104, "MR record size");
 
 /*
  * Queue objects: CQ rings, receive queues, SRQs.  Each lives in its own

@@ -109,6 +109,11 @@ inline constexpr uint64_t kPeerTimeoutNs = 2000000000ULL;
 inline constexpr uint64_t kServiceGiveUpNs = 5 * kPeerTimeoutNs;
 // The serving thread looks at its `stop` word this often.
 inline constexpr long kServiceStopPollNs = 100000000;
+// ibv_dereg_mr / ibv_rereg_mr wait this long at most for copies into the
+// MR's memory in flight (mr_copiers.h): a copy is one system call of at
+// most max_msg_sz bytes, well under a second; a copier frozen or killed in
+// one is not waited for longer.
+inline constexpr int kCopyWaitMs = 5000;
 
 // ---- The fabric registry (transport/loop/fabric.cpp) ----
 // A process opening a fabric waits this long (in 1 ms steps) for its

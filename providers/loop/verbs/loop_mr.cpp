@@ -156,6 +156,32 @@ void mr_begin_change(sv_mr_rec &m)
 	std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
+void mr_copy_wait(sv_mr_rec &m, uint32_t cookie)
+{
+	std::atomic_ref<uint64_t> w(m.copiers);
+	auto busy = [&] {
+		uint64_t v = w.load(std::memory_order_seq_cst);
+		return static_cast<uint32_t>(v >> 32) == cookie && static_cast<uint32_t>(v) != 0;
+	};
+	if (!busy())
+		return;
+	uint64_t start = now_ns();
+	for (int i = 0; busy(); i++) {
+		if (now_ns() - start > uint64_t(kCopyWaitMs) * 1000000) {
+			debug_log("MR record %p: copies still in flight after %d ms (a peer frozen or "
+				  "killed inside one?); going on without them",
+				  static_cast<void *>(&m), kCopyWaitMs);
+			return;
+		}
+		if (i < 64) {
+			sched_yield();
+		} else {
+			timespec ts{0, 50000};
+			nanosleep(&ts, nullptr);
+		}
+	}
+}
+
 void mr_publish_change(sv_mr_rec &m)
 {
 	m.cookie = random_cookie();
@@ -220,8 +246,9 @@ namespace {
 			return EFAULT;
 	}
 	seg_kind k = (c.flags & SV_MR_ODP) ? seg_kind::peer_checked : seg_kind::peer;
+	sv_mr_rec *rec = &fab.reg()->mrs[slot];
 	if (!(c.flags & SV_MR_BLOCK_LIST)) {
-		out.push_back({reinterpret_cast<void *>(c.addr + off), len, k});
+		out.push_back({reinterpret_cast<void *>(c.addr + off), len, k, {}, 0, 0, rec, c.cookie});
 		return 0;
 	}
 	// A block list: byte off is fd_offset + off into the list's blocks.
@@ -251,7 +278,7 @@ namespace {
 	uint64_t in = pos & (bsz - 1);
 	for (uint64_t i = 0; len; i++) {
 		uint64_t n = std::min(len, bsz - in);
-		out.push_back({reinterpret_cast<void *>(pages[i] + in), n, k});
+		out.push_back({reinterpret_cast<void *>(pages[i] + in), n, k, {}, 0, 0, rec, c.cookie});
 		len -= n;
 		in = 0;
 	}
@@ -450,7 +477,8 @@ void memo_key_keep(key_memo &k, const key_cache::entry *e, uint32_t key, bool ma
 		const sv_mr_rec &c = hit->rec;
 		uint64_t off = iova - c.iova;
 		if (!hit->base) {
-			out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind});
+			out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind, {}, 0, 0,
+				       &fab.reg()->mrs[key >> SV_MR_KEY_BITS], c.cookie});
 			if (access)
 				*access = c.access;
 			return 0;
@@ -538,6 +566,8 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 	hit.mapped = s.kind == seg_kind::mapped || s.kind == seg_kind::mapped_direct;
 	hit.odp = s.kind == seg_kind::peer_checked;
 	hit.pin = s.pin; // The mapping outlives the next lookup's segs.clear()
+	hit.mr = s.mr;
+	hit.mr_cookie = s.mr_cookie;
 	return 0;
 }
 
@@ -718,6 +748,18 @@ ibv_mr *publish_new_mr(ibv_pd *pd, loop_mr *mr, const mr_init &in, ibv_mr_type t
 	return &m;
 }
 
+// An IOVA for [start, start + length): the same offset in its page as
+// start (the kernel's ib_uverbs_reg_mr: "(start & ~PAGE_MASK) != (hca_va &
+// ~PAGE_MASK)" is EINVAL; ibv_reg_dmabuf_mr(3) asks it of the offset), and
+// a range that does not wrap past 2^64.  A zero-based MR's IOVA is 0.
+bool iova_ok(uint64_t start, uint64_t length, uint64_t iova, int access)
+{
+	if (access & IBV_ACCESS_ZERO_BASED)
+		return true;
+	uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+	return (start & (page - 1)) == (iova & (page - 1)) && (!length || iova + (length - 1) >= iova);
+}
+
 } // namespace
 
 ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
@@ -731,7 +773,8 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 	bool odp = access & IBV_ACCESS_ON_DEMAND;
 	// Implicit ODP: the whole address space, as rdma-core spells it.
 	bool implicit = odp && !addr && length == SIZE_MAX;
-	if (!implicit && (!length || length > kMaxMrSize || !addr)) {
+	if (!implicit && (!length || length > kMaxMrSize || !addr ||
+			  !iova_ok(reinterpret_cast<uintptr_t>(addr), length, hca_va, access))) {
 		errno = EINVAL;
 		return nullptr;
 	}
@@ -810,6 +853,7 @@ int loop_dereg_mr(verbs_mr *vmr)
 		return e;
 	loop_context *lctx = to_loop_context(vmr->ibv_mr.context);
 	fabric &fab = *lctx->fab;
+	uint32_t cookie;
 	{
 		registry_guard g(fab);
 		sv_mr_rec &m = fab.reg()->mrs[mr->slot];
@@ -820,7 +864,16 @@ int loop_dereg_mr(verbs_mr *vmr)
 				  static_cast<void *>(mr), m.bound_mws);
 			return EBUSY;
 		}
-		mr_state(m).store(SV_MR_FREE, std::memory_order_release);
+		// Out of service first; the slot is freed only once no copy
+		// by address into the memory is left (mr_copiers.h): after this
+		// returns, the memory is the application's again.
+		mr_begin_change(m);
+		cookie = m.cookie;
+	}
+	mr_copy_wait(fab.reg()->mrs[mr->slot], cookie);
+	{
+		registry_guard g(fab);
+		mr_state(fab.reg()->mrs[mr->slot]).store(SV_MR_FREE, std::memory_order_release);
 		res_put_locked(fab, lctx->lease, SV_RES_MR);
 	}
 	release_fd(mr);
@@ -842,6 +895,8 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 	loop_mr *mr = to_loop_mr(&vmr->ibv_mr);
 	if (!mr->life.is(kLifeMr))
 		return life_bad("ibv_rereg_mr", mr, mr->life, kLifeMr);
+	if (!flags)
+		return EINVAL; // Nothing to change: the kernel's ib_uverbs_rereg_mr refuses it
 	if ((flags & IBV_REREG_MR_CHANGE_PD) && pd->context != vmr->ibv_mr.context)
 		return EINVAL;
 	loop_context *lctx = to_loop_context(vmr->ibv_mr.context);
@@ -861,6 +916,18 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 		if (!odp && (!range_mapped(reinterpret_cast<uintptr_t>(addr), length) ||
 			     !range_allows(reinterpret_cast<uintptr_t>(addr), length,
 					   writable_access(access))))
+			return EFAULT;
+	} else if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && !odp &&
+		   (vmr->access & IBV_ACCESS_ON_DEMAND) && vmr->mr_type == IBV_MR_TYPE_MR) {
+		// On-demand no more: pinned now, as a registration without
+		// IBV_ACCESS_ON_DEMAND would be (an implicit MR has no range to
+		// pin).  It was taken as it stood, and a copy into a hole of it
+		// then faulted in its own process.
+		uintptr_t a = reinterpret_cast<uintptr_t>(vmr->ibv_mr.addr);
+		size_t n = vmr->ibv_mr.length;
+		if (!a && n == SIZE_MAX)
+			return EINVAL;
+		if (!range_mapped(a, n) || !range_allows(a, n, writable_access(access)))
 			return EFAULT;
 	} else if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && !odp && mr->fd < 0 &&
 		   writable_access(access) && !writable_access(vmr->access) &&
@@ -895,16 +962,26 @@ namespace {
 int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd, void *addr,
 		 size_t length, int access, bool odp)
 {
-	registry_guard g(fab);
 	sv_mr_rec &m = fab.reg()->mrs[mr->slot];
-	if (m.bound_mws && (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD)))
-		return EBUSY;
-	// The MR moves its hold from the old PD to the new one.
-	if ((flags & IBV_REREG_MR_CHANGE_PD) &&
-	    !mr->parents.swap(to_loop_pd(vmr->ibv_mr.pd)->life, to_loop_pd(pd)->life, kLifePd))
-		return life_bad("ibv_rereg_mr", pd, to_loop_pd(pd)->life, kLifePd);
-	// Take the key out of service while the record changes.
-	mr_begin_change(m);
+	uint32_t cookie;
+	{
+		registry_guard g(fab);
+		if (m.bound_mws &&
+		    (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD)))
+			return EBUSY;
+		// The MR moves its hold from the old PD to the new one.
+		if ((flags & IBV_REREG_MR_CHANGE_PD) &&
+		    !mr->parents.swap(to_loop_pd(vmr->ibv_mr.pd)->life, to_loop_pd(pd)->life,
+				      kLifePd))
+			return life_bad("ibv_rereg_mr", pd, to_loop_pd(pd)->life, kLifePd);
+		// Take the key out of service while the record changes.
+		mr_begin_change(m);
+		cookie = m.cookie;
+	}
+	// Copies by address under the old registration finish first: after
+	// rereg returns none lands in the old range (mr_copiers.h).
+	mr_copy_wait(m, cookie);
+	registry_guard g(fab);
 	if (flags & IBV_REREG_MR_CHANGE_PD)
 		m.pdn = to_loop_pd(pd)->pdn;
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
@@ -980,7 +1057,7 @@ ibv_mr *loop_reg_mr_fd(ibv_pd *pd, int fd, int fd_type, uint64_t offset, size_t 
 {
 	int access = clean_access(static_cast<int>(uaccess));
 	int err = check_access(access);
-	if (err || (access & IBV_ACCESS_ON_DEMAND)) {
+	if (err || (access & IBV_ACCESS_ON_DEMAND) || !iova_ok(offset, length, iova, access)) {
 		errno = EINVAL;
 		return nullptr;
 	}
@@ -1029,6 +1106,8 @@ int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, u
 	int access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? clean_access(static_cast<int>(uaccess))
 							 : mr->vmr.access;
 	if (check_access(access) || (access & IBV_ACCESS_ON_DEMAND))
+		return EINVAL;
+	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && !iova_ok(offset, length, iova, access))
 		return EINVAL;
 	loop_mr fresh{};
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {

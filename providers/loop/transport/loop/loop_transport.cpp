@@ -18,6 +18,7 @@
 #include "service.h"
 #include "transport.h"
 #include "xfer.h"
+#include "mr_copiers.h"
 
 #include <cerrno>
 #include <cxxabi.h>
@@ -422,7 +423,13 @@ int atomic_word(const peer &p, const mr_hit &hit, uint64_t *v, xfer_dir dir)
 {
 	if (hit.mapped)
 		return xfer_mapped_word(hit.addr, v, dir);
-	return xfer_word(p.pid, p.self && !hit.odp, hit.addr, v, dir);
+	// By the owner's address: held against its dereg (mr_copiers.h).
+	if (hit.mr && !mr_copy_hold(hit.mr, hit.mr_cookie))
+		return EACCES;
+	int err = xfer_word(p.pid, p.self && !hit.odp, hit.addr, v, dir);
+	if (hit.mr)
+		mr_copy_release(hit.mr, hit.mr_cookie);
+	return err;
 }
 
 int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
@@ -1160,6 +1167,20 @@ bool express_enabled()
 		return false;
 	if (k != seg_kind::mapped_direct && !(k == seg_kind::peer && p.self))
 		return false; // A system call's copy, the general way
+	// Our own memory by address: held against a dereg in another thread
+	// (mr_copiers.h); one out of service goes the general way, which
+	// answers for the key.
+	sv_mr_rec *held = nullptr;
+	uint32_t held_cookie = 0;
+	if (k == seg_kind::peer) {
+		const key_cache::entry *ke = cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease);
+		if (!ke)
+			return false;
+		held = &qp->ctx->fab->reg()->mrs[w.rkey >> SV_MR_KEY_BITS];
+		held_cookie = ke->rec.cookie;
+		if (!mr_copy_hold(held, held_cookie))
+			return false;
+	}
 	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
 	flush_deferred(qp); // Earlier SENDs land first
 	bool relaxed = access & IBV_ACCESS_RELAXED_ORDERING;
@@ -1178,6 +1199,8 @@ bool express_enabled()
 		memmove(dst, src, len);
 		express_note(qp, SV_LEASE_EXPRESS_USED);
 	}
+	if (held)
+		mr_copy_release(held, held_cookie);
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
 	return true;
 }

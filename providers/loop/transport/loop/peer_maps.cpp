@@ -32,6 +32,7 @@ namespace {
 struct fd_map {
 	std::shared_ptr<char> base; // Our mapping; its deleter unmaps it
 	uint64_t off;		    // Object offset of base
+	uint64_t len;		    // Bytes mapped at base
 	bool direct;		    // Plain memcpy is safe (sealed_tmpfs)
 	int64_t looked = 0;	    // Coarse clock's tick of the last liveness look
 };
@@ -97,7 +98,7 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 				try {
 					if (g_maps.size() >= kMaxMaps)
 						g_maps.clear();
-					g_maps.emplace(id, fd_map{nullptr, 0, false});
+					g_maps.emplace(id, fd_map{nullptr, 0, 0, false});
 				} catch (...) {
 				}
 			}
@@ -134,7 +135,7 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 				if (g_maps.size() >= kMaxMaps)
 					g_maps.clear();
 			}
-			it = g_maps.emplace(id, fd_map{base, off, sealed}).first;
+			it = g_maps.emplace(id, fd_map{base, off, len, sealed}).first;
 		} catch (...) {
 			// No memory for the bookkeeping: fail this access (EFAULT),
 			// never throw through the C caller.
@@ -145,6 +146,14 @@ char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<v
 	}
 	if (!it->second.base)
 		return nullptr; // Refused before (see above)
+	// The record as read now must lie within what was mapped for it: its
+	// offset and length are read from shared memory at every access, and
+	// a stray write into them (the cookie and state intact) would send a
+	// copy past the mapping's end (a fault-injection test's SIGSEGV).
+	const fd_map &fm = it->second;
+	if (c.fd_offset < fm.off || c.fd_offset - fm.off > fm.len ||
+	    c.length > fm.len - (c.fd_offset - fm.off))
+		return nullptr;
 	if (int64_t now = coarse_now(); now != it->second.looked) {
 		it->second.looked = now;
 		if (!fab.lease_alive(c.owner_lease, c.owner_gen)) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "xfer.h"
 
+#include "mr_copiers.h"
 #include "service.h"
 #include "small_vec.h"
 #include "transport.h"
@@ -156,6 +157,45 @@ struct piece {
 	seg_kind kind;
 	xfer_dir dir;
 	bool cma;
+	sv_mr_rec *mr;	 // Reached by the owner's addresses: held while copied
+	uint32_t cookie; // mr's registration
+};
+
+// The registrations the pieces copy into or out of by address, each held
+// for the copies (mr_copiers.h): taken all before any byte moves, dropped
+// when this goes.
+struct copy_holds {
+	struct hold {
+		sv_mr_rec *mr;
+		uint32_t cookie;
+	};
+	small_vec<hold, 4> held;
+	// False (nothing held) when one of them went out of service.
+	template <typename Pieces> bool take(const Pieces &ps)
+	{
+		for (const piece &p : ps) {
+			if (!p.mr)
+				continue;
+			bool have = false;
+			for (const auto &h : held)
+				have = have || (h.mr == p.mr && h.cookie == p.cookie);
+			if (have)
+				continue;
+			if (!mr_copy_hold(p.mr, p.cookie)) {
+				drop();
+				return false;
+			}
+			held.push_back({p.mr, p.cookie});
+		}
+		return true;
+	}
+	void drop()
+	{
+		for (const auto &h : held)
+			mr_copy_release(h.mr, h.cookie);
+		held.clear();
+	}
+	~copy_holds() { drop(); }
 };
 
 // Runs pieces in the order given: consecutive cross-memory-attach pieces of
@@ -172,6 +212,13 @@ int run_pieces(pid_t pid, const pieces &ps, size_t *moved, bool *whole, bool may
 	xfer_dir dir = xfer_dir::to_peer;
 	*moved = 0;
 	*whole = false;
+	// A registration out of service since its key was resolved (a
+	// deregistration, a rereg): nothing moves, as for a key found bad.
+	copy_holds holds;
+	if (!holds.take(ps)) {
+		*whole = true;
+		return EACCES;
+	}
 	auto flush = [&]() -> int {
 		if (lv.empty())
 			return 0;
@@ -253,10 +300,12 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 			// may be unmapped: the kernel's copy answers EFAULT instead.
 			if (k == seg_kind::mapped_direct && local_checked)
 				k = seg_kind::mapped;
+			bool by_addr = k == seg_kind::peer || k == seg_kind::peer_checked;
 			ps.push_back({static_cast<char *>(local[li].iov_base) + lo,
 				      static_cast<char *>(remote[ri].base) + ro, n, k, dir,
 				      (k == seg_kind::peer && !same_process) ||
-					      k == seg_kind::peer_checked});
+					      k == seg_kind::peer_checked,
+				      by_addr ? remote[ri].mr : nullptr, remote[ri].mr_cookie});
 			total += n;
 		}
 		lo += n;
@@ -322,7 +371,7 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 			if (tail && k) {
 				const piece &q = fwd[k - 1];
 				ps.push_back({q.local + q.len - tail, q.remote + q.len - tail, tail, q.kind,
-					      q.dir, q.cma});
+					      q.dir, q.cma, q.mr, q.cookie});
 			}
 			for (size_t i = k; i < fwd.size(); i++)
 				ps.push_back(fwd[i]);
@@ -332,7 +381,8 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 				const piece &q = fwd[i];
 				size_t n = i + 1 == k ? q.len - tail : q.len;
 				if (n)
-					ps.push_back({q.local, q.remote, n, q.kind, q.dir, q.cma});
+					ps.push_back({q.local, q.remote, n, q.kind, q.dir, q.cma, q.mr,
+						      q.cookie});
 			}
 		};
 		if (tail_first) {
