@@ -536,13 +536,40 @@ EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
 	return ops_->destroy_ah(ah);
 }
 
+// Which header the 40-byte GRH area holds, as rdma-core decides it: a GRH
+// or RoCE v2's IPv6 header (version 6), or RoCE v2's IPv4 header in its last
+// 20 bytes (the first 20 zero).  Version 6 is looked at first: bytes 20-39
+// of a GRH are GID bytes, whatever they look like; they are an IPv4 header
+// only if its length is 5 words and its checksum holds.  (The high nibble
+// of byte 20 alone took GRHs whose source GID's byte 12 is 0x4X, such as
+// ::ffff:64.0.0.1, for IPv4, and answered a wrong address.)
 static int grh_version(const ibv_grh *grh)
 {
-	// An IPv4 header of RoCE v2 sits in the last 20 bytes of the GRH area.
 	const auto *ip4 = reinterpret_cast<const uint8_t *>(grh) + 20;
-	if ((ip4[0] >> 4) == 4)
-		return 4;
-	return (be32toh(grh->version_tclass_flow) >> 28) == 6 ? 6 : -1;
+	if ((be32toh(grh->version_tclass_flow) >> 28) != 6)
+		return (ip4[0] >> 4) == 4 ? 4 : -1;
+	if ((ip4[0] & 0xf) != 5)
+		return 6;
+	uint32_t sum = 0;
+	for (int i = 0; i < 20; i += 2)
+		sum += static_cast<uint32_t>(ip4[i] << 8 | ip4[i + 1]);
+	while (sum >> 16)
+		sum = (sum & 0xffff) + (sum >> 16);
+	return sum == 0xffff ? 4 : 6;
+}
+
+// The index of gid in the port's table, or -1.
+static int gid_index_of(struct ibv_context *context, uint8_t port_num, const union ibv_gid &gid)
+{
+	ibv_port_attr pattr;
+	if (core_query_port_ex(context, port_num, &pattr, sizeof(pattr)))
+		return -1;
+	for (int i = 0; i < pattr.gid_tbl_len; i++) {
+		union ibv_gid g;
+		if (ibv_query_gid(context, port_num, i, &g) == 0 && memcmp(&g, &gid, sizeof(g)) == 0)
+			return i;
+	}
+	return -1;
 }
 
 EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
@@ -564,41 +591,39 @@ EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, st
 		return -1;
 	}
 	ah_attr->is_global = 1;
+	uint32_t flow = be32toh(grh->version_tclass_flow);
+	ah_attr->grh.flow_label = flow & 0xfffff;
 	int version = grh_version(grh);
+	// The answer goes from the GID that received it (rdma-core: none in
+	// the table, or a multicast one, is an error).
+	union ibv_gid local;
 	if (version == 6) {
+		local = grh->dgid;
 		ah_attr->grh.dgid = grh->sgid;
-		uint32_t flow = be32toh(grh->version_tclass_flow);
-		ah_attr->grh.flow_label = flow & 0xfffff;
 		ah_attr->grh.traffic_class = (flow >> 20) & 0xff;
-		ah_attr->grh.hop_limit = 0xff;
-		ah_attr->grh.sgid_index = 0;
-		// The receiver's GID selects the local GID index to answer from.
-		ibv_port_attr pattr;
-		if (core_query_port_ex(context, port_num, &pattr, sizeof(pattr)) == 0) {
-			for (int i = 0; i < pattr.gid_tbl_len; i++) {
-				union ibv_gid g;
-				if (ibv_query_gid(context, port_num, i, &g) == 0 &&
-				    memcmp(&g, &grh->dgid, sizeof(g)) == 0) {
-					ah_attr->grh.sgid_index = i;
-					break;
-				}
-			}
-		}
-		return 0;
-	}
-	if (version == 4) {
+		ah_attr->grh.hop_limit = grh->hop_limit;
+	} else if (version == 4) {
 		const auto *ip4 = reinterpret_cast<const uint8_t *>(grh) + 20;
-		// IPv4-mapped GID of the source address.
-		memset(&ah_attr->grh.dgid, 0, sizeof(ah_attr->grh.dgid));
-		ah_attr->grh.dgid.raw[10] = 0xff;
-		ah_attr->grh.dgid.raw[11] = 0xff;
+		// IPv4-mapped GIDs of the addresses.
+		memset(&local, 0, sizeof(local));
+		local.raw[10] = local.raw[11] = 0xff;
+		memcpy(&local.raw[12], ip4 + 16, 4);
+		ah_attr->grh.dgid = local;
 		memcpy(&ah_attr->grh.dgid.raw[12], ip4 + 12, 4);
-		ah_attr->grh.hop_limit = 0xff;
+		ah_attr->grh.hop_limit = ip4[8];
 		ah_attr->grh.traffic_class = ip4[1];
-		return 0;
+	} else {
+		errno = EPROTONOSUPPORT;
+		return -1;
 	}
-	errno = EINVAL;
-	return -1;
+	bool mcast = version == 6 ? local.raw[0] == 0xff : (local.raw[12] & 0xf0) == 0xe0;
+	int index = mcast ? -1 : gid_index_of(context, port_num, local);
+	if (index < 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	ah_attr->grh.sgid_index = static_cast<uint8_t>(index);
+	return 0;
 }
 
 EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc,

@@ -3091,6 +3091,7 @@ SV_API int rdma_resolve_route(rdma_cm_id *id, int timeout_ms)
 		r.traffic_class = p->tos;
 		p->id.route.path_rec = &p->path;
 		p->id.route.num_paths = 1;
+		p->id.route.addr.addr.ibaddr.dgid = p->rgid; // As the kernel's ucma_copy_*_route
 		p->state = st::route_resolved;
 		push(p, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
 	}

@@ -16,7 +16,7 @@ import svtest
 
 SCENARIOS = ["rc_ops", "inline_sge", "signaling", "solicited", "uc", "ud", "mcast", "srq",
              "cq_overflow", "errors", "rnr", "post_errors", "query_modify", "threads",
-             "ud_grh_burst"]
+             "ud_grh_burst", "mr_inputs"]
 
 
 @pytest.fixture
@@ -67,6 +67,21 @@ def test_roce_ud_reads_gids_once(progs, env, tmp_path):
     text = trace.read_text()
     netlink = text.count("AF_NETLINK")
     assert 0 < netlink <= 10, f"{netlink} netlink sockets for 500 datagrams:\n{text[:2000]}"
+
+
+def test_roce_ud_grh_is_the_ip_header(progs, env, tmp_path):
+    """On a RoCE v2 port a UD receive's 40-byte GRH area holds the
+    datagram's IP header, as rxe and mlx5 give it: IPv4 (both GIDs
+    IPv4-mapped, as on lo's 127.0.0.1) in its last 20 bytes with a valid
+    checksum, the first 20 zero; ibv_init_ah_from_wc reads it back to the
+    sender's GID (sv_traffic ud_grh_burst's check_grh).  It was an IB GRH
+    (next header 0x1b) on every port, which rdma-core's own parser takes
+    for RoCE v1, and our parser misread some GRHs as IPv4."""
+    conf = tmp_path / "roce.conf"
+    conf.write_text("loop0.link_layer = ethernet\nloop0.netdev = lo\n")
+    env["SOFTVERBS_CONFIG"] = str(conf)
+    out = run_prog([progs / "sv_traffic", "ud_grh_burst"], env)
+    assert "OK ud_grh_burst" in out and "500 datagrams checked" in out, out
 
 
 def test_programs_really_use_our_library(progs, env):

@@ -232,8 +232,13 @@ w.set_wr_ud(ah_lid, b.qp.qp_num, 0x1234)
 a.qp.post_send(w)
 r["too_long"] = wcd(poll(a.cq))
 r["too_long_not_delivered"] = empty(b.cq, 0)
-# The send error parks the UD QP in SQE (IB 10.3.1): a WR posted now
-# completes flushed; SQE -> RTS resumes it.
+r["too_long_state"] = qstate(a.qp)
+# A send error (a bad lkey) parks the UD QP in SQE (IB 10.3.1): a WR
+# posted now completes flushed; SQE -> RTS resumes it.
+w = send_wr(10, e.IBV_WR_SEND, [SGE(a.mr.buf, 16, a.mr.lkey ^ 0x5a5a00)])
+w.set_wr_ud(ah_lid, b.qp.qp_num, 0x1234)
+a.qp.post_send(w)
+r["bad_lkey"] = wcd(poll(a.cq))
 r["sqe_state"] = qstate(a.qp)
 a.mr.write(b"MARKER-0123456789", 17, 4096)
 w = send_wr(6, e.IBV_WR_SEND, [SGE(a.mr.buf + 4096, 17, a.mr.lkey)])
@@ -293,8 +298,10 @@ def test_ud(env, devs):
     assert g[8:24] == bytes.fromhex(r["gid_a"].replace(":", ""))
     assert g[24:40] == bytes.fromhex(r["gid_b"].replace(":", ""))
     assert r["bad_qkey_send"]["status"] == 0 and r["bad_qkey_dropped"]
-    assert r["too_long"]["status"] == 1  # IBV_WC_LOC_LEN_ERR
+    # Longer than the MTU: nothing sent, no error (IBTA C10-93.1.1, as rxe)
+    assert r["too_long"]["status"] == 0 and r["too_long_state"] == 3  # RTS
     assert r["too_long_not_delivered"]
+    assert r["bad_lkey"]["status"] == 4  # IBV_WC_LOC_PROT_ERR
     assert r["sqe_state"] == 5  # IBV_QPS_SQE
     assert (r["sqe_flushed"]["wr_id"], r["sqe_flushed"]["status"]) == (6, 5)  # WR_FLUSH_ERR
     assert r["resumed_state"] == 3  # RTS

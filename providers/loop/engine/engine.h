@@ -45,6 +45,13 @@ inline uint32_t ud_grh_paylen(uint64_t payload, bool imm)
 }
 
 // requester.cpp
+// The 40-byte GRH a UD receive finds at the head of its buffer: on an
+// InfiniBand port the GRH (next header the BTH), on a RoCE v2 port the IP
+// header of the datagram (IPv4 in the last 20 bytes, the first 20 zero,
+// when both GIDs are IPv4-mapped; else IPv6 with next header UDP), as rxe
+// and mlx5 give it.  ib_paylen: ud_grh_paylen's.
+void build_grh(ibv_grh &g, const ibv_gid &sgid, const ibv_gid &dgid, uint32_t ib_paylen,
+	       uint8_t tclass, uint32_t flow, uint8_t hop, bool roce);
 bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op);
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op);
 step run_wr(loop_qp *qp, send_wr &w);

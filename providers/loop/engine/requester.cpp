@@ -8,6 +8,7 @@
 // invalidate, fast-register) run here, in WR order.  Caller holds sq_lock.
 #include "c_boundary.h"
 #include "engine.h"
+#include "objects.h"
 #include "rocev2.h"
 
 #include <cerrno>
@@ -169,19 +170,54 @@ int put_response(const local_buf &b, const void *data, size_t len)
 	return 0;
 }
 
-// The 40-byte GRH a UD receive finds at the head of its buffer.
-void build_grh(ibv_grh &g, const ibv_gid &sgid, const ibv_gid &dgid, uint32_t payload,
-	       const ibv_global_route &route)
+bool ipv4_mapped(const ibv_gid &g)
+{
+	static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	return !memcmp(g.raw, prefix, sizeof(prefix));
+}
+
+} // namespace
+
+void build_grh(ibv_grh &g, const ibv_gid &sgid, const ibv_gid &dgid, uint32_t ib_paylen,
+	       uint8_t tclass, uint32_t flow, uint8_t hop, bool roce)
 {
 	memset(&g, 0, sizeof(g));
-	g.version_tclass_flow = htobe32((6u << 28) | (static_cast<uint32_t>(route.traffic_class) << 20) |
-					(route.flow_label & 0xfffff));
-	g.paylen = htobe16(static_cast<uint16_t>(payload));
-	g.next_hdr = 0x1b;
-	g.hop_limit = route.hop_limit;
+	if (roce && ipv4_mapped(sgid) && ipv4_mapped(dgid)) {
+		// RoCE v2 over IPv4: the IPv4 header in the GRH's last 20 bytes,
+		// the first 20 zero (as rxe and mlx5 give it).
+		uint8_t *ip = reinterpret_cast<uint8_t *>(&g) + 20;
+		uint16_t total = static_cast<uint16_t>(20 + 8 + ib_paylen); // IPv4, UDP, BTH..ICRC
+		ip[0] = 0x45;
+		ip[1] = tclass;
+		ip[2] = static_cast<uint8_t>(total >> 8);
+		ip[3] = static_cast<uint8_t>(total);
+		ip[6] = 0x40; // Don't fragment
+		ip[8] = hop;
+		ip[9] = 17; // UDP
+		memcpy(ip + 12, sgid.raw + 12, 4);
+		memcpy(ip + 16, dgid.raw + 12, 4);
+		uint32_t sum = 0;
+		for (int i = 0; i < 20; i += 2)
+			sum += static_cast<uint32_t>(ip[i] << 8 | ip[i + 1]);
+		while (sum >> 16)
+			sum = (sum & 0xffff) + (sum >> 16);
+		uint16_t check = static_cast<uint16_t>(~sum);
+		ip[10] = static_cast<uint8_t>(check >> 8);
+		ip[11] = static_cast<uint8_t>(check);
+		return;
+	}
+	g.version_tclass_flow =
+		htobe32((6u << 28) | (static_cast<uint32_t>(tclass) << 20) | (flow & 0xfffff));
+	// RoCE v2 over IPv6: the IPv6 header of a UDP datagram; InfiniBand: the
+	// GRH, whose next header is the BTH (IB 8.3.1).
+	g.paylen = htobe16(static_cast<uint16_t>(roce ? 8 + ib_paylen : ib_paylen));
+	g.next_hdr = roce ? 17 : 0x1b;
+	g.hop_limit = hop;
 	g.sgid = sgid;
 	g.dgid = dgid;
 }
+
+namespace {
 
 // A request's answer, as the step the completer books.
 step finish(loop_qp *qp, send_wr &w, const tp_answer &a)
@@ -417,7 +453,15 @@ step run_ud(loop_qp *qp, send_wr &w)
 		return step::done;
 	}
 	if (lb.len > mtu_bytes(fabric_port_mtu(lctx, qp->attr.port_num))) {
-		complete(qp, w, IBV_WC_LOC_LEN_ERR, 0);
+		// IBTA C10-93.1.1: a UD message longer than the port's MTU emits
+		// nothing and is no error (rxe completes it as sent; the QP goes
+		// on).  It went to LOC_LEN_ERR and SQE, which stopped every send
+		// after it.
+		debug_log("UD QP %u: a %llu-byte message is longer than the MTU (%u): not sent, "
+			  "no error (IBTA C10-93.1.1)",
+			  qp->qpn, static_cast<unsigned long long>(lb.len),
+			  mtu_bytes(fabric_port_mtu(lctx, qp->attr.port_num)));
+		complete(qp, w, IBV_WC_SUCCESS, static_cast<uint32_t>(lb.len));
 		return step::done;
 	}
 	ibv_grh grh;
@@ -429,7 +473,9 @@ step run_ud(loop_qp *qp, send_wr &w)
 		if (w.ah.grh.sgid_index < n)
 			sgid = table[w.ah.grh.sgid_index].gid;
 		build_grh(grh, sgid, w.ah.grh.dgid,
-			  ud_grh_paylen(lb.len, w.opcode == IBV_WR_SEND_WITH_IMM), w.ah.grh);
+			  ud_grh_paylen(lb.len, w.opcode == IBV_WR_SEND_WITH_IMM),
+			  w.ah.grh.traffic_class, w.ah.grh.flow_label, w.ah.grh.hop_limit,
+			  fabric_port_is_eth(lctx, qp->attr.port_num));
 	} else {
 		memset(&grh, 0, sizeof(grh));
 	}

@@ -210,7 +210,10 @@ int loop_query_port(ibv_context *ctx, uint8_t port, ibv_port_attr *attr)
 	attr->max_mtu = IBV_MTU_4096;
 	attr->active_mtu = static_cast<ibv_mtu>(fabric_port_mtu(lctx, port));
 	attr->gid_tbl_len = kGidTableLen; // IB ports fill only index 0, as HCAs do
-	attr->port_cap_flags = eth ? 0 : IBV_PORT_SM | IBV_PORT_SYS_IMAGE_GUID_SUP;
+	// A RoCE port: the connection manager's, and GIDs from IP addresses
+	// (rxe says CM_SUP, mlx5 both).
+	attr->port_cap_flags = eth ? IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS
+				   : IBV_PORT_SM | IBV_PORT_SYS_IMAGE_GUID_SUP;
 	attr->max_msg_sz = kMaxMsgSize;
 	attr->pkey_tbl_len = kMaxPkeys;
 	attr->lid = pr->lid;

@@ -2089,13 +2089,11 @@ void respond_datagram(qp_wire &qw, const rv::parsed &p, const host_addr &from,
 		return g;
 	};
 	ibv_grh grh{};
-	grh.version_tclass_flow = htobe32(6u << 28);
-	grh.paylen = htobe16(static_cast<uint16_t>(
-		ud_grh_paylen(p.payload_len, h.b.opcode == rv::UD_SEND_ONLY_WITH_IMMEDIATE)));
-	grh.next_hdr = 0x1b;
-	grh.hop_limit = 64;
-	grh.sgid = gid_of(from);
-	grh.dgid = gid_of(to);
+	// The datagram's IP header as it came (its TOS and TTL are not read
+	// from the socket yet: 0 and 64, the sender's defaults).
+	build_grh(grh, gid_of(from), gid_of(to),
+		  ud_grh_paylen(p.payload_len, h.b.opcode == rv::UD_SEND_ONLY_WITH_IMMEDIATE), 0, 0,
+		  64, true);
 	tp_request r{};
 	r.w = &w;
 	r.lb = &lb;
