@@ -598,6 +598,11 @@ EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, st
 	// the table, or a multicast one, is an error).
 	union ibv_gid local;
 	if (version == 6) {
+		// UDP: RoCE v2 over IPv6; the BTH: InfiniBand's GRH (or RoCE v1).
+		if (grh->next_hdr != 17 && grh->next_hdr != 0x1b) {
+			errno = EPROTONOSUPPORT;
+			return -1;
+		}
 		local = grh->dgid;
 		ah_attr->grh.dgid = grh->sgid;
 		ah_attr->grh.traffic_class = (flow >> 20) & 0xff;

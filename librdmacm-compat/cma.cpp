@@ -2128,6 +2128,12 @@ void cm_atfork_child()
 	g.any_wire = false;
 }
 
+// Whether id is an orphan: the parent's, in a child of fork().
+bool orphan(const rdma_cm_id *id)
+{
+	return id && reinterpret_cast<const cm_id *>(id)->orphan;
+}
+
 int ensure_started_locked()
 {
 	global &g = G();
@@ -2959,6 +2965,8 @@ SV_API int rdma_destroy_id(rdma_cm_id *id)
 
 SV_API int rdma_bind_addr(rdma_cm_id *id, sockaddr *addr)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id)
 		return fail(EINVAL);
 	std::lock_guard<std::mutex> lk(G().mu);
@@ -2969,6 +2977,8 @@ SV_API int rdma_bind_addr(rdma_cm_id *id, sockaddr *addr)
 
 SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_addr, int timeout_ms)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	(void)timeout_ms;
 	if (!id || !dst_addr || !addr_len(dst_addr))
 		return fail(EINVAL);
@@ -3063,6 +3073,8 @@ SV_API int rdma_resolve_addr(rdma_cm_id *id, sockaddr *src_addr, sockaddr *dst_a
 
 SV_API int rdma_resolve_route(rdma_cm_id *id, int timeout_ms)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	(void)timeout_ms;
 	if (!id)
 		return fail(EINVAL);
@@ -3159,6 +3171,8 @@ int ece_on_rep(cm_id *p)
 
 SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || !attr)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -3225,6 +3239,8 @@ SV_API int rdma_create_qp_ex(rdma_cm_id *id, ibv_qp_init_attr_ex *attr)
 
 SV_API int rdma_create_qp(rdma_cm_id *id, ibv_pd *pd, ibv_qp_init_attr *qp_init_attr)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || !qp_init_attr)
 		return fail(EINVAL);
 	ibv_qp_init_attr_ex a;
@@ -3242,6 +3258,10 @@ SV_API int rdma_create_qp(rdma_cm_id *id, ibv_pd *pd, ibv_qp_init_attr *qp_init_
 
 SV_API void rdma_destroy_qp(rdma_cm_id *id)
 {
+	if (orphan(id)) {
+		id->qp = nullptr; // The parent's: not ours to destroy (cm_atfork_child)
+		return;
+	}
 	if (!id)
 		return;
 	cm_id *p = to_priv(id);
@@ -3262,6 +3282,8 @@ SV_API void rdma_destroy_qp(rdma_cm_id *id)
 
 SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -3357,6 +3379,8 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 
 SV_API int rdma_establish(rdma_cm_id *id)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -3372,6 +3396,8 @@ SV_API int rdma_establish(rdma_cm_id *id)
 
 SV_API int rdma_listen(rdma_cm_id *id, int backlog)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -3460,6 +3486,8 @@ SV_API int rdma_get_request(rdma_cm_id *listen, rdma_cm_id **id)
 
 SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -3555,6 +3583,8 @@ int reject_with(rdma_cm_id *id, const void *private_data, uint8_t private_data_l
 
 SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	return reject_with(id, private_data, private_data_len, kRejConsumer);
 }
 
@@ -3562,11 +3592,15 @@ SV_API int rdma_reject(rdma_cm_id *id, const void *private_data, uint8_t private
 // peer's REJECTED has status 35.
 SV_API int rdma_reject_ece(rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	return reject_with(id, private_data, private_data_len, kRejVendorOptionNotSupported);
 }
 
 SV_API int rdma_notify(rdma_cm_id *id, ibv_event_type event)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -3585,6 +3619,8 @@ SV_API int rdma_notify(rdma_cm_id *id, ibv_event_type event)
 
 SV_API int rdma_disconnect(rdma_cm_id *id)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -3759,6 +3795,8 @@ SV_API __be16 rdma_get_dst_port(rdma_cm_id *id)
 
 SV_API int rdma_set_option(rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || !optval)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -4041,6 +4079,8 @@ SV_API void rdma_destroy_ep(rdma_cm_id *id)
 
 SV_API int rdma_create_srq_ex(rdma_cm_id *id, ibv_srq_init_attr_ex *attr)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || !attr || !id->verbs)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -4088,6 +4128,8 @@ SV_API int rdma_create_srq_ex(rdma_cm_id *id, ibv_srq_init_attr_ex *attr)
 
 SV_API int rdma_create_srq(rdma_cm_id *id, ibv_pd *pd, ibv_srq_init_attr *attr)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || !attr)
 		return fail(EINVAL);
 	ibv_srq_init_attr_ex a;
@@ -4105,6 +4147,10 @@ SV_API int rdma_create_srq(rdma_cm_id *id, ibv_pd *pd, ibv_srq_init_attr *attr)
 
 SV_API void rdma_destroy_srq(rdma_cm_id *id)
 {
+	if (orphan(id)) {
+		id->srq = nullptr; // The parent's: not ours to destroy (cm_atfork_child)
+		return;
+	}
 	if (!id || !id->srq)
 		return;
 	ibv_destroy_srq(id->srq);
@@ -4119,6 +4165,8 @@ SV_API void rdma_destroy_srq(rdma_cm_id *id)
 
 SV_API int rdma_init_qp_attr(rdma_cm_id *id, ibv_qp_attr *qp_attr, int *qp_attr_mask)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || !qp_attr || !qp_attr_mask)
 		return fail(EINVAL);
 	std::lock_guard<std::mutex> lk(G().mu);
@@ -4202,6 +4250,8 @@ int join_locked(cm_id *p, const sockaddr *addr, void *context, bool sendonly)
 
 SV_API int rdma_join_multicast(rdma_cm_id *id, sockaddr *addr, void *context)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id)
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -4217,6 +4267,8 @@ SV_API int rdma_join_multicast(rdma_cm_id *id, sockaddr *addr, void *context)
 
 SV_API int rdma_join_multicast_ex(rdma_cm_id *id, rdma_cm_join_mc_attr_ex *mc_join_attr, void *context)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || !mc_join_attr)
 		return fail(EINVAL);
 	uint32_t known = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
@@ -4241,6 +4293,8 @@ SV_API int rdma_join_multicast_ex(rdma_cm_id *id, rdma_cm_join_mc_attr_ex *mc_jo
 
 SV_API int rdma_leave_multicast(rdma_cm_id *id, sockaddr *addr)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || !addr || !addr_len(addr))
 		return fail(EINVAL);
 	cm_id *p = to_priv(id);
@@ -4267,6 +4321,8 @@ SV_API int rdma_leave_multicast(rdma_cm_id *id, sockaddr *addr)
 
 SV_API int rdma_set_local_ece(rdma_cm_id *id, ibv_ece *ece)
 {
+	if (orphan(id))
+		return fail(EINVAL); // The parent's (cm_atfork_child)
 	if (!id || id->qp || !ece || !ece->vendor_id || ece->comp_mask)
 		return fail(EINVAL);
 	std::lock_guard<std::mutex> lk(G().mu);

@@ -38,12 +38,12 @@ def keys(mr):
     v = (ctypes.c_uint32 * 3).from_address(mr + 32)
     return v[1], v[2]
 
-def reg(fd, off, n, access=RW, kind=MEMFD, dmabuf=False):
+def reg(fd, off, n, access=RW, kind=MEMFD, dmabuf=False, iova=0x1000):
     ctypes.set_errno(0)
     if dmabuf:
-        mr = lib.ibv_reg_dmabuf_mr(pd, off, n, 0x1000, fd, access)
+        mr = lib.ibv_reg_dmabuf_mr(pd, off, n, iova, fd, access)
     else:
-        mr = lib.softverbs_reg_mr_fd(pd, fd, kind, off, n, 0x1000, access)
+        mr = lib.softverbs_reg_mr_fd(pd, fd, kind, off, n, iova, access)
     return mr, (0 if mr else ctypes.get_errno())
 
 def memfd(n):
@@ -66,10 +66,12 @@ shm = os.open("/dev/shm/sv-dmabuf-%d" % os.getpid(), os.O_RDWR | os.O_CREAT, 0o6
 os.unlink("/dev/shm/sv-dmabuf-%d" % os.getpid())
 os.ftruncate(shm, 1 << 16)
 mr, res["shm"] = reg(shm, 0, 1 << 16)
-mr2, res["dmabuf_verb"] = reg(shm, 100, 1000, dmabuf=True)
+mr2, res["dmabuf_verb"] = reg(shm, 4096 + 100, 1000, dmabuf=True, iova=0x1000 + 100)
+# The IOVA keeps the offset's place in its page (ibv_reg_mr(3)), else EINVAL.
+res["iova_page_offset"] = reg(shm, 100, 1000, dmabuf=True)[1]
 res["bad_fd"] = reg(-1, 0, 4096)[1]
 res["closed_fd"] = reg(9999, 0, 4096)[1]
-res["past_end"] = reg(shm, 60000, 8192)[1]
+res["past_end"] = reg(shm, 61440, 8192)[1]
 res["zero_len"] = reg(shm, 0, 0)[1]
 res["bad_type"] = reg(shm, 0, 4096, kind=7)[1]
 res["bad_access"] = reg(shm, 0, 4096, access=2)[1]
@@ -84,6 +86,7 @@ out(res)
 """.replace("tmpf", repr(str(tmp_path / "ro"))), env)
     assert r["memfd"] == 0 and r["dereg"] == 0 and r["keys"][0] == r["keys"][1]
     assert r["shm"] == 0 and r["dmabuf_verb"] == 0
+    assert r["iova_page_offset"] == errno.EINVAL
     assert r["bad_fd"] == errno.EBADF and r["closed_fd"] == errno.EBADF
     assert r["past_end"] == errno.EINVAL and r["zero_len"] == errno.EINVAL
     assert r["bad_type"] == errno.EINVAL and r["bad_access"] == errno.EINVAL

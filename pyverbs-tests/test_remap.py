@@ -14,7 +14,7 @@ import svtest
 
 SCENARIOS = ["traffic", "kernel", "signals", "writers", "dontneed", "attrs", "maxmap", "memory",
              "fork", "mremap", "sighandler", "race", "closedfd", "munmap", "express",
-             "express-send"]
+             "express-send", "deferred"]
 
 
 @pytest.fixture

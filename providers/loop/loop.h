@@ -452,6 +452,8 @@ struct loop_qp {
 		uint64_t index; // Reservation index of the CQE
 		void *dst;	// Receive buffer in the peer's address space
 		pid_t pid;
+		sv_mr_rec *mr;	 // dst's registration, held for the copy (mr_copiers.h)
+		uint32_t cookie; // and its cookie
 	};
 	std::vector<deferred_send> deferred; // Room for kMaxDeferred + 1, reserved at creation
 	// The loop transport's last two peer queues (the peer's receive queue
@@ -727,7 +729,8 @@ int cq_push(sv_cq_ring *ring, const queue_geom &g, sv_cqe &e, bool solicited,
 	    const sv_cqe_payload *payload, uint64_t *index);
 // The sender's side of SV_CQE_PLACE: places a deferred payload itself
 // unless the owner already took it.  Returns 0 or an errno of the copy.
-int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid);
+int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid, sv_mr_rec *mr,
+		      uint32_t cookie);
 // Whether a (possibly peer's) CQ ring has a valid payload array.
 bool cq_has_payload(const sv_cq_ring *ring);
 // Makes a QP's send completions free its send-queue slots when polled

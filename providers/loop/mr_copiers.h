@@ -20,10 +20,13 @@
 // owner sees its count and waits for it (a Dekker pair: both sides fence
 // between their store and their load).
 //
-// A count of another registration (a slot reused since) is taken over:
-// that registration's owner waited for it already, or gave up on it (a
-// copier frozen or killed inside its copy is waited for at most
-// kCopyWaitMs, tunables.h).
+// Each registration starts its count at 0 under its own cookie before it is
+// published (mr_new_cookie, loop_mr.cpp), and a copier counts itself only
+// under its own cookie: a copier of an older registration never touches
+// the count of the one in force (it finds another cookie and copies
+// nothing).  A count a copier frozen or killed inside its copy leaves is
+// waited for at most kCopyWaitMs (tunables.h), and goes with the next
+// registration of the slot.
 #pragma once
 
 #include "softverbs-abi.h"
@@ -42,13 +45,9 @@ namespace loop {
 	uint64_t v = w.load(std::memory_order_relaxed);
 	uint64_t nv;
 	do {
-		if (static_cast<uint32_t>(v >> 32) == cookie) {
-			if (static_cast<uint32_t>(v) == UINT32_MAX)
-				return false;
-			nv = v + 1;
-		} else {
-			nv = (static_cast<uint64_t>(cookie) << 32) | 1;
-		}
+		if (static_cast<uint32_t>(v >> 32) != cookie || static_cast<uint32_t>(v) == UINT32_MAX)
+			return false; // Another registration's count now, or none to add to
+		nv = v + 1;
 	} while (!w.compare_exchange_weak(v, nv, std::memory_order_seq_cst,
 					  std::memory_order_relaxed));
 	if (std::atomic_ref<uint32_t>(m->state).load(std::memory_order_seq_cst) == SV_MR_VALID &&
@@ -74,6 +73,28 @@ inline void mr_copy_release(sv_mr_rec *m, uint32_t cookie)
 					std::memory_order_relaxed))
 		;
 }
+
+// A hold dropped when this goes (an exception included).
+struct mr_copy_guard {
+	sv_mr_rec *m = nullptr;
+	uint32_t cookie = 0;
+	mr_copy_guard() = default;
+	mr_copy_guard(const mr_copy_guard &) = delete;
+	mr_copy_guard &operator=(const mr_copy_guard &) = delete;
+	bool take(sv_mr_rec *mr, uint32_t c)
+	{
+		if (!mr_copy_hold(mr, c))
+			return false;
+		m = mr;
+		cookie = c;
+		return true;
+	}
+	~mr_copy_guard()
+	{
+		if (m)
+			mr_copy_release(m, cookie);
+	}
+};
 
 // The owner, after taking m out of service (INVALID, then a seq_cst
 // fence: mr_begin_change): waits until no copy under cookie holds it, at

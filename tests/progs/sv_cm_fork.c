@@ -5,8 +5,11 @@
 //   - the child, as a child of rdma-core's can with the kernel's rdma_cm,
 //     makes a channel, a listener and a client of its own, connects them
 //     and moves a message over the connection (bytes checked), then
-//     disconnects; on the ids it inherited, rdma_connect is EINVAL and
-//     rdma_destroy_id returns at once (the parent's connection untouched);
+//     disconnects; on the ids it inherited, rdma_connect, rdma_disconnect
+//     and rdma_create_qp are EINVAL, rdma_destroy_qp forgets the QP without
+//     destroying it, and rdma_destroy_id returns at once (the parent's
+//     connection untouched: a review found a child's rdma_disconnect moved
+//     the parent's QP to ERR, and its rdma_destroy_qp destroyed it);
 //   - the parent, once the child exited 0, still has its connection: a
 //     message each way (bytes checked), then rdma_disconnect gives
 //     DISCONNECTED on both of its ids, on its own channel.
@@ -147,6 +150,19 @@ int main(int argc, char **argv)
 		errno = 0;
 		if (rdma_connect(c, &cp) != -1 || errno != EINVAL)
 			FAIL("child: rdma_connect on the parent's id: errno %d, not EINVAL", errno);
+		errno = 0;
+		if (rdma_disconnect(s) != -1 || errno != EINVAL)
+			FAIL("child: rdma_disconnect on the parent's id: errno %d, not EINVAL", errno);
+		struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
+					      .cap = {.max_send_wr = 1, .max_recv_wr = 1,
+						      .max_send_sge = 1, .max_recv_sge = 1}};
+		errno = 0;
+		if (rdma_create_qp(l, NULL, &qa) != -1 || errno != EINVAL)
+			FAIL("child: rdma_create_qp on the parent's id: errno %d, not EINVAL", errno);
+		/* Forgets the parent's QPs, which stay the parent's. */
+		rdma_destroy_qp(c);
+		rdma_destroy_qp(s);
+		CHECK(!c->qp && !s->qp);
 		// Its own channel, ids and connection.
 		struct rdma_event_channel *mine = rdma_create_event_channel();
 		CHECK(mine);

@@ -29,6 +29,12 @@
  *             its own registrations an arena of their own
  *   race      a peer WRITEing while the owner deregisters and reuses the
  *             memory never corrupts it; its WRITEs fail after
+ *   deferred  a small SEND into memory that stays where it is travels in
+ *             the CQE, and its sender places it before its next WR moves
+ *             bytes: after the receiver deregistered (and reused) the
+ *             buffer without polling, that placement lands nothing, and the
+ *             receive completes LOC_PROT_ERR (a review found the bytes
+ *             landing after ibv_dereg_mr returned)
  *   mremap    a registered range moved and grown with mremap, and glibc's
  *             realloc of a registered chunk: bytes follow, the grown part
  *             reads zeros, no other MR is touched
@@ -1214,6 +1220,45 @@ static void send_into(struct ibv_sge *sge, int nsge, uint32_t len, int want_recv
 /* The express way of a SEND (the receive WQE's first SGE takes the whole
  * message, its lkey cached, in memory moved onto the arena), against the
  * general way behind it: every completion field and byte checked. */
+static void sc_deferred(void)
+{
+	char *base = anon(4 * PAGE);
+	char *m = base + 64; /* Not whole pages: it stays where it is */
+	struct ibv_mr *mr = reg(m, 256);
+	struct ibv_mr *tmr = reg(base + 2 * PAGE + 64, 256);
+	/* Warm: the peer's key cache holds the receive key. */
+	for (int i = 0; i < 4; i++) {
+		struct ibv_sge s = svt_sge(mr, 0, 256);
+		svt_post_recv1(QP, 90 + i, &s, 1);
+		CHECK_EQ(peer_do(OP_SEND, NULL, 0, 64, 500 + i), IBV_WC_SUCCESS);
+		CHECK_EQ(recv_wc(90 + i, "a warm SEND").status, IBV_WC_SUCCESS);
+		check_bytes(m, 64, 500 + i, "a warm SEND's bytes");
+	}
+	struct ibv_sge s = svt_sge(mr, 0, 256);
+	svt_post_recv1(QP, 95, &s, 1);
+	CHECK_EQ(peer_do(OP_SEND, NULL, 0, 64, 510), IBV_WC_SUCCESS);
+	/* Not polled: the buffer goes, and is the application's again. */
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	memset(m, 0, 256);
+	/* The peer's next WR moves bytes: its earlier SENDs are placed first. */
+	CHECK_EQ(peer_do(OP_WRITE, tmr, 0, 64, 511), IBV_WC_SUCCESS);
+	usleep(20000);
+	for (int i = 0; i < 256; i++)
+		if (m[i])
+			FAIL("byte %d of the deregistered, reused buffer is 0x%02x", i,
+			     (unsigned char)m[i]);
+	struct ibv_wc wc = recv_wc(95, "the SEND whose buffer went");
+	if (wc.status != IBV_WC_LOC_PROT_ERR)
+		FAIL("the receive whose buffer was deregistered completed %s, expected "
+		     "LOC_PROT_ERR", ibv_wc_status_str(wc.status));
+	for (int i = 0; i < 256; i++)
+		if (m[i])
+			FAIL("after the poll, byte %d of the reused buffer is 0x%02x", i,
+			     (unsigned char)m[i]);
+	CHECK_EQ(ibv_dereg_mr(tmr), 0);
+	munmap(base, 4 * PAGE);
+}
+
 static void sc_express_send(void)
 {
 	size_t len = 16 * PAGE;
@@ -1609,6 +1654,8 @@ int main(int argc, char **argv)
 		sc_fork();
 	else if (!strcmp(sc, "race"))
 		sc_race();
+	else if (!strcmp(sc, "deferred"))
+		sc_deferred();
 	else if (!strcmp(sc, "mremap"))
 		sc_mremap();
 	else if (!strcmp(sc, "sighandler"))

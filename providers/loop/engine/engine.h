@@ -52,6 +52,9 @@ inline uint32_t ud_grh_paylen(uint64_t payload, bool imm)
 // and mlx5 give it.  ib_paylen: ud_grh_paylen's.
 void build_grh(ibv_grh &g, const ibv_gid &sgid, const ibv_gid &dgid, uint32_t ib_paylen,
 	       uint8_t tclass, uint32_t flow, uint8_t hop, bool roce);
+// The source and destination GIDs of a GRH area build_grh made, in either
+// of its forms (IPv4 addresses as IPv4-mapped GIDs).
+void grh_gids(const ibv_grh &g, ibv_gid &sgid, ibv_gid &dgid);
 bool opcode_ok(ibv_qp_type t, ibv_wr_opcode op);
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op);
 step run_wr(loop_qp *qp, send_wr &w);

@@ -217,6 +217,22 @@ void build_grh(ibv_grh &g, const ibv_gid &sgid, const ibv_gid &dgid, uint32_t ib
 	g.dgid = dgid;
 }
 
+void grh_gids(const ibv_grh &g, ibv_gid &sgid, ibv_gid &dgid)
+{
+	const auto *b = reinterpret_cast<const uint8_t *>(&g);
+	static const uint8_t zero[20] = {};
+	if (!memcmp(b, zero, sizeof(zero)) && b[20] == 0x45) {
+		memset(&sgid, 0, sizeof(sgid));
+		sgid.raw[10] = sgid.raw[11] = 0xff;
+		dgid = sgid;
+		memcpy(sgid.raw + 12, b + 32, 4);
+		memcpy(dgid.raw + 12, b + 36, 4);
+		return;
+	}
+	sgid = g.sgid;
+	dgid = g.dgid;
+}
+
 namespace {
 
 // A request's answer, as the step the completer books.

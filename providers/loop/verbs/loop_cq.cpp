@@ -3,6 +3,7 @@
 // at sv_cq_ring in kernel-abi/softverbs-abi.h), polled by its owner.
 #include "c_boundary.h"
 #include "loop.h"
+#include "mr_copiers.h"
 #include "objects.h"
 #include "queue_geom.h"
 #include "res_limits.h"
@@ -801,7 +802,8 @@ void send_async(const uint8_t *addr, uint32_t len, const sv_async_msg &msg)
 	send_dgram(addr, len, &msg, sizeof(msg));
 }
 
-int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
+int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid, sv_mr_rec *mr,
+		      uint32_t cookie)
 {
 	queue_geom g;
 	sv_cqe_payload *pls = payloads(ring);
@@ -822,7 +824,15 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid)
 	const sv_cqe_payload &pl = pls[index & mask];
 	iovec l{const_cast<uint8_t *>(pl.data), std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX)};
 	iovec r{dst, l.iov_len};
-	int err = xfer(pid, false, &l, 1, &r, 1, xfer_dir::to_peer);
+	// Held against the receiver's dereg of the buffer (mr_copiers.h): one
+	// out of service now is left to the owner's place(), which checks the
+	// key (LOC_PROT_ERR).
+	int err = EACCES;
+	if (!mr || mr_copy_hold(mr, cookie)) {
+		err = xfer(pid, false, &l, 1, &r, 1, xfer_dir::to_peer);
+		if (mr)
+			mr_copy_release(mr, cookie);
+	}
 	// On failure the owner places it (and checks its key) instead.
 	w.store(SV_PLACE_TAG(index, err ? SV_PLACE_PENDING : SV_PLACE_DONE),
 		std::memory_order_release);

@@ -56,6 +56,17 @@ uint32_t random_cookie()
 	return c | 1;
 }
 
+// A registration's new cookie, and the count of its copies started at 0
+// under it (mr_copiers.h): before the state is published, so that a
+// copier that sees the record VALID sees this count.  A count another
+// registration left (a copier killed inside its copy) goes with it.
+void mr_new_cookie(sv_mr_rec &m)
+{
+	m.cookie = random_cookie();
+	std::atomic_ref<uint64_t>(m.copiers).store(static_cast<uint64_t>(m.cookie) << 32,
+						   std::memory_order_relaxed);
+}
+
 std::atomic_ref<uint32_t> mr_state(sv_mr_rec &m)
 {
 	return std::atomic_ref<uint32_t>(m.state);
@@ -133,7 +144,7 @@ int publish_mr(loop_context *lctx, const mr_init &in, uint32_t &key_out)
 		m.fd_offset = in.fd_offset;
 		m.fd = in.fd;
 		m.fd_ino = in.fd_ino;
-		m.cookie = random_cookie();
+		mr_new_cookie(m);
 		m.npages = 0;
 		m.page_shift = 0;
 		m.flags = in.flags;
@@ -184,7 +195,7 @@ void mr_copy_wait(sv_mr_rec &m, uint32_t cookie)
 
 void mr_publish_change(sv_mr_rec &m)
 {
-	m.cookie = random_cookie();
+	mr_new_cookie(m);
 	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
 }
 
@@ -998,7 +1009,7 @@ int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd,
 		m.fd = -1;
 		m.fd_ino = 0;
 	}
-	m.cookie = random_cookie();
+	mr_new_cookie(m);
 	// The keys stay as they were, as on mlx5: peers that hold the rkey keep
 	// using it against the new translation and rights.
 	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
@@ -1126,6 +1137,7 @@ int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, u
 		iova = m.iova;
 		flags |= IBV_REREG_MR_CHANGE_TRANSLATION;
 	}
+	uint32_t cookie;
 	{
 		registry_guard g(fab);
 		sv_mr_rec &m = fab.reg()->mrs[mr->slot];
@@ -1140,6 +1152,14 @@ int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, u
 			return life_bad("softverbs_rereg_mr_fd", pd, to_loop_pd(pd)->life, kLifePd);
 		}
 		mr_begin_change(m);
+		cookie = m.cookie;
+	}
+	// This process's copies by address into the old mapping finish before
+	// it goes (mr_copiers.h; release_fd below unmaps it).
+	mr_copy_wait(fab.reg()->mrs[mr->slot], cookie);
+	{
+		registry_guard g(fab);
+		sv_mr_rec &m = fab.reg()->mrs[mr->slot];
 		if (flags & IBV_REREG_MR_CHANGE_PD)
 			m.pdn = to_loop_pd(pd)->pdn;
 		m.access = static_cast<uint32_t>(access);
@@ -1152,7 +1172,7 @@ int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, u
 			m.fd_offset = offset;
 			m.fd_ino = fd_inode(fresh.fd);
 		}
-		m.cookie = random_cookie();
+		mr_new_cookie(m);
 		mr_state(m).store(SV_MR_VALID, std::memory_order_release);
 	}
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
@@ -1405,7 +1425,7 @@ ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
 	mr_begin_change(win);
 	unbind_locked(r, win);
 	win.key = w.rkey & 0xff;
-	win.cookie = random_cookie();
+	mr_new_cookie(win);
 	if (unbind)
 		return IBV_WC_SUCCESS; // Unbound, with a new key
 	win.parent = pslot;
@@ -1490,7 +1510,7 @@ ibv_wc_status fast_reg_run(loop_qp *qp, send_wr &w)
 	m.npages = w.npages;
 	m.page_shift = static_cast<uint8_t>(w.page_shift);
 	m.flags = flags;
-	m.cookie = random_cookie();
+	mr_new_cookie(m);
 	mr_state(m).store(SV_MR_VALID, std::memory_order_release);
 	if (lmr) {
 		lmr->vmr.ibv_mr.lkey = lmr->vmr.ibv_mr.rkey = (slot << SV_MR_KEY_BITS) | (w.rkey & 0xff);

@@ -312,7 +312,7 @@ queue_hold qp_queue(loop_qp *qp, const obj_ref &ref, sv_obj_kind kind, queue_geo
 		queue_hold h = qp_queue(qp, d.cq, SV_OBJ_CQ);
 		auto *ring = h.as<sv_cq_ring>();
 		if (ring && cq_has_payload(ring))
-			cq_place_deferred(ring, d.index, d.dst, d.pid);
+			cq_place_deferred(ring, d.index, d.dst, d.pid, d.mr, d.cookie);
 	}
 	qp->deferred.clear();
 }
@@ -325,7 +325,8 @@ inline void flush_deferred(loop_qp *qp)
 }
 
 // Forgets deferred SENDs the peer has taken; bounds the list.
-void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pid_t pid)
+void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pid_t pid,
+		   sv_mr_rec *mr, uint32_t cookie)
 {
 	auto &v = qp->deferred;
 	if (v.size() >= kMaxDeferred) {
@@ -340,13 +341,13 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 	// Never allocates (the room was reserved when the QP was made): the
 	// SEND is published already, and an exception here would lose it.
 	if (v.size() < v.capacity()) {
-		v.push_back({cq, index, dst, pid});
+		v.push_back({cq, index, dst, pid, mr, cookie});
 		return;
 	}
 	// No room (cannot happen while the reservation holds): place it now.
 	queue_hold h = qp_queue(qp, cq, SV_OBJ_CQ);
 	if (auto *ring = h.as<sv_cq_ring>(); ring && cq_has_payload(ring))
-		cq_place_deferred(ring, index, dst, pid);
+		cq_place_deferred(ring, index, dst, pid, mr, cookie);
 }
 
 // The peer queues a connected QP delivered to last (its queue cache): the
@@ -424,12 +425,10 @@ int atomic_word(const peer &p, const mr_hit &hit, uint64_t *v, xfer_dir dir)
 	if (hit.mapped)
 		return xfer_mapped_word(hit.addr, v, dir);
 	// By the owner's address: held against its dereg (mr_copiers.h).
-	if (hit.mr && !mr_copy_hold(hit.mr, hit.mr_cookie))
+	mr_copy_guard hold;
+	if (hit.mr && !hold.take(hit.mr, hit.mr_cookie))
 		return EACCES;
-	int err = xfer_word(p.pid, p.self && !hit.odp, hit.addr, v, dir);
-	if (hit.mr)
-		mr_copy_release(hit.mr, hit.mr_cookie);
-	return err;
+	return xfer_word(p.pid, p.self && !hit.odp, hit.addr, v, dir);
 }
 
 int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
@@ -558,7 +557,8 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 // The receive CQ is the QP's, or an XRC SRQ's; the reference is read
 // afresh on every try, since a resize moves the ring.
 [[gnu::hot]] int push_peer(loop_qp *qp, const peer &p, sv_cqe &e, bool solicited,
-	      const sv_cqe_payload *payload, void *dst)
+	      const sv_cqe_payload *payload, void *dst, sv_mr_rec *mr = nullptr,
+	      uint32_t cookie = 0)
 {
 	fabric &fab = *qp->ctx->fab;
 	sv_registry *r = fab.reg();
@@ -613,7 +613,7 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 		}
 		if (err != ESTALE) {
 			if (payload)
-				note_deferred(qp, ref, index, dst, p.pid);
+				note_deferred(qp, ref, index, dst, p.pid, mr, cookie);
 			return 0;
 		}
 		uint64_t now = now_ns();
@@ -631,7 +631,8 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 		return push_peer(qp, p, e, solicited, nullptr, nullptr);
 	thread_local sv_cqe_payload pl;
 	if (pack_inline(*d, p, pl))
-		return push_peer(qp, p, e, solicited, &pl, d->riov[0].base);
+		return push_peer(qp, p, e, solicited, &pl, d->riov[0].base, d->riov[0].mr,
+				 d->riov[0].mr_cookie);
 	tp_move m{d->lb->iov.data(),
 		  static_cast<int>(d->lb->iov.size()),
 		  d->riov,
@@ -894,6 +895,18 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 	bool carry = dst && !mapped;
 	if (carry && len > SV_CQE_INLINE_MAX)
 		dst = nullptr;
+	// The receive buffer's registration, which the sender holds if it
+	// places the payload itself later (cq_place_deferred, mr_copiers.h).
+	uint32_t rcookie = 0;
+	if (carry && dst) {
+		if (m.recv.key == rs.lkey && !m.recv.base)
+			rcookie = m.recv.cookie;
+		else if (const key_cache::entry *ce =
+				 cached_entry(qp->tp_keys, rs.lkey, p.rec.owner_lease))
+			rcookie = ce->rec.cookie;
+		if (!rcookie)
+			dst = nullptr; // Not known: the general way
+	}
 	if (!dst) {
 		local_buf lb;
 		lb.iov.push_back({const_cast<char *>(src), len});
@@ -914,7 +927,8 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 	if (carry) {
 		thread_local sv_cqe_payload pl;
 		express_payload(pl, rs, src, len);
-		err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, &pl, dst);
+		err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, &pl, dst,
+				&qp->ctx->fab->reg()->mrs[rs.lkey >> SV_MR_KEY_BITS], rcookie);
 	} else {
 		flush_deferred(qp); // Earlier SENDs land first
 		memcpy(dst, src, len);
@@ -1053,7 +1067,8 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 	if (!err) {
 		m.cq_next = index + 1;
 		if (payload)
-			note_deferred(qp, m.cq, index, dst, m.speer.pid);
+			note_deferred(qp, m.cq, index, dst, m.speer.pid,
+				      &qp->ctx->fab->reg()->mrs[rs.lkey >> SV_MR_KEY_BITS], k.cookie);
 	} else if (err == ENOSPC) {
 		// Its CQ overflowed (cq_push told its owner): the message is lost,
 		// visibly, as push_peer reports it.
@@ -1067,7 +1082,9 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 		    p.slot != m.speer.slot || p.rec.generation != m.speer.gen)
 			err = ESRCH; // Gone since: no answer, as push_peer's ESRCH
 		else
-			err = push_peer(qp, p, e, solicited, payload, dst);
+			err = push_peer(qp, p, e, solicited, payload, dst,
+					payload ? &qp->ctx->fab->reg()->mrs[rs.lkey >> SV_MR_KEY_BITS] : nullptr,
+					k.cookie);
 	}
 	a = express_answer(err, len);
 	return true;
@@ -1170,15 +1187,11 @@ bool express_enabled()
 	// Our own memory by address: held against a dereg in another thread
 	// (mr_copiers.h); one out of service goes the general way, which
 	// answers for the key.
-	sv_mr_rec *held = nullptr;
-	uint32_t held_cookie = 0;
+	mr_copy_guard hold;
 	if (k == seg_kind::peer) {
 		const key_cache::entry *ke = cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease);
-		if (!ke)
-			return false;
-		held = &qp->ctx->fab->reg()->mrs[w.rkey >> SV_MR_KEY_BITS];
-		held_cookie = ke->rec.cookie;
-		if (!mr_copy_hold(held, held_cookie))
+		if (!ke || !hold.take(&qp->ctx->fab->reg()->mrs[w.rkey >> SV_MR_KEY_BITS],
+				      ke->rec.cookie))
 			return false;
 	}
 	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
@@ -1199,8 +1212,6 @@ bool express_enabled()
 		memmove(dst, src, len);
 		express_note(qp, SV_LEASE_EXPRESS_USED);
 	}
-	if (held)
-		mr_copy_release(held, held_cookie);
 	a = {tp_answer::kind::ack, IBV_WC_SUCCESS, len};
 	return true;
 }

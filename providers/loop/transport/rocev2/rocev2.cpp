@@ -1195,8 +1195,11 @@ tp_answer ud_deliver(qp_wire &qw, const peer &p, const tp_request &r)
 {
 	const send_wr &w = *r.w;
 	host_addr src, dst;
-	if (!r.grh_valid || !gid_addr(r.grh->sgid, src) || !gid_addr(r.grh->dgid, dst) ||
-	    src.v4 != dst.v4 || r.lb->len > qw.pmtu)
+	ibv_gid sgid{}, dgid{};
+	if (r.grh_valid)
+		grh_gids(*r.grh, sgid, dgid); // The GRH area is in RoCE v2's form
+	if (!r.grh_valid || !gid_addr(sgid, src) || !gid_addr(dgid, dst) || src.v4 != dst.v4 ||
+	    r.lb->len > qw.pmtu)
 		return {tp_answer::kind::ack, IBV_WC_SUCCESS, 0};
 	rv::pkt_hdrs h{};
 	h.b.opcode = w.opcode == IBV_WR_SEND_WITH_IMM ? rv::UD_SEND_ONLY_WITH_IMMEDIATE
