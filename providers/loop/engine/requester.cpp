@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "objects.h"
 #include "rocev2.h"
+#include "wire.h"
 
 #include <cerrno>
 #include <cstring>
@@ -182,36 +183,30 @@ void build_grh(ibv_grh &g, const ibv_gid &sgid, const ibv_gid &dgid, uint32_t ib
 	       uint8_t tclass, uint32_t flow, uint8_t hop, bool roce)
 {
 	memset(&g, 0, sizeof(g));
-	if (roce && ipv4_mapped(sgid) && ipv4_mapped(dgid)) {
-		// RoCE v2 over IPv4: the IPv4 header in the GRH's last 20 bytes,
-		// the first 20 zero (as rxe and mlx5 give it).
-		uint8_t *ip = reinterpret_cast<uint8_t *>(&g) + 20;
-		uint16_t total = static_cast<uint16_t>(20 + 8 + ib_paylen); // IPv4, UDP, BTH..ICRC
-		ip[0] = 0x45;
-		ip[1] = tclass;
-		ip[2] = static_cast<uint8_t>(total >> 8);
-		ip[3] = static_cast<uint8_t>(total);
-		ip[6] = 0x40; // Don't fragment
-		ip[8] = hop;
-		ip[9] = 17; // UDP
-		memcpy(ip + 12, sgid.raw + 12, 4);
-		memcpy(ip + 16, dgid.raw + 12, 4);
-		uint32_t sum = 0;
-		for (int i = 0; i < 20; i += 2)
-			sum += static_cast<uint32_t>(ip[i] << 8 | ip[i + 1]);
-		while (sum >> 16)
-			sum = (sum & 0xffff) + (sum >> 16);
-		uint16_t check = static_cast<uint16_t>(~sum);
-		ip[10] = static_cast<uint8_t>(check >> 8);
-		ip[11] = static_cast<uint8_t>(check);
+	if (roce) {
+		// The datagram's IP header as the wire code writes it (rocev2
+		// wire.h), UDP payload the BTH to the ICRC; IPv4 in the GRH's last
+		// 20 bytes, the first 20 zero (as rxe and mlx5 give it).
+		rocev2::ip_info ip;
+		ip.v6 = !(ipv4_mapped(sgid) && ipv4_mapped(dgid));
+		memcpy(ip.src, ip.v6 ? sgid.raw : sgid.raw + 12, ip.v6 ? 16 : 4);
+		memcpy(ip.dst, ip.v6 ? dgid.raw : dgid.raw + 12, ip.v6 ? 16 : 4);
+		ip.tclass = tclass;
+		ip.ttl = hop;
+		ip.flow_label = flow;
+		uint8_t hdr[rocev2::kIpv6HdrLen + rocev2::kUdpHdrLen];
+		rocev2::build_ip_udp(ip, nullptr, ib_paylen, hdr, false);
+		if (ip.v6)
+			memcpy(&g, hdr, rocev2::kIpv6HdrLen);
+		else
+			memcpy(reinterpret_cast<uint8_t *>(&g) + 20, hdr, rocev2::kIpv4HdrLen);
 		return;
 	}
+	// InfiniBand: the GRH, whose next header is the BTH (IB 8.3.1).
 	g.version_tclass_flow =
 		htobe32((6u << 28) | (static_cast<uint32_t>(tclass) << 20) | (flow & 0xfffff));
-	// RoCE v2 over IPv6: the IPv6 header of a UDP datagram; InfiniBand: the
-	// GRH, whose next header is the BTH (IB 8.3.1).
-	g.paylen = htobe16(static_cast<uint16_t>(roce ? 8 + ib_paylen : ib_paylen));
-	g.next_hdr = roce ? 17 : 0x1b;
+	g.paylen = htobe16(static_cast<uint16_t>(ib_paylen));
+	g.next_hdr = 0x1b;
 	g.hop_limit = hop;
 	g.sgid = sgid;
 	g.dgid = dgid;
