@@ -29,6 +29,7 @@
 // registration of the slot.
 #pragma once
 
+#include "small_vec.h"
 #include "softverbs-abi.h"
 
 #include <atomic>
@@ -94,6 +95,38 @@ struct mr_copy_guard {
 		if (m)
 			mr_copy_release(m, cookie);
 	}
+};
+
+// Several registrations held for one transfer, each once (its pieces may
+// name one many times), all dropped when this goes.
+struct mr_copy_holds {
+	struct hold {
+		sv_mr_rec *mr;
+		uint32_t cookie;
+	};
+	small_vec<hold, 4> held;
+	mr_copy_holds() = default;
+	mr_copy_holds(const mr_copy_holds &) = delete;
+	mr_copy_holds &operator=(const mr_copy_holds &) = delete;
+	// False (nothing more held) when m is out of service or of another
+	// registration than cookie.
+	bool add(sv_mr_rec *m, uint32_t c)
+	{
+		for (const hold &h : held)
+			if (h.mr == m && h.cookie == c)
+				return true;
+		if (!mr_copy_hold(m, c))
+			return false;
+		held.push_back({m, c});
+		return true;
+	}
+	void drop()
+	{
+		for (const hold &h : held)
+			mr_copy_release(h.mr, h.cookie);
+		held.clear();
+	}
+	~mr_copy_holds() { drop(); }
 };
 
 // The owner, after taking m out of service (INVALID, then a seq_cst

@@ -29,6 +29,11 @@
  *             its own registrations an arena of their own
  *   race      a peer WRITEing while the owner deregisters and reuses the
  *             memory never corrupts it; its WRITEs fail after
+ *   race-read  the peer READs into an MR of its own that another of its
+ *             threads deregisters during the copy and then reuses: no byte
+ *             of the READ lands after ibv_dereg_mr returned (the READ
+ *             completes SUCCESS or LOC_PROT_ERR), on both transports' ways
+ *             (the response's buffer was not held against the dereg)
  *   deferred  a small SEND into memory that stays where it is travels in
  *             the CQE, and its sender places it before its next WR moves
  *             bytes: after the receiver deregistered (and reused) the
@@ -77,7 +82,7 @@
 #define PEER_BUF (4u << 20)
 
 enum { OP_WRITE = 1, OP_READ, OP_STORM, OP_RECONNECT, OP_QUIT, OP_SEND, OP_LOCAL_PAST, OP_STALE_LKEY,
-       OP_SEND_STORM };
+       OP_SEND_STORM, OP_READ_RACE };
 /* The SENDs of one OP_SEND_STORM (below the owner QP's 64 receives). */
 #define STORM_SENDS 60
 
@@ -94,6 +99,7 @@ struct board {
 	_Atomic int stop;
 	_Atomic long storm_ok, storm_err;
 	_Atomic uint32_t posted; /* The request whose WR the peer posted last */
+	_Atomic long race_late, race_ok, race_prot; /* OP_READ_RACE's rounds */
 };
 
 static struct board *B;
@@ -104,6 +110,61 @@ static struct ibv_cq *CQ;
 static struct ibv_qp *QP;
 
 /* ---- the peer: RDMA operations on request ---- */
+
+/* OP_READ_RACE's second thread: deregisters the READ's local MR a while
+ * after the READ is posted, and reuses its memory at once. */
+struct read_race {
+	struct ibv_mr *mr;
+	char *buf;
+	size_t len;
+	unsigned delay_us;
+	_Atomic int go;
+};
+
+static void *read_race_dereg(void *arg)
+{
+	struct read_race *r = arg;
+	while (!atomic_load(&r->go))
+		;
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < r->delay_us);
+	CHECK(ibv_dereg_mr(r->mr) == 0);
+	memset(r->buf, 0x5a, r->len); /* The memory's next use */
+	return NULL;
+}
+
+/* One round of OP_READ_RACE: a READ of len bytes from the owner's memory
+ * into a fresh MR while read_race_dereg takes it away.  B->status: the
+ * READ's status, or 1001 when a byte of it landed after the dereg. */
+static int read_race_round(struct ibv_pd *pd, uint32_t len, unsigned delay_us)
+{
+	char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(buf != MAP_FAILED);
+	memset(buf, 0x11, len);
+	struct read_race r = {.buf = buf, .len = len, .delay_us = delay_us};
+	r.mr = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(r.mr);
+	struct ibv_sge s = {(uintptr_t)buf, len, r.mr->lkey};
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, read_race_dereg, &r) == 0);
+	atomic_store(&r.go, 1);
+	CHECK(svt_post_send1(QP, 1, IBV_WR_RDMA_READ, &s, 1, IBV_SEND_SIGNALED, B->addr,
+			     B->rkey) == 0);
+	struct ibv_wc wc = svt_wait(CQ, "a READ whose buffer goes");
+	CHECK(pthread_join(t, NULL) == 0);
+	usleep(1000); /* Anything still on its way lands */
+	int st = wc.status;
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)buf[i] != 0x5a) {
+			st = 1001;
+			break;
+		}
+	munmap(buf, len);
+	return st;
+}
 
 static void peer_main(void)
 {
@@ -237,6 +298,33 @@ static void peer_main(void)
 				CHECK(ibv_dereg_mr(small) == 0);
 				free(buf);
 			}
+			atomic_store(&B->done, seen);
+			continue;
+		}
+		if (B->op == OP_READ_RACE) {
+			/* Rounds with the dereg at 0 to 2 ms after the post; a
+			 * READ in error leaves the QP in error: started again. */
+			int st = IBV_WC_SUCCESS;
+			for (unsigned i = 0; i < 40 && st != 1001; i++) {
+				st = read_race_round(D.pd, B->len, (B->seed + i * 53) % 2000);
+				if (st == IBV_WC_SUCCESS)
+					atomic_fetch_add(&B->race_ok, 1);
+				else if (st == IBV_WC_LOC_PROT_ERR)
+					atomic_fetch_add(&B->race_prot, 1);
+				else if (st == 1001)
+					atomic_fetch_add(&B->race_late, 1);
+				else
+					break;
+				if (st != IBV_WC_SUCCESS && st != 1001) {
+					struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+					CHECK(ibv_modify_qp(QP, &a, IBV_QP_STATE) == 0);
+					while (ibv_poll_cq(CQ, 1, &wc) > 0)
+						;
+					svt_connect(QP, B->qpn[0], B->lid[0], &c);
+					st = IBV_WC_SUCCESS;
+				}
+			}
+			B->status = st;
 			atomic_store(&B->done, seen);
 			continue;
 		}
@@ -1072,6 +1160,26 @@ static void sc_race(void)
 	}
 }
 
+static void sc_race_read(void)
+{
+	size_t len = 16u << 20;
+	char *m = anon(len);
+	svt_fill(m, len, 95);
+	struct ibv_mr *mr = reg(m, len);
+	/* The peer's QP goes to error on a READ that lost its buffer: ours
+	 * starts again with it (reconnect_both, after the rounds). */
+	int st = peer_do(OP_READ_RACE, mr, 0, (uint32_t)len, 7);
+	printf("race-read: %ld READs completed, %ld refused (LOC_PROT_ERR), %ld landed late\n",
+	       atomic_load(&B->race_ok), atomic_load(&B->race_prot), atomic_load(&B->race_late));
+	if (st == 1001)
+		FAIL("a READ's bytes landed in its buffer after ibv_dereg_mr returned");
+	if (st != IBV_WC_SUCCESS)
+		FAIL("a READ whose buffer went completed %s", ibv_wc_status_str(st));
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	munmap(m, len);
+	reconnect_both();
+}
+
 /* Warm WRITEs of 64 bytes at 64 * i, checked. */
 static void warm(struct ibv_mr *mr, unsigned seed, const char *what)
 {
@@ -1654,6 +1762,8 @@ int main(int argc, char **argv)
 		sc_fork();
 	else if (!strcmp(sc, "race"))
 		sc_race();
+	else if (!strcmp(sc, "race-read"))
+		sc_race_read();
 	else if (!strcmp(sc, "deferred"))
 		sc_deferred();
 	else if (!strcmp(sc, "mremap"))

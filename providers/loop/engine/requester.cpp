@@ -106,6 +106,7 @@ void add_seg(local_buf &b, const iovec &v, seg_kind k)
 {
 	b.iov.clear();
 	b.len = 0;
+	b.holds.drop();
 	// Inline data is in the WR: never on demand, whatever the last WR had.
 	b.checked = false;
 	b.mapped = false;
@@ -120,6 +121,19 @@ void add_seg(local_buf &b, const iovec &v, seg_kind k)
 		const ibv_sge &s = w.sge[i];
 		if (!s.length)
 			continue;
+		// A response's buffer is held before its key is resolved: the
+		// registration in force now, which cannot change while held (a
+		// dereg waits for it), so the lookup answers for it.  One out of
+		// service has nothing to hold and its key resolves to nothing.
+		if (need_write) {
+			uint32_t slot = s.lkey >> SV_MR_KEY_BITS;
+			if (!slot || slot >= SV_MAX_MRS)
+				return IBV_WC_LOC_PROT_ERR;
+			sv_mr_rec *rec = &fab.reg()->mrs[slot];
+			if (!b.holds.add(rec, std::atomic_ref<uint32_t>(rec->cookie)
+						       .load(std::memory_order_relaxed)))
+				return IBV_WC_LOC_PROT_ERR;
+		}
 		iovec v;
 		seg_kind k;
 		if (mr_cached_own(fab, qp->req_keys, s.lkey, static_cast<uint32_t>(qp->ctx->lease),

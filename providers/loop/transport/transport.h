@@ -25,6 +25,7 @@
 #pragma once
 
 #include "loop.h"
+#include "mr_copiers.h"
 #include "small_vec.h"
 
 #include <cstddef>
@@ -70,6 +71,11 @@ struct local_buf {
 	uint64_t len = 0;
 	bool checked = false; // Some local memory is on demand: copy with checked calls
 	bool mapped = false;  // Some is an fd-backed mapping, which dereg may unmap
+	// A response's buffer (a READ's, an atomic's): its registrations,
+	// held from the gather until the response is placed and this goes,
+	// against an ibv_dereg_mr or ibv_rereg_mr in another thread
+	// (mr_copiers.h): after either returns, no byte lands.
+	mr_copy_holds holds;
 };
 
 // One copy between local iovecs and a peer's segments.

@@ -143,6 +143,23 @@ void drop_old_geometry(loop_cq *cq)
 void place(loop_cq *cq, sv_cqe &e, const sv_cqe_payload &pl)
 {
 	uint32_t len = std::min<uint32_t>(pl.len, SV_CQE_INLINE_MAX);
+	// Held against an ibv_dereg_mr or ibv_rereg_mr of the buffer in
+	// another thread (mr_copiers.h): the registration in force now, for
+	// the lookups and the copy below.  Once held it cannot change (a
+	// deregistration waits for the hold), so the lookups answer for it; a
+	// record out of service has no registration to hold, and its key
+	// resolves to nothing below (LOC_PROT_ERR).
+	uint32_t slot = pl.lkey >> SV_MR_KEY_BITS;
+	if (!slot || slot >= SV_MAX_MRS) {
+		e.status = IBV_WC_LOC_PROT_ERR;
+		return;
+	}
+	sv_mr_rec *rec = &cq->ctx->fab->reg()->mrs[slot];
+	mr_copy_guard hold;
+	if (!hold.take(rec, std::atomic_ref<uint32_t>(rec->cookie).load(std::memory_order_relaxed))) {
+		e.status = IBV_WC_LOC_PROT_ERR;
+		return;
+	}
 	// The key of the last placement, its record unchanged and the bytes
 	// in its window: plain memory of ours, one memcpy.
 	const key_memo &km = cq->place_key;

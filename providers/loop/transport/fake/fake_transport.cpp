@@ -121,7 +121,12 @@ tp_answer fake_deliver(loop_qp *qp, const peer &p, const tp_request &r)
 		wi.last.valid = true;
 		wi.last.p = p;
 		wi.last.w = *r.w;
-		wi.last.lb = *r.lb;
+		// The buffer's description, not its holds (the requester's, for
+		// the call only).
+		wi.last.lb.iov = r.lb->iov;
+		wi.last.lb.len = r.lb->len;
+		wi.last.lb.checked = r.lb->checked;
+		wi.last.lb.mapped = r.lb->mapped;
 		// Inline bytes live in the requester's WR, which may be its
 		// stack: the replay reads them from the copy kept here.
 		if (r.w->is_inline) {

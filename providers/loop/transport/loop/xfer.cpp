@@ -163,40 +163,18 @@ struct piece {
 
 // The registrations the pieces copy into or out of by address, each held
 // for the copies (mr_copiers.h): taken all before any byte moves, dropped
-// when this goes.
-struct copy_holds {
-	struct hold {
-		sv_mr_rec *mr;
-		uint32_t cookie;
-	};
-	small_vec<hold, 4> held;
-	// False (nothing held) when one of them went out of service.
-	template <typename Pieces> bool take(const Pieces &ps)
-	{
-		for (const piece &p : ps) {
-			if (!p.mr)
-				continue;
-			bool have = false;
-			for (const auto &h : held)
-				have = have || (h.mr == p.mr && h.cookie == p.cookie);
-			if (have)
-				continue;
-			if (!mr_copy_hold(p.mr, p.cookie)) {
-				drop();
-				return false;
-			}
-			held.push_back({p.mr, p.cookie});
+// when holds goes.  False (nothing held) when one of them went out of
+// service.
+template <typename Pieces> bool take_holds(mr_copy_holds &holds, const Pieces &ps)
+{
+	for (const piece &p : ps) {
+		if (p.mr && !holds.add(p.mr, p.cookie)) {
+			holds.drop();
+			return false;
 		}
-		return true;
 	}
-	void drop()
-	{
-		for (const auto &h : held)
-			mr_copy_release(h.mr, h.cookie);
-		held.clear();
-	}
-	~copy_holds() { drop(); }
-};
+	return true;
+}
 
 // Runs pieces in the order given: consecutive cross-memory-attach pieces of
 // one direction share one process_vm_writev/readv call, up to IOV_MAX
@@ -214,8 +192,8 @@ int run_pieces(pid_t pid, const pieces &ps, size_t *moved, bool *whole, bool may
 	*whole = false;
 	// A registration out of service since its key was resolved (a
 	// deregistration, a rereg): nothing moves, as for a key found bad.
-	copy_holds holds;
-	if (!holds.take(ps)) {
+	mr_copy_holds holds;
+	if (!take_holds(holds, ps)) {
 		*whole = true;
 		return EACCES;
 	}
