@@ -34,6 +34,9 @@
  *             of the READ lands after ibv_dereg_mr returned (the READ
  *             completes SUCCESS or LOC_PROT_ERR), on both transports' ways
  *             (the response's buffer was not held against the dereg)
+ *   race-inv  a peer WRITEing through a fast-register key while the owner
+ *             invalidates it (LOCAL_INV) and reuses the memory: no byte
+ *             lands after the LOCAL_INV completed
  *   deferred  a small SEND into memory that stays where it is travels in
  *             the CQE, and its sender places it before its next WR moves
  *             bytes: after the receiver deregistered (and reused) the
@@ -68,7 +71,9 @@
  * the same.  Prints "OK sv_remap SCENARIO" or "SKIP ..." and exits 0; a
  * FAIL line and status 1 otherwise. */
 #include "svt.h"
+#include "softverbs_dv.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -1180,6 +1185,67 @@ static void sc_race_read(void)
 	reconnect_both();
 }
 
+/* A fast-register key over [m, m + len) on QP, remote write allowed
+ * (softverbs_dv.h, found with dlsym: this program links the system's
+ * libibverbs). */
+static struct ibv_mr *fast_reg(char *m, size_t len)
+{
+	__typeof__(softverbs_alloc_fast_reg_mr) *alloc =
+		(__typeof__(softverbs_alloc_fast_reg_mr) *)dlsym(RTLD_DEFAULT,
+								  "softverbs_alloc_fast_reg_mr");
+	__typeof__(softverbs_post_fast_reg) *post =
+		(__typeof__(softverbs_post_fast_reg) *)dlsym(RTLD_DEFAULT, "softverbs_post_fast_reg");
+	if (!alloc || !post)
+		FAIL("softverbs_alloc_fast_reg_mr not found: not softverbs' libibverbs");
+	struct ibv_mr *mr = alloc(D.pd, 1);
+	CHECK(mr);
+	struct softverbs_fast_reg_wr fr = {
+		.wr_id = 77, .send_flags = IBV_SEND_SIGNALED, .mr = mr, .key = 0x42,
+		.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, .iova = (uintptr_t)m,
+		.length = len, .addr = (uintptr_t)m};
+	CHECK_EQ(post(QP, &fr), 0);
+	struct ibv_wc wc = svt_wait(CQ, "fast-register");
+	if (wc.status != IBV_WC_SUCCESS || wc.opcode != SOFTVERBS_WC_FAST_REG)
+		FAIL("fast-register completed %s, opcode %d", ibv_wc_status_str(wc.status),
+		     wc.opcode);
+	return mr;
+}
+
+static void sc_race_inv(void)
+{
+	size_t len = PEER_BUF;
+	for (int round = 0; round < 10; round++) {
+		char *m = anon(len);
+		struct ibv_mr *mr = fast_reg(m, len);
+		atomic_store(&B->stop, 0);
+		atomic_store(&B->storm_ok, 0);
+		atomic_store(&B->storm_err, 0);
+		peer_do(OP_STORM, mr, 0, (uint32_t)len, 93);
+		while (atomic_load(&B->storm_ok) < 2 + round % 3)
+			usleep(50);
+		struct ibv_send_wr inv = {.wr_id = 78, .opcode = IBV_WR_LOCAL_INV,
+					  .send_flags = IBV_SEND_SIGNALED,
+					  .invalidate_rkey = mr->rkey};
+		struct ibv_send_wr *bad;
+		CHECK_EQ(ibv_post_send(QP, &inv, &bad), 0);
+		struct ibv_wc wc = svt_wait(CQ, "LOCAL_INV");
+		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 78)
+			FAIL("LOCAL_INV completed %s (wr_id %llu)", ibv_wc_status_str(wc.status),
+			     (unsigned long long)wc.wr_id);
+		svt_fill(m, len, 94); /* The memory's next use */
+		usleep(20000);
+		atomic_store(&B->stop, 1);
+		storm_wait();
+		check_bytes(m, len, 94, "memory reused after LOCAL_INV");
+		if (B->status != IBV_WC_REM_ACCESS_ERR)
+			FAIL("the peer's WRITEs after LOCAL_INV ended with %s",
+			     ibv_wc_status_str(B->status));
+		CHECK_EQ(ibv_dereg_mr(mr), 0);
+		munmap(m, len);
+		reconnect_both();
+	}
+}
+
 /* Warm WRITEs of 64 bytes at 64 * i, checked. */
 static void warm(struct ibv_mr *mr, unsigned seed, const char *what)
 {
@@ -1762,6 +1828,8 @@ int main(int argc, char **argv)
 		sc_fork();
 	else if (!strcmp(sc, "race"))
 		sc_race();
+	else if (!strcmp(sc, "race-inv"))
+		sc_race_inv();
 	else if (!strcmp(sc, "race-read"))
 		sc_race_read();
 	else if (!strcmp(sc, "deferred"))

@@ -1440,9 +1440,13 @@ ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
 }
 
 // Invalidates rkey: a type 2 window or a BMME key.  Caller holds the lock.
+// A BMME key's copies by address hold its own record (mr_copiers.h): *wait
+// receives the record and *cookie the registration to wait out once the
+// lock is dropped (a window's copies hold its parent, which stays).
 int invalidate_locked(sv_registry *r, uint32_t owner, uint32_t pdn, uint32_t qpn, uint32_t rkey,
-		      bool remote)
+		      bool remote, sv_mr_rec **wait, uint32_t *cookie)
 {
+	*wait = nullptr;
 	uint32_t slot = rkey >> SV_MR_KEY_BITS;
 	if (slot == 0 || slot >= SV_MAX_MRS)
 		return ENOENT;
@@ -1462,6 +1466,8 @@ int invalidate_locked(sv_registry *r, uint32_t owner, uint32_t pdn, uint32_t qpn
 	if (m.kind == SV_MR_KIND_FRMR) {
 		if (m.bound_mws)
 			return EBUSY;
+		*cookie = m.cookie;
+		*wait = &m;
 		mr_begin_change(m);
 		return 0;
 	}
@@ -1530,11 +1536,20 @@ ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w)
 		return bind_run(qp, w);
 	case IBV_WR_LOCAL_INV: {
 		fabric &fab = *qp->ctx->fab;
-		registry_guard g(fab);
-		return invalidate_locked(fab.reg(), static_cast<uint32_t>(qp->ctx->lease), qp->pdn,
-					 qp->qpn, w.invalidate_rkey, false)
-			       ? IBV_WC_LOC_QP_OP_ERR
-			       : IBV_WC_SUCCESS;
+		sv_mr_rec *wait;
+		uint32_t cookie = 0;
+		int err;
+		{
+			registry_guard g(fab);
+			err = invalidate_locked(fab.reg(), static_cast<uint32_t>(qp->ctx->lease),
+						qp->pdn, qp->qpn, w.invalidate_rkey, false, &wait,
+						&cookie);
+		}
+		// Complete once no copy through the key is left, as an HCA's
+		// invalidation: its memory is the application's to reuse then.
+		if (wait)
+			mr_copy_wait(*wait, cookie);
+		return err ? IBV_WC_LOC_QP_OP_ERR : IBV_WC_SUCCESS;
 	}
 	default:
 		if (w.opcode == kWrFastReg)
@@ -1546,8 +1561,16 @@ ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w)
 int mr_remote_invalidate(fabric &fab, uint32_t owner_lease, uint32_t pdn, uint32_t qpn,
 			 uint32_t rkey)
 {
-	registry_guard g(fab);
-	return invalidate_locked(fab.reg(), owner_lease, pdn, qpn, rkey, true);
+	sv_mr_rec *wait;
+	uint32_t cookie = 0;
+	int err;
+	{
+		registry_guard g(fab);
+		err = invalidate_locked(fab.reg(), owner_lease, pdn, qpn, rkey, true, &wait, &cookie);
+	}
+	if (wait)
+		mr_copy_wait(*wait, cookie);
+	return err;
 }
 
 // ---- BMME keys ----
