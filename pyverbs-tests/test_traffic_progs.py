@@ -16,7 +16,7 @@ import svtest
 
 SCENARIOS = ["rc_ops", "inline_sge", "signaling", "solicited", "uc", "ud", "mcast", "srq",
              "cq_overflow", "errors", "rnr", "post_errors", "query_modify", "threads",
-             "ud_grh_burst", "mr_inputs"]
+             "ud_grh_burst", "mr_inputs", "retry", "modify_values"]
 
 
 @pytest.fixture

@@ -1137,6 +1137,120 @@ static void sc_rnr(void)
 	}
 }
 
+/* Transport retries against a destroyed responder: each try, the last one
+ * too, waits out the QP's timeout before the next or before the WR fails
+ * (IBTA 9.7.6.1.3, rxe), so RETRY_EXC_ERR comes (retry_cnt + 1) timeouts
+ * after the post at the earliest (a lower bound only: a loaded machine is
+ * later).  With retry_cnt 0 it came at once. */
+static void sc_retry(void)
+{
+	for (int retry = 0; retry <= 2; retry++) {
+		struct pair p;
+		pair_open(&p);
+		struct svt_qpopt o = {IBV_QPT_RC, p.acq, p.acq, NULL, 0, 64, 64, 4, 0};
+		p.qa = svt_qp(&p.a, &o);
+		o.scq = o.rcq = p.bcq;
+		p.qb = svt_qp(&p.b, &o);
+		/* timeout 14: 4.096 us << 14 = 67.1 ms */
+		struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, (uint8_t)retry, 7};
+		svt_connect(p.qa, p.qb->qp_num, p.b.lid, &c);
+		svt_connect(p.qb, p.qa->qp_num, p.a.lid, &c);
+		struct ibv_mr *ma = svt_mr(&p.a, 4096, SVT_ALL_ACCESS);
+		uint64_t raddr = 0x1000;
+		CHECK_EQ(ibv_destroy_qp(p.qb), 0);
+		struct ibv_sge ss = svt_sge(ma, 0, 64);
+		uint64_t t0 = svt_now_ms();
+		CHECK(svt_post_send1(p.qa, 1, IBV_WR_RDMA_WRITE, &ss, 1, IBV_SEND_SIGNALED, raddr,
+				     0x1234) == 0);
+		CHECK(svt_post_send1(p.qa, 2, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
+		struct ibv_wc wc = svt_wait(p.acq, "retries exhausted");
+		uint64_t dt = svt_now_ms() - t0;
+		CHECK_WC(wc, IBV_WC_RETRY_EXC_ERR);
+		CHECK_EQ(wc.wr_id, 1);
+		if (dt < (uint64_t)(retry + 1) * 67 - 2)
+			FAIL("retry_cnt %d, timeout 67 ms: RETRY_EXC_ERR after %llu ms, expected "
+			     "at least %d", retry, (unsigned long long)dt, (retry + 1) * 67);
+		wc = svt_wait(p.acq, "flushed");
+		CHECK_WC(wc, IBV_WC_WR_FLUSH_ERR);
+		CHECK_EQ(wc.wr_id, 2);
+		CHECK_EQ(svt_state(p.qa), IBV_QPS_ERR);
+		printf("retry_cnt %d: RETRY_EXC_ERR after %llu ms\n", retry, (unsigned long long)dt);
+	}
+}
+
+/* Attribute values modify_qp judges as the kernel (uverbs' modify_qp) and
+ * rxe do: PSNs keep their low 24 bits; the AV's port must be a port, and at
+ * INIT -> RTR the QP's own; the alternate path's two ports must be ports
+ * and agree; qp_access_flags may carry bits a QP has no use for. */
+static void sc_modify_values(void)
+{
+	struct svt_dev d;
+	svt_open(&d, dev_a);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct svt_qpopt o = {IBV_QPT_RC, cq, cq, NULL, 0, 16, 16, 1, 0};
+	struct ibv_qp *qp = svt_qp(&d, &o);
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_RELAXED_ORDERING;
+	CHECK_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					       IBV_QP_ACCESS_FLAGS),
+		 0);
+	struct ibv_qp_attr r;
+	struct ibv_qp_init_attr ia;
+	CHECK_EQ(ibv_query_qp(qp, &r, IBV_QP_ACCESS_FLAGS, &ia), 0);
+	CHECK(r.qp_access_flags & IBV_ACCESS_REMOTE_WRITE);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = qp->qp_num;
+	a.rq_psn = 0xdeadbeef;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 1;
+	a.ah_attr.dlid = d.lid;
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	a.ah_attr.port_num = 0;
+	CHECK_EQ(ibv_modify_qp(qp, &a, mask), EINVAL);
+	a.ah_attr.port_num = 2; /* Not a port of a one-port device, nor the QP's */
+	CHECK_EQ(ibv_modify_qp(qp, &a, mask), EINVAL);
+	a.ah_attr.port_num = 1;
+	a.alt_port_num = 0;
+	a.alt_ah_attr.port_num = 0;
+	CHECK_EQ(ibv_modify_qp(qp, &a, mask | IBV_QP_ALT_PATH), EINVAL);
+	a.alt_port_num = 1;
+	a.alt_ah_attr.port_num = 0;
+	CHECK_EQ(ibv_modify_qp(qp, &a, mask | IBV_QP_ALT_PATH), EINVAL);
+	CHECK_EQ(svt_state(qp), IBV_QPS_INIT); /* Refused: nothing changed */
+	CHECK_EQ(ibv_modify_qp(qp, &a, mask), 0);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 0x1abcdef;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	CHECK_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+					       IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+					       IBV_QP_MAX_QP_RD_ATOMIC),
+		 0);
+	CHECK_EQ(ibv_query_qp(qp, &r, IBV_QP_RQ_PSN | IBV_QP_SQ_PSN | IBV_QP_AV, &ia), 0);
+	CHECK_EQ(r.rq_psn, 0xadbeef);
+	CHECK_EQ(r.sq_psn, 0xabcdef);
+	CHECK_EQ(r.ah_attr.port_num, 1);
+	/* The QP works: a WRITE to itself, data checked. */
+	struct ibv_mr *mr = svt_mr(&d, 4096, SVT_ALL_ACCESS);
+	svt_fill(mr->addr, 64, 5);
+	memset((char *)mr->addr + 1024, 0, 64);
+	struct ibv_sge ss = svt_sge(mr, 0, 64);
+	CHECK(svt_post_send1(qp, 1, IBV_WR_RDMA_WRITE, &ss, 1, IBV_SEND_SIGNALED,
+			     (uintptr_t)mr->addr + 1024, mr->rkey) == 0);
+	CHECK_WC(svt_wait(cq, "WRITE"), IBV_WC_SUCCESS);
+	CHECK(memcmp(mr->addr, (char *)mr->addr + 1024, 64) == 0);
+}
+
 /* ---- Posting errors ------------------------------------------------------ */
 static void sc_post_errors(void)
 {
@@ -1755,6 +1869,7 @@ static const struct {
 	{"rnr", sc_rnr},	       {"post_errors", sc_post_errors},
 	{"query_modify", sc_query_modify}, {"threads", sc_threads},
 	{"ud_grh_burst", sc_ud_grh_burst}, {"mr_inputs", sc_mr_inputs},
+	{"retry", sc_retry},	       {"modify_values", sc_modify_values},
 };
 
 int main(int argc, char **argv)

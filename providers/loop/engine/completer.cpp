@@ -124,13 +124,28 @@ void flush_backlog(loop_qp *qp)
 	sq_set_cons(qp, posted);
 }
 
+namespace {
+
+// Fails w, the head of the send queue, with fail after its retries: the
+// QP goes to ERR (SQE for UC) and the rest is flushed.  Returns 0.
+uint64_t give_up(loop_qp *qp, send_wr &w, ibv_wc_status fail)
+{
+	complete(qp, w, fail, 0); // ERR, or SQE for UC (complete())
+	sq_set_cons(qp, qp->sq_cons + 1);
+	if (qp->type != IBV_QPT_UC && qp->type != IBV_QPT_UD)
+		qp_set_error(*qp->ctx->fab, qp->slot);
+	flush_backlog(qp);
+	return 0;
+}
+
+} // namespace
+
 // The head WQE w did not finish (s: RNR or unreachable): books its next
 // try after the RNR timer or the QP's timeout, or, with no retries left,
 // completes it in error, takes the QP to ERR and flushes the rest.  Returns
 // the time of the next try, or 0 when w failed.  Caller holds sq_lock.
 uint64_t book_retry(loop_qp *qp, send_wr &w, step s, uint64_t now)
 {
-	fabric &fab = *qp->ctx->fab;
 	ibv_wc_status fail = IBV_WC_SUCCESS;
 	const transport_ops &t = active_transport();
 	tp_liveness live{};
@@ -160,21 +175,18 @@ uint64_t book_retry(loop_qp *qp, send_wr &w, step s, uint64_t now)
 			w.rnr_left--;
 		w.next_try_ns = now + kRnrTimerUs[live.min_rnr_timer & 31] * 1000ULL;
 	} else {
+		// Each try, the last one too, waits out its own timeout before
+		// the next or before the WR fails (IBTA 9.7.6.1.3, rxe's
+		// completer): retry_cnt 0 fails one timeout after the request,
+		// not at once, though this transport knows at once that nobody
+		// answers.  retry_left -1: the last try's timeout is running
+		// (drain fails the WR when it ends).
 		t.alive(qp, qp->attr.dest_qp_num, true);
-		if (w.retry_left == 0)
-			fail = IBV_WC_RETRY_EXC_ERR;
-		else
-			w.retry_left--;
+		w.retry_left = w.retry_left > 0 ? w.retry_left - 1 : -1;
 		w.next_try_ns = now + timeout_ns(qp->attr.timeout);
 	}
-	if (fail != IBV_WC_SUCCESS) {
-		complete(qp, w, fail, 0); // ERR, or SQE for UC (complete())
-		sq_set_cons(qp, qp->sq_cons + 1);
-		if (qp->type != IBV_QPT_UC && qp->type != IBV_QPT_UD)
-			qp_set_error(fab, qp->slot);
-		flush_backlog(qp);
-		return 0;
-	}
+	if (fail != IBV_WC_SUCCESS)
+		return give_up(qp, w, fail);
 	return w.next_try_ns;
 }
 
@@ -215,6 +227,8 @@ uint64_t drain(loop_qp *qp)
 		uint64_t now = now_ns();
 		if (w.next_try_ns > now)
 			return w.next_try_ns;
+		if (w.retry_left < 0)
+			return give_up(qp, w, IBV_WC_RETRY_EXC_ERR); // The last try's timeout ran out
 		step s = run_wr(qp, w);
 		if (s == step::done) {
 			sq_set_cons(qp, qp->sq_cons + 1);

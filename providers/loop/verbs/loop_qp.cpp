@@ -96,11 +96,10 @@ int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
 		return EINVAL;
 	if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index >= kMaxPkeys)
 		return EINVAL;
-	if ((mask & IBV_QP_ACCESS_FLAGS) &&
-	    (a.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-				   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-				   IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND)))
-		return EINVAL; // ON_DEMAND: as the kernel, which lets it through
+	// qp_access_flags: any bits, as the kernel (uverbs' modify_qp takes
+	// them as given) and rxe and mlx5 (each reads the bits it knows): a
+	// program that hands its MR's flags (RELAXED_ORDERING...) to the QP
+	// works on them.  Only the remote rights are enforced.
 	if ((mask & IBV_QP_PATH_MTU) && (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096))
 		return EINVAL;
 	if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > kMaxQpInitRdAtom)
@@ -117,15 +116,21 @@ int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
 		return EINVAL;
 	if ((mask & IBV_QP_DEST_QPN) && a.dest_qp_num > 0xffffff)
 		return EINVAL;
-	if ((mask & IBV_QP_RQ_PSN) && a.rq_psn > 0xffffff)
-		return EINVAL;
-	if ((mask & IBV_QP_SQ_PSN) && a.sq_psn > 0xffffff)
-		return EINVAL;
+	// rq_psn, sq_psn: the low 24 bits, as rxe masks them (the kernel
+	// passes them on as given): loop_modify_qp keeps those.
+	auto port_ok = [&](uint8_t p) { return p >= 1 && p <= lctx->dev->num_ports; };
 	if (mask & IBV_QP_AV) {
+		// The kernel's rules (uverbs' modify_qp): the AV's port is a port
+		// of the device; at INIT -> RTR it is the QP's own, and elsewhere
+		// (SQD -> SQD) it is the new port with IBV_QP_PORT, or becomes it.
 		const ibv_ah_attr &ah = a.ah_attr;
-		uint8_t port = ah.port_num ? ah.port_num
-					   : (mask & IBV_QP_PORT ? a.port_num : qp->attr.port_num);
-		if (port < 1 || port > lctx->dev->num_ports)
+		uint8_t port = ah.port_num;
+		if (!port_ok(port))
+			return EINVAL;
+		bool to_rtr = (mask & IBV_QP_STATE) && a.qp_state == IBV_QPS_RTR;
+		if (to_rtr && port != qp->attr.port_num)
+			return EINVAL;
+		if (!to_rtr && (mask & IBV_QP_PORT) && a.port_num != port)
 			return EINVAL;
 		if (ah.is_global)
 			if (int e = loop_sgid_check(lctx, port, ah.grh.sgid_index))
@@ -134,6 +139,10 @@ int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
 		if (eth && !ah.is_global)
 			return EINVAL; // RoCE addresses by GID only
 	}
+	// The alternate path's ports, as the kernel judges them.
+	if ((mask & IBV_QP_ALT_PATH) &&
+	    (!port_ok(a.alt_port_num) || a.alt_ah_attr.port_num != a.alt_port_num))
+		return EINVAL;
 	return 0;
 }
 
@@ -797,17 +806,17 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 		a.qkey = attr->qkey;
 	if (mask & IBV_QP_AV) {
 		a.ah_attr = attr->ah_attr;
-		if (!a.ah_attr.port_num)
-			a.ah_attr.port_num = a.port_num;
+		if (!(mask & IBV_QP_PORT))
+			a.port_num = a.ah_attr.port_num; // The same at RTR (check_values)
 	}
 	if (mask & IBV_QP_PATH_MTU)
 		a.path_mtu = attr->path_mtu;
 	if (mask & IBV_QP_DEST_QPN)
 		a.dest_qp_num = attr->dest_qp_num;
 	if (mask & IBV_QP_RQ_PSN)
-		a.rq_psn = attr->rq_psn;
+		a.rq_psn = attr->rq_psn & kPsnMask;
 	if (mask & IBV_QP_SQ_PSN)
-		a.sq_psn = attr->sq_psn;
+		a.sq_psn = attr->sq_psn & kPsnMask;
 	if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
 		a.max_dest_rd_atomic = attr->max_dest_rd_atomic;
 	if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
@@ -833,8 +842,8 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 	a.qp_state = next;
 	{
 		registry_guard g(fab);
-		if (mask & IBV_QP_PORT)
-			rec.port = attr->port_num;
+		if (mask & (IBV_QP_PORT | IBV_QP_AV))
+			rec.port = a.port_num;
 		if (mask & IBV_QP_ACCESS_FLAGS)
 			rec.access = static_cast<uint32_t>(attr->qp_access_flags);
 		if (mask & IBV_QP_QKEY)
