@@ -73,6 +73,11 @@ void progress_add(loop_qp *qp)
 {
 	engine &e = eng();
 	std::lock_guard<std::mutex> g(e.lock);
+	// A QP another thread is destroying (its post raced ibv_destroy_qp):
+	// not listed again after the destroy's progress_remove, which takes
+	// e.lock after the QP left the live state (loop_destroy_qp).
+	if (!qp->life.is(kLifeQp))
+		return;
 	try {
 		if (e.started_by != getpid()) {
 			start_detached(run);

@@ -722,6 +722,8 @@ void qp_flush_backlog(loop_qp *qp)
 uint64_t qp_run_backlog(loop_qp *qp)
 {
 	std::lock_guard<qlock> g(qp->sq_lock);
+	if (!qp->sq)
+		return 0; // Destroyed meanwhile (sq_destroy): nothing to run
 	return drain(qp);
 }
 

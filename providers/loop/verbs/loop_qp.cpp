@@ -356,6 +356,9 @@ int loop_dv_qp_rq(ibv_qp *ibqp, int on, softverbs_dv_rq *out)
 
 void rq_destroy(fabric &fab, loop_qp *qp)
 {
+	// Under rq_lock: an ibv_post_recv racing ibv_destroy_qp in another
+	// thread (past its life check) finds no ring, not an unmapped one.
+	std::lock_guard<qlock> g(qp->rq_lock);
 	queue_destroy(fab, qp->rq_ref, qp->rq, qp->rq_alloc_pd != nullptr);
 	if (qp->rq_alloc_pd)
 		pd_free(qp->rq_alloc_pd, qp->rq, SOFTVERBS_RES_TYPE_RQ);
@@ -993,6 +996,10 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		return EINVAL;
 	}
 	std::lock_guard<qlock> g(qp->rq_lock);
+	if (!qp->rq || !qp->life.is(kLifeQp)) [[unlikely]] {
+		*bad = wr;
+		return EINVAL; // Destroyed by another thread meanwhile
+	}
 	if (qp->rq_agent) {
 		*bad = wr;
 		return EINVAL; // One producer at a time: an agent posts (softverbs_dv_qp_rq)
