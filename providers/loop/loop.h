@@ -636,8 +636,8 @@ struct mr_hit {
 	bool odp;	 // May be unmapped: copy with a checked call, even in-process
 	std::shared_ptr<void> pin; // With mapped: keeps addr's mapping while this lives
 	uint64_t owner_addr;	   // addr's byte in the owner's address space
-	// Not mapped: the registration the word is reached through, held for
-	// the copy (mr_copiers.h).
+	// The registration the word is reached through, held for the copy
+	// (mr_copiers.h).
 	sv_mr_rec *mr = nullptr;
 	uint32_t mr_cookie = 0;
 };

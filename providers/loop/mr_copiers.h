@@ -90,11 +90,14 @@ struct mr_copy_guard {
 		cookie = c;
 		return true;
 	}
-	~mr_copy_guard()
+	// Drops the hold now (the copy is done), before the guard goes.
+	void release()
 	{
 		if (m)
 			mr_copy_release(m, cookie);
+		m = nullptr;
 	}
+	~mr_copy_guard() { release(); }
 };
 
 // Several registrations held for one transfer, each once (its pieces may

@@ -244,9 +244,12 @@ namespace {
 		bool direct = false, dead = false;
 		char *base = peer_map(fab, slot, c, pin, direct, dead);
 		if (base) {
+			// Held for the copy as well: an ibv_rereg_mr that keeps the
+			// mapping (new rights, a new PD) waits for it (mr_copiers.h).
 			out.push_back({base + off, len,
 				       direct ? seg_kind::mapped_direct : seg_kind::mapped,
-				       std::move(pin), 0, c.addr + off});
+				       std::move(pin), 0, c.addr + off, &fab.reg()->mrs[slot],
+				       c.cookie});
 			return 0;
 		}
 		if (dead)
@@ -497,7 +500,8 @@ void memo_key_keep(key_memo &k, const key_cache::entry *e, uint32_t key, bool ma
 		if (coarse_now() == hit->tick) {
 			if (std::shared_ptr<void> pin = hit->map.lock()) {
 				out.push_back({hit->base + off, len, hit->kind, std::move(pin), 0,
-					       c.addr + off});
+					       c.addr + off, &fab.reg()->mrs[key >> SV_MR_KEY_BITS],
+					       c.cookie});
 				if (access)
 					*access = c.access;
 				return 0;

@@ -422,12 +422,13 @@ void note_deferred(loop_qp *qp, const obj_ref &cq, uint64_t index, void *dst, pi
 // memory takes a checked call even in-process.
 int atomic_word(const peer &p, const mr_hit &hit, uint64_t *v, xfer_dir dir)
 {
-	if (hit.mapped)
-		return xfer_mapped_word(hit.addr, v, dir);
-	// By the owner's address: held against its dereg (mr_copiers.h).
+	// Held against the owner's dereg or rereg (mr_copiers.h), by address
+	// or through a mapping.
 	mr_copy_guard hold;
 	if (hit.mr && !hold.take(hit.mr, hit.mr_cookie))
 		return EACCES;
+	if (hit.mapped)
+		return xfer_mapped_word(hit.addr, v, dir);
 	return xfer_word(p.pid, p.self && !hit.odp, hit.addr, v, dir);
 }
 
@@ -895,6 +896,18 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 	bool carry = dst && !mapped;
 	if (carry && len > SV_CQE_INLINE_MAX)
 		dst = nullptr;
+	// Mapped: the registration held for the copy, against the owner's
+	// rereg of its rights or PD, which keeps the mapping (mr_copiers.h).
+	mr_copy_guard hold;
+	if (dst && !carry) {
+		uint32_t mc = m.recv.key == rs.lkey && m.recv.base ? m.recv.cookie : 0;
+		if (!mc)
+			if (const key_cache::entry *ce =
+				    cached_entry(qp->tp_keys, rs.lkey, p.rec.owner_lease))
+				mc = ce->rec.cookie;
+		if (!mc || !hold.take(&qp->ctx->fab->reg()->mrs[rs.lkey >> SV_MR_KEY_BITS], mc))
+			dst = nullptr; // Not known, or out of service: the general way
+	}
 	// The receive buffer's registration, which the sender holds if it
 	// places the payload itself later (cq_place_deferred, mr_copiers.h).
 	uint32_t rcookie = 0;
@@ -933,6 +946,7 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 		flush_deferred(qp); // Earlier SENDs land first
 		memcpy(dst, src, len);
 		pin.reset(); // Before the push's stores, not after (below)
+		hold.release();
 		express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
 		err = push_peer(qp, p, e, w.flags & IBV_SEND_SOLICITED, nullptr, nullptr);
 	}
@@ -1013,6 +1027,7 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 	const loop_qp::key_memo &k = m.recv;
 	char *dst = nullptr;
 	std::shared_ptr<void> pin; // Kept until the copy is done
+	mr_copy_guard hold;	   // The receive buffer's registration, for the copy
 	if (wqe->num_sge != SV_RECV_WQE_INVALID && wqe->num_sge >= 1 && rs.length >= len &&
 	    m.recv_owner == m.speer.owner_lease && m.recv_pdn == m.s_pdn &&
 	    memo_key(r, k, rs.lkey, rs.addr, len)) {
@@ -1020,7 +1035,10 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 			if (len <= SV_CQE_INLINE_MAX && m.cqg.payload_offset)
 				dst = reinterpret_cast<char *>(k.addr + (rs.addr - k.iova));
 		} else if (coarse_now() == k.tick && (pin = k.map.lock())) {
-			dst = k.base + (rs.addr - k.iova);
+			if (hold.take(&qp->ctx->fab->reg()->mrs[rs.lkey >> SV_MR_KEY_BITS], k.cookie))
+				dst = k.base + (rs.addr - k.iova);
+			else
+				pin.reset();
 		}
 	}
 	peer p;
@@ -1050,8 +1068,9 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 		// reference's locked decrement comes before the CQE's stores
 		// into the peer's ring: after them it would wait for those
 		// lines to leave the poller's cache (half the sender's time in
-		// perf, docs/PERFORMANCE.md).
+		// perf, docs/PERFORMANCE.md).  The same for the hold.
 		pin.reset();
+		hold.release();
 		express_note(qp, SV_LEASE_DIRECT_USED | SV_LEASE_EXPRESS_USED);
 	}
 	// The CQ checked again right before the push, as push_peer checks it
@@ -1133,6 +1152,11 @@ void memo_keep(loop_qp *qp, const send_wr &w, const peer &p)
 	std::shared_ptr<void> pin = t.map.lock(); // Kept until the copy is done
 	if (!pin)
 		return false;
+	// Held against the owner's rereg of the rights or PD, which keeps the
+	// mapping (mr_copiers.h); the record checked again under the hold.
+	mr_copy_guard hold;
+	if (!hold.take(&qp->ctx->fab->reg()->mrs[t.key >> SV_MR_KEY_BITS], t.cookie))
+		return false;
 	const ibv_qp_attr &at = qp->attr;
 	w.psn = (at.sq_psn + qp->req_psn++) & kPsnMask;
 	flush_deferred(qp); // Earlier SENDs land first
@@ -1184,11 +1208,12 @@ bool express_enabled()
 		return false;
 	if (k != seg_kind::mapped_direct && !(k == seg_kind::peer && p.self))
 		return false; // A system call's copy, the general way
-	// Our own memory by address: held against a dereg in another thread
-	// (mr_copiers.h); one out of service goes the general way, which
-	// answers for the key.
+	// Held against the owner's dereg or rereg (mr_copiers.h): our own
+	// memory by address, or a peer's through our mapping of it (a rereg of
+	// its rights or PD keeps the mapping); one out of service goes the
+	// general way, which answers for the key.
 	mr_copy_guard hold;
-	if (k == seg_kind::peer) {
+	{
 		const key_cache::entry *ke = cached_entry(qp->tp_keys, w.rkey, p.rec.owner_lease);
 		if (!ke || !hold.take(&qp->ctx->fab->reg()->mrs[w.rkey >> SV_MR_KEY_BITS],
 				      ke->rec.cookie))

@@ -278,12 +278,15 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 			// may be unmapped: the kernel's copy answers EFAULT instead.
 			if (k == seg_kind::mapped_direct && local_checked)
 				k = seg_kind::mapped;
-			bool by_addr = k == seg_kind::peer || k == seg_kind::peer_checked;
+			// Every piece into or out of a registration holds it: by
+			// address (a dereg or rereg would leave the memory to the
+			// application) or through a mapping (a rereg of the rights or
+			// the PD keeps the mapping, mr_copiers.h).
 			ps.push_back({static_cast<char *>(local[li].iov_base) + lo,
 				      static_cast<char *>(remote[ri].base) + ro, n, k, dir,
 				      (k == seg_kind::peer && !same_process) ||
 					      k == seg_kind::peer_checked,
-				      by_addr ? remote[ri].mr : nullptr, remote[ri].mr_cookie});
+				      remote[ri].mr, remote[ri].mr_cookie});
 			total += n;
 		}
 		lo += n;

@@ -60,9 +60,10 @@ struct rseg {
 	// A mapped segment: the address of base's byte in the owner (atomics
 	// lock by it, so that every process agrees on the lock of a word).
 	uint64_t owner_addr = 0;
-	// A segment reached by the owner's addresses (peer, peer_checked): the
-	// registration it is of, which each copy holds (mr_copiers.h) so that
-	// the owner's dereg or rereg waits it out.
+	// A segment of a registration (reached by the owner's addresses, or
+	// through a mapping of its memory): the registration, which each copy
+	// holds (mr_copiers.h) so that the owner's dereg or rereg waits it
+	// out.
 	sv_mr_rec *mr = nullptr;
 	uint32_t mr_cookie = 0;
 };
