@@ -510,6 +510,7 @@ struct loop_qp {
 		uint32_t type = 0;
 		uint32_t port_now = 0; // Its port (a QP may move, RESET->INIT)
 		int32_t pid = 0;
+		int64_t alive_tick = 0; // The coarse tick its owner was last found alive in
 	};
 	struct express_memo {
 		// The local key of its last express WRITE or SEND (plain memory).

@@ -9,8 +9,9 @@
  *                         for "READY", then SEND (sizes 1 B..1 MiB), RDMA
  *                         WRITE / READ, atomics, all verified; "DONE".
  *   sv_peer victim DEV    like server, but sits still (to be SIGKILLed).
- *   sv_peer survivor DEV [sends]  streams RDMA WRITEs and SENDs (with
- *                         "sends": SENDs only, slowly) at the victim,
+ *   sv_peer survivor DEV [sends|small]  streams RDMA WRITEs and SENDs
+ *                         (with "sends": SENDs only, slowly; "small": the
+ *                         same of 64 bytes) at the victim,
  *                         prints "STREAMING" once traffic flows, and after
  *                         the victim dies reports "ERR <status> flushed=N
  *                         ok_after=0 posted=N first_err_wr=N" (flushed must
@@ -222,7 +223,8 @@ static void run_client(const char *dev)
 	printf("DONE\n");
 }
 
-/* sends: SENDs only (64 KiB into the victim's 200 receives), and once
+/* sends: SENDs only (64 KiB into the victim's 200 receives; 2: 64 bytes,
+ * which touch none of the victim's memory when it stays in place), and once
  * streaming one per millisecond, so that the first WR to meet the dead
  * victim after the requester's caches expire is surely a SEND. */
 static void run_survivor(const char *dev, int sends)
@@ -257,7 +259,8 @@ static void run_survivor(const char *dev, int sends)
 			if (sends && (sent >= 190 || (streaming && posted != done)))
 				break; /* The victim has 200 receives; one at a time */
 			int send = sends || ((posted % 8) == 7 && sent < 150);
-			struct ibv_sge ss = svt_sge(s.mr, (posted % 32) * 65536, 65536);
+			struct ibv_sge ss =
+				svt_sge(s.mr, (posted % 32) * 65536, sends == 2 ? 64 : 65536);
 			int r;
 			if (send) {
 				r = svt_post_send1(s.qp, posted, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0);
@@ -540,7 +543,10 @@ int main(int argc, char **argv)
 	else if (!strcmp(argv[1], "client"))
 		run_client(argv[2]);
 	else if (!strcmp(argv[1], "survivor"))
-		run_survivor(argv[2], argc > 3 && !strcmp(argv[3], "sends"));
+		run_survivor(argv[2], argc < 4			 ? 0
+				      : !strcmp(argv[3], "sends") ? 1
+				      : !strcmp(argv[3], "small") ? 2
+								  : 0);
 	else if (!strcmp(argv[1], "batch-target"))
 		run_batch_target(argv[2], argc > 3 ? argv[3] : NULL);
 	else if (!strcmp(argv[1], "batch") && argc > 3)

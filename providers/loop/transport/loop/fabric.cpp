@@ -249,6 +249,30 @@ uint64_t fabric::process_start_time(pid_t pid)
 	return strtoull(p, nullptr, 10);
 }
 
+bool fabric::process_exited(pid_t pid)
+{
+	char buf[2048];
+	const char *p = proc_stat_fields(pid, buf);
+	// Field 3, the state: Z a zombie (exited, not reaped by its parent),
+	// X dead.  A zombie thread group leader whose other threads still
+	// run (the main thread called pthread_exit) shows Z too: only a
+	// process with one thread left is gone.
+	if (!p || p[0] != ' ' || (p[1] != 'Z' && p[1] != 'X'))
+		return false;
+	char path[40];
+	snprintf(path, sizeof(path), "/proc/%d/status", static_cast<int>(pid));
+	int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+	::close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	const char *t = strstr(buf, "\nThreads:");
+	return t && strtol(t + 9, nullptr, 10) <= 1;
+}
+
 bool fabric::process_stopped(pid_t pid)
 {
 	char buf[2048];
@@ -591,7 +615,12 @@ bool fabric::slot_dead_locked(int slot)
 	// reaping a live process's QPs and keys would be far worse than
 	// keeping a dead lease until the next look.
 	uint64_t st = process_start_time(static_cast<pid_t>(l.pid));
-	return st && st != l.start_time;
+	if (st && st != l.start_time)
+		return true;
+	// The same process, exited but not yet reaped by its parent: its
+	// queues will never be read again (an HCA's QPs go at exit, before
+	// the zombie stage), so its SENDs must not wait on it for ever.
+	return st && process_exited(static_cast<pid_t>(l.pid));
 }
 
 void fabric::reap_locked(int slot)

@@ -64,6 +64,8 @@ public:
 	// Whether process pid is stopped (SIGSTOP, or a tracer's stop): it
 	// will run again, so what it holds is still held.
 	static bool process_stopped(pid_t pid);
+	// Whether pid has exited (a zombie its parent has not reaped yet).
+	static bool process_exited(pid_t pid);
 
 private:
 	int attach(int fd, std::string &error);

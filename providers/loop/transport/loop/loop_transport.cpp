@@ -563,6 +563,12 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 {
 	fabric &fab = *qp->ctx->fab;
 	sv_registry *r = fab.reg();
+	// A receiver that died (its lease not reaped yet) answers nothing: a
+	// completion pushed into its CQ would be read by nobody, and the SEND
+	// must not complete SUCCESS (a small one touches none of its memory,
+	// which would have told).  Believed alive for a coarse tick.
+	if (!p.self && !fab.lease_alive(p.rec.owner_lease, p.rec.owner_gen))
+		return ESRCH;
 	auto cq_ref = [&] {
 		return p.xrc_srq >= 0 ? obj_ref{r->objs[p.xrc_srq].cq_obj, r->objs[p.xrc_srq].cq_gen}
 				      : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
@@ -720,6 +726,7 @@ void memo_peer_keep(loop_qp *qp, loop_qp::peer_memo &pm, const peer &p)
 	pm.type = p.rec.qp_type;
 	pm.port_now = p.rec.port;
 	pm.pid = p.pid;
+	pm.alive_tick = 0;
 	pm.valid = true;
 }
 
@@ -1006,6 +1013,14 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 	if (!len || !memo_peer(qp, m.speer, 0, &m.cq) || !queue_still(r, m.rq, SV_OBJ_RQ) ||
 	    !queue_still(r, m.cq, SV_OBJ_CQ))
 		return false;
+	// Its owner alive (push_peer's look), once a coarse tick: a dead one
+	// goes the general way, which answers nothing.
+	int64_t tick = coarse_now();
+	if (m.speer.alive_tick != tick) {
+		if (!qp->ctx->fab->lease_alive(m.speer.owner_lease, m.speer.owner_gen))
+			return false;
+		m.speer.alive_tick = tick;
+	}
 	std::vector<uint8_t> &buf = qp->resp_wqe_buf;
 	if (buf.size() != m.rqg.entry_size)
 		buf.resize(m.rqg.entry_size);
@@ -1034,7 +1049,7 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 		if (!k.base) {
 			if (len <= SV_CQE_INLINE_MAX && m.cqg.payload_offset)
 				dst = reinterpret_cast<char *>(k.addr + (rs.addr - k.iova));
-		} else if (coarse_now() == k.tick && (pin = k.map.lock())) {
+		} else if (tick == k.tick && (pin = k.map.lock())) {
 			if (hold.take(&qp->ctx->fab->reg()->mrs[rs.lkey >> SV_MR_KEY_BITS], k.cookie))
 				dst = k.base + (rs.addr - k.iova);
 			else
