@@ -190,6 +190,11 @@ struct cm_id {
 	cm_id *listener = nullptr;
 	std::vector<cm_id *> children;
 	event_priv *req_event = nullptr; // CONNECT_REQUEST not retrieved yet
+	// A passive id that left `accepted` before the RTU came (rdma_notify's
+	// COMM_EST, or rdma_disconnect): the RTU may still come, and is no
+	// error then.  est_on_rtu: it brings the ESTABLISHED event, as the
+	// kernel's CM still delivers it after a disconnect before the RTU.
+	bool rtu_late = false, est_on_rtu = false;
 	bool peer_gone = false;
 	int reported = 0, acked = 0;
 	int64_t deadline_ms = 0; // REP (connect) or RTU (accepted) expected by then
@@ -962,6 +967,13 @@ void on_message(cm_id *p, const wire_msg &m)
 		return;
 	}
 	case M_RTU:
+		if (p->state != st::accepted) {
+			// Late (valid_type_for let it through for rtu_late only).
+			if (p->est_on_rtu)
+				push(p, RDMA_CM_EVENT_ESTABLISHED, 0);
+			p->rtu_late = p->est_on_rtu = false;
+			return;
+		}
 		p->state = st::established;
 		push(p, RDMA_CM_EVENT_ESTABLISHED, 0);
 		return;
@@ -1612,7 +1624,8 @@ void on_wire_conn(cm_id *p)
 			continue;
 		// A REJ may answer our REP too (the peer could not use it).
 		bool rej_of_rep = m.type == M_REJ && p->state == st::accepted;
-		if (!rej_of_rep && !valid_type_for(p->state, m.type))
+		if (!rej_of_rep && !valid_type_for(p->state, m.type) &&
+		    !(m.type == M_RTU && p->rtu_late))
 			continue; // Stray or late: a datagram tears nothing down
 		p->resend.clear();
 		p->resend_ms = 0;
@@ -1955,7 +1968,7 @@ void on_conn(cm_id *p)
 			on_eof(p, true);
 			return;
 		}
-		if (!valid_type_for(p->state, m.type)) {
+		if (!valid_type_for(p->state, m.type) && !(m.type == M_RTU && p->rtu_late)) {
 			fprintf(stderr, "softverbs: rdma_cm: unexpected CM message type %u from a peer, connection dropped\n",
 				m.type);
 			on_eof(p, true);
@@ -3610,6 +3623,7 @@ SV_API int rdma_notify(rdma_cm_id *id, ibv_event_type event)
 	// Communication established before the RTU: the RTU is as good as here.
 	if (event == IBV_EVENT_COMM_EST && p->state == st::accepted) {
 		p->state = st::established;
+		p->rtu_late = true; // Dropped when it comes (the kernel's cm_establish)
 		p->resend.clear(); // The REP needs no more sending
 		p->resend_ms = 0;
 		push(p, RDMA_CM_EVENT_ESTABLISHED, 0);
@@ -3631,6 +3645,8 @@ SV_API int rdma_disconnect(rdma_cm_id *id)
 	case st::accepted:
 	case st::established: {
 		qp_to_err(p);
+		if (p->state == st::accepted)
+			p->rtu_late = p->est_on_rtu = true; // The RTU may be on its way
 		wire_msg m = base_msg(p, M_DREQ);
 		if (!send_peer(p, m)) {
 			close_conn(p);
@@ -3714,6 +3730,14 @@ SV_API int rdma_get_cm_event(rdma_event_channel *channel, rdma_cm_event **event)
 				e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
 				e->ev.status = err ? -err : -ECONNRESET;
 			}
+		} else if (e->conn_resp && p->id.qp) {
+			// The connection went before its response was read (the peer
+			// disconnected or died, or this side called rdma_disconnect):
+			// rdma-core's ucma_process_conn_resp fails then, and the
+			// application sees CONNECT_ERROR, never the raw response.
+			qp_to_err(p);
+			e->ev.event = RDMA_CM_EVENT_CONNECT_ERROR;
+			e->ev.status = -ECONNRESET;
 		}
 		c->readers--;
 		*event = &e->ev;

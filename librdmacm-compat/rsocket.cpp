@@ -564,19 +564,27 @@ ssize_t do_recv(rs *s, const iovec *iov, int iovcnt, int flags)
 			return got ? ssize_t(got) : fail(s->err ? s->err : ECONNRESET);
 		if (s->state == st::connected) {
 			size_t qi = 0;
+			uint32_t poff = 0; // MSG_PEEK: bytes of rxq[qi] already copied
 			while (got < total && qi < s->rxq.size()) {
 				rx_buf &b = s->rxq[qi];
 				while (vi < iovcnt && voff == iov[vi].iov_len) {
 					vi++;
 					voff = 0;
 				}
-				size_t n = std::min<size_t>(b.len - b.off, iov[vi].iov_len - voff);
+				uint32_t at = b.off + poff;
+				size_t n = std::min<size_t>(b.len - at, iov[vi].iov_len - voff);
 				memcpy(static_cast<char *>(iov[vi].iov_base) + voff,
-				       s->rbuf + size_t(b.slot) * kSlot + b.off, n);
+				       s->rbuf + size_t(b.slot) * kSlot + at, n);
 				got += n;
 				voff += n;
 				if (peek) {
-					qi++;
+					// The next buffer only once this one is copied whole:
+					// an iovec may fill before it does.
+					poff += static_cast<uint32_t>(n);
+					if (b.off + poff == b.len) {
+						qi++;
+						poff = 0;
+					}
 					continue;
 				}
 				b.off += static_cast<uint32_t>(n);

@@ -1509,6 +1509,23 @@ def test_qp_attributes_follow_the_peers_answer(env, build_dir):
     assert p.returncode == 0 and p.stdout.strip() == "OK sv_cm_params", (p.stdout, p.stderr)
 
 
+@pytest.mark.parametrize("scenario", ["notify", "response", "rtu", "peek"])
+def test_late_cm_messages(env, build_dir, scenario):
+    """tests/progs/sv_cm_late.c (a helper's probe): rdma_notify(COMM_EST)
+    before the RTU, then the RTU (it tore the connection down); a response
+    whose connection went before it was read (the raw CONNECT_RESPONSE
+    reached the application); a passive disconnect while the RTU is on its
+    way (its ESTABLISHED was lost); rsockets' MSG_PEEK into two iovecs
+    (the bytes skipped)."""
+    prog = build_dir / "tests" / "progs" / "sv_cm_late"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs librdmacm-dev)")
+    p = svtest.run([str(prog), scenario, "127.0.0.1"], env, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == f"OK sv_cm_late {scenario}", (p.stdout,
+                                                                                  p.stderr)
+    assert "unexpected CM message" not in p.stderr, p.stderr
+
+
 def test_a_forked_child_has_rdma_cm_of_its_own(env, build_dir):
     """tests/progs/sv_cm_fork.c: after a fork (the parent's CM thread
     running, a connection up), the child connects ids of its own on a
