@@ -332,6 +332,12 @@ struct send_wr {
 	int rnr_left;
 	int retry_left;
 	uint64_t next_try_ns;
+	// LOCAL_INV of a fast-register key, done, waiting for the copies in
+	// flight through it to drain (registration inv_cookie of record
+	// mw_slot) until inv_until_ns: it completes then (mr_local_inv).
+	bool inv_waiting;
+	uint32_t inv_cookie;
+	uint64_t inv_until_ns;
 	uint32_t psn; // Its request's sequence number (engine.h: kNoPsn until it is sent)
 };
 
@@ -684,6 +690,10 @@ inline constexpr ibv_wc_opcode kWcFastReg = static_cast<ibv_wc_opcode>(8);
 // Local memory operations, run by the requester in WR order: BIND_MW,
 // LOCAL_INV, kWrFastReg.  Returns the completion status.
 ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w);
+// LOCAL_INV w: true with its status in st once done; false when the key
+// is invalidated but copies through it are still in flight (w's
+// next_try_ns set: run it again then; the WRs behind it wait).
+bool mr_local_inv(loop_qp *qp, send_wr &w, ibv_wc_status &st);
 // SEND_WITH_INV at the responder: invalidates rkey on behalf of the
 // receiving QP (its owner, PD and, for type 2 windows, the QP itself).
 // Returns 0 or an errno.

@@ -137,5 +137,8 @@ struct mr_copy_holds {
 // most kCopyWaitMs.  Not under the registry's lock (copies take none, but
 // the wait may be long for every process that needs the lock).
 void mr_copy_wait(sv_mr_rec &m, uint32_t cookie);
+// Whether a copy under cookie holds m now (after m was taken out of
+// service: mr_copy_wait's look, for a caller that must not block).
+bool mr_copy_busy(sv_mr_rec &m, uint32_t cookie);
 
 } // namespace loop

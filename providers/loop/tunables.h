@@ -114,6 +114,9 @@ inline constexpr long kServiceStopPollNs = 100000000;
 // most max_msg_sz bytes, well under a second; a copier frozen or killed in
 // one is not waited for longer.
 inline constexpr int kCopyWaitMs = 5000;
+// A LOCAL_INV whose key still has copies in flight looks again this much
+// later (mr_local_inv; the posting call returns at once).
+inline constexpr uint64_t kInvPollNs = 20000;
 
 // ---- The fabric registry (transport/loop/fabric.cpp) ----
 // A process opening a fabric waits this long (in 1 ms steps) for its

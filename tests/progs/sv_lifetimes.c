@@ -1192,9 +1192,9 @@ static void *post_until_stopped(void *arg)
 		}
 		if (!e)
 			atomic_fetch_add(&g_post.posted, 1);
-		else if (e == EINVAL || e == ENOMEM)
-			atomic_fetch_add(&g_post.refused, 1);
-		else
+		else if (e == EINVAL)
+			atomic_fetch_add(&g_post.refused, 1); // Destroyed (or being destroyed)
+		else if (e != ENOMEM) // ENOMEM: the queue is full
 			FAIL("a post racing ibv_destroy_qp returned %d (%s)", e, strerror(e));
 	}
 	return NULL;

@@ -38,7 +38,9 @@
  *             threads deregisters during the copy and then reuses: no byte
  *             of the READ lands after ibv_dereg_mr returned (the READ
  *             completes SUCCESS or LOC_PROT_ERR), on both transports' ways
- *             (the response's buffer was not held against the dereg)
+ *             (the response's buffer was not held against the dereg); one
+ *             READ, or two in one post (staged in a batch before the bytes
+ *             move: its holds went with the staging, a review found)
  *   race-inv  a peer WRITEing through a fast-register key while the owner
  *             invalidates it (LOCAL_INV) and reuses the memory: no byte
  *             lands after the LOCAL_INV completed
@@ -157,13 +159,33 @@ static int read_race_round(struct ibv_pd *pd, uint32_t len, unsigned delay_us)
 	struct read_race r = {.buf = buf, .len = len, .delay_us = delay_us};
 	r.mr = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(r.mr);
-	struct ibv_sge s = {(uintptr_t)buf, len, r.mr->lkey};
+	/* Odd rounds: two READs of half each, in one post (the requester
+	 * batches them, staging the first before the bytes move). */
+	int chained = delay_us & 1;
+	uint32_t half = len / 2;
+	struct ibv_sge s[2] = {{(uintptr_t)buf, chained ? half : len, r.mr->lkey},
+			       {(uintptr_t)buf + half, len - half, r.mr->lkey}};
+	struct ibv_send_wr wr[2] = {
+		{.wr_id = 1, .next = chained ? &wr[1] : NULL, .sg_list = &s[0], .num_sge = 1,
+		 .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED},
+		{.wr_id = 2, .sg_list = &s[1], .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+		 .send_flags = IBV_SEND_SIGNALED}};
+	wr[0].wr.rdma.remote_addr = B->addr;
+	wr[0].wr.rdma.rkey = B->rkey;
+	wr[1].wr.rdma.remote_addr = B->addr + half;
+	wr[1].wr.rdma.rkey = B->rkey;
 	pthread_t t;
 	CHECK(pthread_create(&t, NULL, read_race_dereg, &r) == 0);
 	atomic_store(&r.go, 1);
-	CHECK(svt_post_send1(QP, 1, IBV_WR_RDMA_READ, &s, 1, IBV_SEND_SIGNALED, B->addr,
-			     B->rkey) == 0);
+	struct ibv_send_wr *bad;
+	CHECK(ibv_post_send(QP, wr, &bad) == 0);
 	struct ibv_wc wc = svt_wait(CQ, "a READ whose buffer goes");
+	if (chained && wc.status == IBV_WC_SUCCESS) {
+		struct ibv_wc w2 = svt_wait(CQ, "the second READ whose buffer goes");
+		wc.status = w2.status;
+	} else if (chained) {
+		svt_wait(CQ, "the READ flushed behind the first");
+	}
 	CHECK(pthread_join(t, NULL) == 0);
 	usleep(1000); /* Anything still on its way lands */
 	int st = wc.status;
@@ -1255,6 +1277,15 @@ static struct ibv_mr *fast_reg(char *m, size_t len)
 static void sc_race_inv(void)
 {
 	size_t len = PEER_BUF;
+	/* The LOCAL_INVs go on a QP of their own (connected to itself): the
+	 * peer's WRITE that meets the invalidated key takes QP to ERR, which
+	 * would flush a LOCAL_INV still waiting for copies there. */
+	struct ibv_cq *icq = ibv_create_cq(D.ctx, 16, NULL, NULL, 0);
+	CHECK(icq);
+	struct svt_qpopt io = {.type = IBV_QPT_RC, .scq = icq, .rcq = icq, .max_send_wr = 16};
+	struct ibv_qp *iqp = svt_qp(&D, &io);
+	struct svt_conn ic = {SVT_ALL_ACCESS, 12, 14, 7, 7};
+	svt_connect(iqp, iqp->qp_num, D.lid, &ic);
 	for (int round = 0; round < 10; round++) {
 		char *m = anon(len);
 		struct ibv_mr *mr = fast_reg(m, len);
@@ -1268,8 +1299,8 @@ static void sc_race_inv(void)
 					  .send_flags = IBV_SEND_SIGNALED,
 					  .invalidate_rkey = mr->rkey};
 		struct ibv_send_wr *bad;
-		CHECK_EQ(ibv_post_send(QP, &inv, &bad), 0);
-		struct ibv_wc wc = svt_wait(CQ, "LOCAL_INV");
+		CHECK_EQ(ibv_post_send(iqp, &inv, &bad), 0);
+		struct ibv_wc wc = svt_wait(icq, "LOCAL_INV");
 		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 78)
 			FAIL("LOCAL_INV completed %s (wr_id %llu)", ibv_wc_status_str(wc.status),
 			     (unsigned long long)wc.wr_id);
@@ -1285,6 +1316,8 @@ static void sc_race_inv(void)
 		munmap(m, len);
 		reconnect_both();
 	}
+	CHECK_EQ(ibv_destroy_qp(iqp), 0);
+	CHECK_EQ(ibv_destroy_cq(icq), 0);
 }
 
 /* Warm WRITEs of 64 bytes at 64 * i, checked. */

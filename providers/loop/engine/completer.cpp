@@ -146,6 +146,8 @@ uint64_t give_up(loop_qp *qp, send_wr &w, ibv_wc_status fail)
 // the time of the next try, or 0 when w failed.  Caller holds sq_lock.
 uint64_t book_retry(loop_qp *qp, send_wr &w, step s, uint64_t now)
 {
+	if (s == step::wait)
+		return w.next_try_ns; // Its own time, no retry counted (step::wait)
 	ibv_wc_status fail = IBV_WC_SUCCESS;
 	const transport_ops &t = active_transport();
 	tp_liveness live{};

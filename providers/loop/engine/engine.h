@@ -23,6 +23,7 @@ enum class step {
 	done,	     // Completed (successfully or not)
 	rnr,	     // The responder had no receive WQE: retry after its RNR timer
 	unreachable, // No live QP answered, or no answer came: retry after the QP's timeout
+	wait,	     // A local operation waits (next_try_ns set): run it again then, nothing counted
 };
 
 // No sequence number given yet (send_wr::psn).
@@ -73,6 +74,9 @@ struct rdma_batch {
 	bool read = false;
 	uint64_t first = 0;	       // The first WR's sq_index
 	small_vec<tp_move, 64> ops; // One per WR, filled in by rdma_flush
+	// READs: the registrations of their local buffers, held from the
+	// gather until rdma_flush placed the responses (local_buf::holds).
+	mr_copy_holds holds;
 };
 // Stages w, whose WQE is written next (its inline data at inline_copy),
 // into b: false, having changed nothing, when w is not a WRITE or READ of

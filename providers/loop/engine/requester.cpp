@@ -543,7 +543,14 @@ step run_ud(loop_qp *qp, send_wr &w)
 	// Local memory operations: run here, in WR order.  Every WR before
 	// them has completed (the requester runs one WR at a time), so a fence
 	// holds by construction.
-	if (w.opcode == IBV_WR_LOCAL_INV || w.opcode == IBV_WR_BIND_MW || w.opcode == kWrFastReg) {
+	if (w.opcode == IBV_WR_LOCAL_INV) {
+		ibv_wc_status st;
+		if (!mr_local_inv(qp, w, st))
+			return step::wait; // Copies through the key still in flight
+		complete(qp, w, st, 0);
+		return step::done;
+	}
+	if (w.opcode == IBV_WR_BIND_MW || w.opcode == kWrFastReg) {
 		complete(qp, w, mr_local_op(qp, w), 0);
 		return step::done;
 	}
@@ -627,6 +634,11 @@ bool rdma_stage(loop_qp *qp, send_wr &w, const void *inline_copy, rdma_batch &b)
 			return false;
 	if (read && (gather_local(qp, w, true, lb) != IBV_WC_SUCCESS || lb.checked))
 		return false;
+	// The response's buffer stays held until the batch is flushed (lb's
+	// holds go with lb).  One out of service since: w runs alone.
+	for (const auto &h : lb.holds.held)
+		if (!b.holds.add(h.mr, h.cookie))
+			return false;
 	if (w.is_inline) // w is the caller's scratch: the WQE's copy stays
 		lb.iov[0].iov_base = const_cast<void *>(inline_copy);
 	// Staged whole or not at all.
@@ -735,6 +747,7 @@ void rdma_flush(loop_qp *qp, rdma_batch &b)
 	qp->batch_local.clear();
 	qp->batch_remote.clear();
 	b.ops.clear();
+	b.holds.drop(); // Every response placed (or none will be, from here)
 	// Completed WRs leave the queue only now (sq_set_cons drops the head).
 	bool head = qp->sq_head_valid;
 	sq_set_cons(qp, next);

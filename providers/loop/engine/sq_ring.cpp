@@ -157,6 +157,7 @@ ibv_wc_status wqe_read(loop_qp *qp, uint64_t index, send_wr &w)
 	w.flags = q.ctrl.send_flags;
 	w.rnr_left = qp->attr.rnr_retry;
 	w.retry_left = qp->attr.retry_cnt;
+	w.inv_waiting = false;
 	w.next_try_ns = 0;
 	w.psn = kNoPsn;
 	w.is_inline = false;
@@ -385,6 +386,7 @@ template <typename Sge> inline bool sges_too_long(const Sge *s, uint32_t n)
 		w.xrc_srqn = in->qp_type.xrc.remote_srqn;
 	w.rnr_left = qp->attr.rnr_retry;
 	w.retry_left = qp->attr.retry_cnt;
+	w.inv_waiting = false;
 	w.next_try_ns = 0;
 	return 0;
 }
@@ -602,6 +604,7 @@ void publish(loop_qp *qp, send_wr &w, uint64_t posted)
 	w.xrc_srqn = 0;
 	w.rnr_left = qp->attr.rnr_retry;
 	w.retry_left = qp->attr.retry_cnt;
+	w.inv_waiting = false;
 	w.next_try_ns = 0;
 	w.sq_index = posted;
 	w.psn = kNoPsn;
@@ -760,6 +763,7 @@ int qp_post_batch(loop_qp *qp, send_wr *wrs, size_t n)
 			send_wr &w = wrs[i];
 			w.rnr_left = qp->attr.rnr_retry;
 			w.retry_left = qp->attr.retry_cnt;
+			w.inv_waiting = false;
 			w.next_try_ns = 0;
 			ret = submit(qp, w, state, need_progress, b, i + 1 < n);
 		}

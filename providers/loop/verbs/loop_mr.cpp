@@ -167,13 +167,15 @@ void mr_begin_change(sv_mr_rec &m)
 	std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
+bool mr_copy_busy(sv_mr_rec &m, uint32_t cookie)
+{
+	uint64_t v = std::atomic_ref<uint64_t>(m.copiers).load(std::memory_order_seq_cst);
+	return static_cast<uint32_t>(v >> 32) == cookie && static_cast<uint32_t>(v) != 0;
+}
+
 void mr_copy_wait(sv_mr_rec &m, uint32_t cookie)
 {
-	std::atomic_ref<uint64_t> w(m.copiers);
-	auto busy = [&] {
-		uint64_t v = w.load(std::memory_order_seq_cst);
-		return static_cast<uint32_t>(v >> 32) == cookie && static_cast<uint32_t>(v) != 0;
-	};
+	auto busy = [&] { return mr_copy_busy(m, cookie); };
 	if (!busy())
 		return;
 	uint64_t start = now_ns();
@@ -1538,8 +1540,18 @@ ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w)
 	switch (w.opcode) {
 	case IBV_WR_BIND_MW:
 		return bind_run(qp, w);
-	case IBV_WR_LOCAL_INV: {
-		fabric &fab = *qp->ctx->fab;
+	default:
+		if (w.opcode == kWrFastReg)
+			return fast_reg_run(qp, w);
+		return IBV_WC_LOC_QP_OP_ERR;
+	}
+}
+
+bool mr_local_inv(loop_qp *qp, send_wr &w, ibv_wc_status &st)
+{
+	fabric &fab = *qp->ctx->fab;
+	uint64_t now = now_ns();
+	if (!w.inv_waiting) {
 		sv_mr_rec *wait;
 		uint32_t cookie = 0;
 		int err;
@@ -1549,17 +1561,27 @@ ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w)
 						qp->pdn, qp->qpn, w.invalidate_rkey, false, &wait,
 						&cookie);
 		}
-		// Complete once no copy through the key is left, as an HCA's
-		// invalidation: its memory is the application's to reuse then.
-		if (wait)
-			mr_copy_wait(*wait, cookie);
-		return err ? IBV_WC_LOC_QP_OP_ERR : IBV_WC_SUCCESS;
+		if (err || !wait) {
+			st = err ? IBV_WC_LOC_QP_OP_ERR : IBV_WC_SUCCESS;
+			return true;
+		}
+		w.inv_waiting = true;
+		w.mw_slot = static_cast<uint32_t>(wait - fab.reg()->mrs);
+		w.inv_cookie = cookie;
+		w.inv_until_ns = now + uint64_t(kCopyWaitMs) * 1000000;
 	}
-	default:
-		if (w.opcode == kWrFastReg)
-			return fast_reg_run(qp, w);
-		return IBV_WC_LOC_QP_OP_ERR;
+	// Complete once no copy through the key is left, as an HCA's
+	// invalidation does: its memory is the application's to reuse then.
+	// Not waited for in the posting call (nor in the progress thread):
+	// the WR stays at the head and is looked at again, at most
+	// kCopyWaitMs (a copier frozen or killed inside its copy).
+	if (mr_copy_busy(fab.reg()->mrs[w.mw_slot], w.inv_cookie) && now < w.inv_until_ns) {
+		w.next_try_ns = now + kInvPollNs;
+		return false;
 	}
+	w.inv_waiting = false;
+	st = IBV_WC_SUCCESS;
+	return true;
 }
 
 int mr_remote_invalidate(fabric &fab, uint32_t owner_lease, uint32_t pdn, uint32_t qpn,

@@ -986,19 +986,17 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		*bad = wr;
 		return life_bad("ibv_post_recv", qp, qp->life, kLifeQp);
 	}
-	if (!qp->rq) {
-		*bad = wr;
-		return EINVAL; // SRQ attached, or a send-only QP
-	}
 	sv_qp_rec &rec = qp->ctx->fab->reg()->qps[qp->slot];
 	if (qp_state_ref(rec).load(std::memory_order_acquire) == IBV_QPS_RESET) {
 		*bad = wr;
 		return EINVAL;
 	}
 	std::lock_guard<qlock> g(qp->rq_lock);
+	// No ring: an SRQ attached, a send-only QP, or destroyed by another
+	// thread meanwhile (rq_destroy clears it under rq_lock).
 	if (!qp->rq || !qp->life.is(kLifeQp)) [[unlikely]] {
 		*bad = wr;
-		return EINVAL; // Destroyed by another thread meanwhile
+		return EINVAL;
 	}
 	if (qp->rq_agent) {
 		*bad = wr;

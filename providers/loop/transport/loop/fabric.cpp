@@ -231,12 +231,14 @@ const char *proc_stat_fields(pid_t pid, char (&buf)[2048])
 
 } // namespace
 
-uint64_t fabric::process_start_time(pid_t pid)
+uint64_t fabric::process_start_time(pid_t pid, char *state)
 {
 	char buf[2048];
 	const char *p = proc_stat_fields(pid, buf);
 	if (!p)
 		return 0;
+	if (state)
+		*state = p[0] == ' ' ? p[1] : '?'; // Field 3
 	// Start time is field 22.
 	for (int field = 2; field < 22; field++) {
 		p = strchr(p, ' ');
@@ -252,13 +254,6 @@ uint64_t fabric::process_start_time(pid_t pid)
 bool fabric::process_exited(pid_t pid)
 {
 	char buf[2048];
-	const char *p = proc_stat_fields(pid, buf);
-	// Field 3, the state: Z a zombie (exited, not reaped by its parent),
-	// X dead.  A zombie thread group leader whose other threads still
-	// run (the main thread called pthread_exit) shows Z too: only a
-	// process with one thread left is gone.
-	if (!p || p[0] != ' ' || (p[1] != 'Z' && p[1] != 'X'))
-		return false;
 	char path[40];
 	snprintf(path, sizeof(path), "/proc/%d/status", static_cast<int>(pid));
 	int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -614,13 +609,17 @@ bool fabric::slot_dead_locked(int slot)
 	// descriptors, or the process exiting just now) says nothing, and
 	// reaping a live process's QPs and keys would be far worse than
 	// keeping a dead lease until the next look.
-	uint64_t st = process_start_time(static_cast<pid_t>(l.pid));
+	char state = '?';
+	uint64_t st = process_start_time(static_cast<pid_t>(l.pid), &state);
 	if (st && st != l.start_time)
 		return true;
-	// The same process, exited but not yet reaped by its parent: its
-	// queues will never be read again (an HCA's QPs go at exit, before
-	// the zombie stage), so its SENDs must not wait on it for ever.
-	return st && process_exited(static_cast<pid_t>(l.pid));
+	// The same process, exited but not yet reaped by its parent (state Z
+	// a zombie, X dead): its queues will never be read again (an HCA's
+	// QPs go at exit, before the zombie stage), so its SENDs must not
+	// wait on it for ever.  A zombie thread group leader whose other
+	// threads still run (the main thread called pthread_exit) shows Z
+	// too: process_exited counts its threads.
+	return st && (state == 'Z' || state == 'X') && process_exited(static_cast<pid_t>(l.pid));
 }
 
 void fabric::reap_locked(int slot)

@@ -60,11 +60,12 @@ public:
 	int reap_dead();
 
 	static std::string registry_name(const std::string &fabric_name);
-	static uint64_t process_start_time(pid_t pid);
+	// Its start time (0: unknown), and in *state its state letter.
+	static uint64_t process_start_time(pid_t pid, char *state = nullptr);
 	// Whether process pid is stopped (SIGSTOP, or a tracer's stop): it
 	// will run again, so what it holds is still held.
 	static bool process_stopped(pid_t pid);
-	// Whether pid has exited (a zombie its parent has not reaped yet).
+	// Whether pid, a zombie by its state, has exited: one thread left.
 	static bool process_exited(pid_t pid);
 
 private:
