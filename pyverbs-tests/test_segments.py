@@ -414,3 +414,68 @@ def test_fd_mr_copy_path(build_dir, env, softverbs, fabric, sealed):
     else:
         assert "mapped-file" in paths and "mapped-direct" not in paths, show
     assert "cross-memory-attach " not in paths + " ", show
+
+
+def abstract_dgram_sockets(pid):
+    """The abstract names (without the leading NUL) of pid's AF_UNIX
+    datagram sockets."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    names = []
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            # Num RefCount Protocol Flags Type St Inode [Path]
+            if len(cols) >= 8 and cols[6] in inodes and cols[4] == "0002" and \
+                    cols[7].startswith("@"):
+                names.append(cols[7][1:])
+    return names
+
+
+FORGE = r"""
+import socket, struct, sys
+for name in sys.argv[2:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for typ in map(int, sys.argv[1].split(",")):
+        s.sendto(struct.pack("IIII", typ, 0, 1, 0), b"\0" + name.encode())
+    s.close()
+"""
+
+
+def test_another_user_cannot_raise_async_events(build_dir, env, fabric):
+    """A context's async events come as datagrams to an abstract socket,
+    which takes no permission check and whose name /proc/net/unix shows to
+    everyone: another user sent DEVICE_FATAL and PORT_ERR into root's
+    contexts (a helper's probe).  Now each datagram's sender credentials
+    are checked: the other user's are dropped, our own user's (a
+    PORT_ACTIVE, the positive control) arrive."""
+    need_two_uids()
+    prog = svtest.built_prog(build_dir, "sv_async")
+    victim = subprocess.Popen([prog, "listen", "3000"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert victim.stdout.readline().strip() == "READY"
+        names = abstract_dgram_sockets(victim.pid)
+        assert names, "the victim has no abstract datagram socket"
+        forged = subprocess.run(as_attacker(FORGE, "8,10", *names), capture_output=True,
+                                text=True, timeout=svtest.TIMEOUT, env=ATTACKER_ENV)
+        assert forged.returncode == 0, forged.stderr
+        own = subprocess.run([svtest.PYTHON, "-c", FORGE, "9", *names], capture_output=True,
+                             text=True, timeout=svtest.TIMEOUT)
+        assert own.returncode == 0, own.stderr
+        out, err = victim.communicate(timeout=30)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.communicate()
+    assert victim.returncode == 0, err
+    events = [l for l in out.splitlines() if l.startswith("EVENT")]
+    # IBV_EVENT_PORT_ACTIVE (9) on port 1 from our own user, nothing else.
+    assert events == ["EVENT 9 1"], out

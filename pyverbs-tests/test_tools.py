@@ -117,6 +117,23 @@ def test_softverbs_run_sets_library_path(softverbs_run, tool_env, build_dir, fab
 
 # ---- the softverbs command ----
 
+def test_softverbs_does_not_wait_on_a_fifo(softverbs, tool_env, fabric):
+    """A FIFO named as a fabric's registry (anyone may make one under the
+    user's prefix in /dev/shm): the tool's open waited for a writer that
+    never came, and list, show and clean hung (a helper's probe).  Now each
+    answers at once and says it is not a regular file."""
+    path = f"/dev/shm/softverbs-{os.geteuid()}-{fabric}"
+    os.mkfifo(path, 0o600)
+    try:
+        listing = run([softverbs, "list"], tool_env, timeout=20).stdout
+        row = [l for l in listing.splitlines() if l.split()[:1] == [fabric]]
+        assert row and "not a regular file" in row[0], listing
+        p = run([softverbs, "show", fabric], tool_env, timeout=20)
+        assert p.returncode != 0 and "not a regular file" in p.stdout + p.stderr, p
+    finally:
+        os.unlink(path)
+
+
 def test_softverbs_help_and_usage_errors(softverbs, tool_env):
     p = run([softverbs, "--help"], tool_env)
     assert p.returncode == 0 and "list" in p.stdout and "clean" in p.stdout

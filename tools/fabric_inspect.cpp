@@ -57,7 +57,7 @@ raw_segment read_header(const std::string &dir, const std::string &prefix, const
 	raw_segment s;
 	s.name = file.substr(prefix.size());
 	s.path = dir + "/" + file;
-	int fd = open(s.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int fd = open(s.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); // A FIFO: no wait for a writer
 	if (fd < 0) {
 		s.error = s.path + ": " + strerror(errno);
 		return s;
@@ -124,7 +124,7 @@ raw_segment read_header(const std::string &dir, const std::string &prefix, const
 // from it is bounded here: the writer may be buggy or have died mid-update.
 void read_registry(fabric_info &f)
 {
-	int fd = open(f.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int fd = open(f.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0) {
 		f.status = seg_status::unreadable;
 		f.error = f.path + ": " + strerror(errno);

@@ -94,6 +94,16 @@ int open_async_socket()
 	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -1;
+	// An abstract address takes no permission check, and its name is in
+	// the world-readable /proc/net/unix: each datagram carries its
+	// sender's credentials, and loop_get_async_event takes only its own
+	// user's (a helper's probe: another user raised DEVICE_FATAL and
+	// QP_FATAL in root's contexts).
+	int on = 1;
+	if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) < 0) {
+		close(fd);
+		return -1;
+	}
 	sockaddr_un sa{};
 	sa.sun_family = AF_UNIX;
 	if (bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa_family_t)) < 0) {
@@ -204,35 +214,64 @@ int loop_get_async_event(ibv_context *ctx, ibv_async_event *event)
 	loop_context *lctx = to_loop_context(ctx);
 	sv_async_msg msg;
 	for (;;) {
-		ssize_t n = recv(lctx->async_fd, &msg, sizeof(msg), 0);
+		iovec v{&msg, sizeof(msg)};
+		alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(ucred))];
+		msghdr mh{};
+		mh.msg_iov = &v;
+		mh.msg_iovlen = 1;
+		mh.msg_control = cbuf;
+		mh.msg_controllen = sizeof(cbuf);
+		ssize_t n = recvmsg(lctx->async_fd, &mh, MSG_CMSG_CLOEXEC);
 		if (n < 0)
 			return errno;
 		if (n != sizeof(msg))
 			continue;
+		// Only a process of our own user raises our events (the
+		// fabric is per user): anything else is dropped.
+		const cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		ucred who{};
+		if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_CREDENTIALS ||
+		    c->cmsg_len != CMSG_LEN(sizeof(ucred)))
+			continue;
+		memcpy(&who, CMSG_DATA(c), sizeof(who));
+		if (who.uid != geteuid())
+			continue;
 		event->event_type = static_cast<ibv_event_type>(msg.type);
+		// The object's generation must be the message's: an event for an
+		// object destroyed since, whose slot a new one took, is the old
+		// one's and goes with it (as uverbs drops a destroyed object's).
 		switch (msg.type) {
-		case IBV_EVENT_CQ_ERR:
-			event->element.cq = static_cast<ibv_cq *>(objects_find(SV_OBJ_CQ, msg.slot));
-			if (event->element.cq)
+		case IBV_EVENT_CQ_ERR: {
+			auto *cq = static_cast<ibv_cq *>(objects_find(SV_OBJ_CQ, msg.slot));
+			if (cq && to_loop_cq(cq)->ref.gen == msg.generation) {
+				event->element.cq = cq;
 				return 0;
+			}
 			break;
+		}
 		case IBV_EVENT_SRQ_LIMIT_REACHED:
-		case IBV_EVENT_SRQ_ERR:
-			event->element.srq =
-				static_cast<ibv_srq *>(objects_find(SV_OBJ_SRQ, msg.slot));
-			if (event->element.srq)
+		case IBV_EVENT_SRQ_ERR: {
+			auto *srq = static_cast<ibv_srq *>(objects_find(SV_OBJ_SRQ, msg.slot));
+			if (srq && to_loop_srq(srq)->ref.gen == msg.generation) {
+				event->element.srq = srq;
 				return 0;
+			}
 			break;
+		}
 		case IBV_EVENT_QP_FATAL:
 		case IBV_EVENT_QP_REQ_ERR:
 		case IBV_EVENT_QP_ACCESS_ERR:
 		case IBV_EVENT_COMM_EST:
 		case IBV_EVENT_SQ_DRAINED:
-		case IBV_EVENT_QP_LAST_WQE_REACHED:
-			event->element.qp = static_cast<ibv_qp *>(objects_find(kObjQp, msg.slot));
-			if (event->element.qp)
+		case IBV_EVENT_QP_LAST_WQE_REACHED: {
+			// A QP number carries the low bits of its slot's generation.
+			auto *qp = static_cast<ibv_qp *>(objects_find(kObjQp, msg.slot));
+			if (qp && (qp->qp_num >> SV_QPN_SLOT_BITS) == (msg.generation & SV_QPN_SLOT_MASK)) {
+				event->element.qp = qp;
 				return 0;
+			}
 			break;
+		}
 		case IBV_EVENT_PORT_ACTIVE:
 		case IBV_EVENT_PORT_ERR:
 		case IBV_EVENT_LID_CHANGE:
