@@ -516,8 +516,12 @@ static void sc_ud(void)
 	aa.dlid = p.b.lid;
 	aa.port_num = 1;
 	aa.sl = 3;
+	/* The sender's source path bits are not the receiver's DLID path
+	 * bits, which with LMC 0 are none (a helper saw 3 reported). */
+	aa.src_path_bits = 3;
 	struct ibv_ah *ah_lid = ibv_create_ah(p.a.pd, &aa);
 	CHECK(ah_lid);
+	aa.src_path_bits = 0;
 	aa.is_global = 1;
 	aa.grh.dgid = p.b.gid;
 	aa.grh.sgid_index = 0;
@@ -553,6 +557,7 @@ static void sc_ud(void)
 		CHECK_EQ(wc.src_qp, p.qa->qp_num);
 		CHECK_EQ(wc.slid, p.a.lid);
 		CHECK_EQ(wc.sl, 3);
+		CHECK_EQ(wc.dlid_path_bits, 0);
 		CHECK_EQ(!!(wc.wc_flags & IBV_WC_GRH), g);
 		CHECK(memcmp(B + 40, A, 200) == 0);
 		CHECK((unsigned char)B[240] == 0xcc);

@@ -253,7 +253,11 @@ tp_answer respond_ud(const transport_ops &t, loop_qp *qp, const peer &p, const t
 	rcv.status = rs;
 	rcv.opcode = IBV_WC_RECV;
 	rcv.byte_len = static_cast<uint32_t>(lb.len + sizeof(ibv_grh));
-	rcv.dlid_path_bits = w.ah.src_path_bits;
+	// The receiver's DLID path bits (the low LMC bits of the DLID it was
+	// sent to): every port has LMC 0 (loop_query.cpp), so none.  Not the
+	// sender's source path bits, which ibv_init_ah_from_wc would copy into
+	// the reply's AH.
+	rcv.dlid_path_bits = 0;
 	if (r.grh_valid)
 		rcv.wc_flags |= IBV_WC_GRH;
 	if (w.opcode == IBV_WR_SEND_WITH_IMM) {
