@@ -189,11 +189,15 @@ static int read_race_round(struct ibv_pd *pd, uint32_t len, unsigned delay_us)
 	CHECK(pthread_join(t, NULL) == 0);
 	usleep(1000); /* Anything still on its way lands */
 	int st = wc.status;
-	for (size_t i = 0; i < len; i++)
-		if ((unsigned char)buf[i] != 0x5a) {
+	static char reused[65536];
+	memset(reused, 0x5a, sizeof(reused));
+	for (size_t off = 0; off < len; off += sizeof(reused)) {
+		size_t n = len - off < sizeof(reused) ? len - off : sizeof(reused);
+		if (memcmp(buf + off, reused, n)) {
 			st = 1001;
 			break;
 		}
+	}
 	munmap(buf, len);
 	return st;
 }
@@ -392,7 +396,8 @@ static int peer_req(int op, struct ibv_mr *mr, size_t off, uint32_t len, unsigne
 	atomic_store(&B->req, n);
 	if (op == OP_STORM || !wait)
 		return 0;
-	uint64_t end = svt_now_ms() + 10000;
+	/* OP_READ_RACE is 40 rounds of 16 MiB (a minute under TSan). */
+	uint64_t end = svt_now_ms() + (op == OP_READ_RACE ? 180000 : 10000);
 	while (atomic_load(&B->done) != n) {
 		if (svt_now_ms() > end)
 			FAIL("peer did not answer op %d", op);
@@ -1165,27 +1170,42 @@ static void reconnect_both(void)
 	storm_wait();
 }
 
+/* Starts the peer's storm of WRITEs of len bytes into mr (OP_STORM) and
+ * waits until min_ok of them completed. */
+static void storm_start(struct ibv_mr *mr, uint32_t len, unsigned seed, long min_ok)
+{
+	atomic_store(&B->stop, 0);
+	atomic_store(&B->storm_ok, 0);
+	atomic_store(&B->storm_err, 0);
+	peer_do(OP_STORM, mr, 0, len, seed);
+	while (atomic_load(&B->storm_ok) < min_ok)
+		usleep(50);
+}
+
+/* After the storm's key went (what: how): the memory's next use, [m, m +
+ * len) filled from seed, keeps every byte while the storm goes on, and
+ * the storm ends in REM_ACCESS_ERR. */
+static void storm_end(char *m, size_t len, unsigned seed, const char *what)
+{
+	svt_fill(m, len, seed);
+	usleep(20000);
+	atomic_store(&B->stop, 1);
+	storm_wait();
+	check_bytes(m, len, seed, what);
+	if (B->status != IBV_WC_REM_ACCESS_ERR)
+		FAIL("the peer's WRITEs after %s ended with %s", what,
+		     ibv_wc_status_str(B->status));
+}
+
 static void sc_race(void)
 {
 	size_t len = 16 * PAGE;
 	for (int round = 0; round < 20; round++) {
 		char *m = anon(len);
 		struct ibv_mr *mr = reg(m, len);
-		atomic_store(&B->stop, 0);
-		atomic_store(&B->storm_ok, 0);
-		atomic_store(&B->storm_err, 0);
-		peer_do(OP_STORM, mr, 0, 4 * PAGE, 91);
-		while (atomic_load(&B->storm_ok) < 20)
-			usleep(100);
+		storm_start(mr, 4 * PAGE, 91, 20);
 		CHECK_EQ(ibv_dereg_mr(mr), 0);
-		svt_fill(m, len, 92); /* The memory's next use */
-		usleep(20000);
-		atomic_store(&B->stop, 1);
-		storm_wait();
-		check_bytes(m, len, 92, "memory reused after deregistration");
-		if (B->status != IBV_WC_REM_ACCESS_ERR)
-			FAIL("the peer's WRITEs after deregistration ended with %s",
-			     ibv_wc_status_str(B->status));
+		storm_end(m, len, 92, "ibv_dereg_mr");
 		munmap(m, len);
 		/* The peer's QP is in error now: both ends start again. */
 		reconnect_both();
@@ -1200,27 +1220,15 @@ static void sc_race_rereg(void)
 	for (int round = 0; round < 20; round++) {
 		char *m = anon(len);
 		struct ibv_mr *mr = reg(m, len);
-		atomic_store(&B->stop, 0);
-		atomic_store(&B->storm_ok, 0);
-		atomic_store(&B->storm_err, 0);
-		peer_do(OP_STORM, mr, 0, (uint32_t)len, 97);
-		while (atomic_load(&B->storm_ok) < 2 + round % 4)
-			;
+		storm_start(mr, (uint32_t)len, 97, 2 + round % 4);
 		if (round % 2)
 			CHECK_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0), 0);
 		else
 			CHECK_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
 					      IBV_ACCESS_LOCAL_WRITE),
 				 0);
-		svt_fill(m, len, 98); /* The memory's next use */
-		usleep(20000);
-		atomic_store(&B->stop, 1);
-		storm_wait();
-		check_bytes(m, len, 98, round % 2 ? "memory after ibv_rereg_mr(CHANGE_PD)"
-						   : "memory after ibv_rereg_mr(CHANGE_ACCESS)");
-		if (B->status != IBV_WC_REM_ACCESS_ERR)
-			FAIL("the peer's WRITEs after the rereg ended with %s",
-			     ibv_wc_status_str(B->status));
+		storm_end(m, len, 98,
+			  round % 2 ? "ibv_rereg_mr(CHANGE_PD)" : "ibv_rereg_mr(CHANGE_ACCESS)");
 		CHECK_EQ(ibv_dereg_mr(mr), 0);
 		munmap(m, len);
 		reconnect_both();
@@ -1289,12 +1297,7 @@ static void sc_race_inv(void)
 	for (int round = 0; round < 10; round++) {
 		char *m = anon(len);
 		struct ibv_mr *mr = fast_reg(m, len);
-		atomic_store(&B->stop, 0);
-		atomic_store(&B->storm_ok, 0);
-		atomic_store(&B->storm_err, 0);
-		peer_do(OP_STORM, mr, 0, (uint32_t)len, 93);
-		while (atomic_load(&B->storm_ok) < 2 + round % 3)
-			usleep(50);
+		storm_start(mr, (uint32_t)len, 93, 2 + round % 3);
 		struct ibv_send_wr inv = {.wr_id = 78, .opcode = IBV_WR_LOCAL_INV,
 					  .send_flags = IBV_SEND_SIGNALED,
 					  .invalidate_rkey = mr->rkey};
@@ -1304,14 +1307,7 @@ static void sc_race_inv(void)
 		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 78)
 			FAIL("LOCAL_INV completed %s (wr_id %llu)", ibv_wc_status_str(wc.status),
 			     (unsigned long long)wc.wr_id);
-		svt_fill(m, len, 94); /* The memory's next use */
-		usleep(20000);
-		atomic_store(&B->stop, 1);
-		storm_wait();
-		check_bytes(m, len, 94, "memory reused after LOCAL_INV");
-		if (B->status != IBV_WC_REM_ACCESS_ERR)
-			FAIL("the peer's WRITEs after LOCAL_INV ended with %s",
-			     ibv_wc_status_str(B->status));
+		storm_end(m, len, 94, "LOCAL_INV");
 		CHECK_EQ(ibv_dereg_mr(mr), 0);
 		munmap(m, len);
 		reconnect_both();

@@ -388,6 +388,11 @@ size_t add_pieces(pieces &ps, bool same_process, const iovec *local, int nl, con
 	// a sixth of a 64-byte SEND's instructions).
 	if (nl == 1 && nr == 1 && remote[0].kind == seg_kind::mapped_direct && !local_checked &&
 	    local[0].iov_len == remote[0].len) {
+		// Held as run_pieces holds its pieces (mr_copiers.h): a rereg of
+		// the rights or PD keeps the mapping, and waits for this copy.
+		mr_copy_guard hold;
+		if (remote[0].mr && !hold.take(remote[0].mr, remote[0].mr_cookie))
+			return EACCES; // Out of service since its key was resolved
 		if (dir == xfer_dir::to_peer)
 			relaxed_copy(static_cast<char *>(remote[0].base),
 				     static_cast<const char *>(local[0].iov_base),
