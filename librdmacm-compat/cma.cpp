@@ -198,6 +198,12 @@ struct cm_id {
 	bool peer_gone = false;
 	int reported = 0, acked = 0;
 	int64_t deadline_ms = 0; // REP (connect) or RTU (accepted) expected by then
+	// A REQ whose listener was refused or busy (see connect_listener): the
+	// CM thread tries again every kReqRetryStepMs until req_retry_until,
+	// so that rdma_connect never waits for it.
+	int64_t req_retry_until = 0, req_retry_ms = 0;
+	wire_msg req_msg{};
+	sockaddr_storage req_dst{};
 	int64_t timewait_ms = 0; // TIMEWAIT_EXIT due then
 	uint8_t tos = 0, ack_timeout = 14;
 	int afonly = 0, reuseaddr = 0;
@@ -244,6 +250,8 @@ struct global {
 	std::map<uint64_t, cm_id *> ids;
 	uint64_t next_serial = 1;
 	int ep = -1;
+	// Wakes the CM thread for a retry due sooner than its sleep (epoll key 0).
+	int wake = -1;
 	std::string fabric_key;
 	// Marks of listeners destroyed lately (fd, when it goes): see
 	// connect_listener.
@@ -1981,6 +1989,72 @@ void on_conn(cm_id *p)
 	}
 }
 
+// Connects to the listener of (ps, dst): the exact address first, then the
+// wildcard of its family, then (IPv4) the IPv6 wildcard.  Never waits: a
+// listener whose backlog is full is -EAGAIN, none -ECONNREFUSED.
+int connect_listener_once(cm_id *p, const sockaddr *dst);
+
+// A listener may be between two binds of its port (perftest -R closes the
+// id that took its control connection and listens again for the data
+// connection), or have a full backlog: such a REQ is tried again for up to
+// kReqRetryMs before it counts as rejected, every kReqRetryStepMs, by the CM
+// thread (rdma_connect returns at once).  A refused REQ is tried again only
+// if the port has an owner (its marker, see check_port) or had a listener
+// lately (a listener destroyed leaves a mark for 5 to 6 s, tomb_listener): a
+// port nobody uses gets its REJECTED (reason 8) at once.  Both last 5 s: a
+// perftest -R server sets up its device and QPs between the two listens,
+// which took longer than the 1 s they once had on a loaded 2-core CI
+// machine (REJECTED, error 8).
+constexpr int kReqRetryMs = 5000;
+constexpr int kReqRetryStepMs = 10;
+
+// The REQ m of p (in st::connect) sent on fd, a connection to its listener,
+// or (fd < 0, -errno) none: REJECTED (UNREACHABLE for SIDR).  Under G().mu.
+void send_req(cm_id *p, int fd, wire_msg &m)
+{
+	bool ud = p->id.qp_type == IBV_QPT_UD;
+	if (p->state != st::connect) { // Disconnected (or failed) meanwhile
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	if (fd >= 0) {
+		p->conn_fd = fd;
+		if (send_msg(fd, m)) {
+			p->deadline_ms = now_ms() + cm_timeout_ms();
+			epoll_add(fd, p->serial << 2 | 1);
+			return;
+		}
+		close_conn(p);
+	}
+	p->state = st::rejected;
+	if (!ud)
+		qp_to_err(p); // As for a REJ (on_message)
+	if (ud)
+		push(p, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED);
+	else
+		push(p, RDMA_CM_EVENT_REJECTED, kRejInvalidServiceId);
+}
+
+// A REQ waiting for its listener (rdma_connect): tried again when due, and
+// sent, or rejected once kReqRetryMs are over.  Under G().mu.
+void retry_req(cm_id *p, int64_t now)
+{
+	if (p->state != st::connect) {
+		p->req_retry_until = 0; // Disconnected meanwhile
+		return;
+	}
+	if (p->req_retry_ms > now)
+		return;
+	int fd = connect_listener_once(p, reinterpret_cast<sockaddr *>(&p->req_dst));
+	if (fd < 0 && (fd == -EAGAIN || fd == -ECONNREFUSED) && now < p->req_retry_until) {
+		p->req_retry_ms = now + kReqRetryStepMs;
+		return;
+	}
+	p->req_retry_until = 0;
+	send_req(p, fd, p->req_msg);
+}
+
 void cm_thread()
 {
 	epoll_event evs[16];
@@ -2031,6 +2105,12 @@ void cm_thread()
 				}
 				continue;
 			}
+			if (p->req_retry_until) {
+				retry_req(p, now);
+				if (p->req_retry_until && (next < 0 || p->req_retry_ms < next))
+					next = p->req_retry_ms;
+				continue;
+			}
 			if ((p->state != st::connect && p->state != st::accepted) || !p->deadline_ms ||
 			    p->conn_fd < 0)
 				continue;
@@ -2045,6 +2125,12 @@ void cm_thread()
 		wait_ms = next < 0 ? 1000 : static_cast<int>(std::min<int64_t>(next - now, 1000));
 		for (int i = 0; i < n; i++) {
 			uint64_t key = evs[i].data.u64;
+			if (key == 0) {
+				uint64_t v;
+				while (read(G().wake, &v, sizeof(v)) > 0) {
+				}
+				continue;
+			}
 			if ((key & 3) == 3) {
 				on_linger(static_cast<int>(key >> 2));
 				continue;
@@ -2096,6 +2182,7 @@ void cm_atfork_child()
 	// First: the epoll set is the parent's too, and an EPOLL_CTL_DEL from
 	// here would take the parent's sockets out of it.
 	drop(g.ep);
+	drop(g.wake);
 	for (auto &kv : g.ids) {
 		cm_id *p = kv.second;
 		drop(p->bind_fd);
@@ -2160,6 +2247,14 @@ int ensure_started_locked()
 		g.ep = epoll_create1(EPOLL_CLOEXEC);
 		if (g.ep < 0)
 			return errno;
+		g.wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (g.wake < 0) {
+			int e = errno;
+			close(g.ep);
+			g.ep = -1;
+			return e;
+		}
+		epoll_add(g.wake, 0); // Serial 0 is no id's
 		loop::start_detached(cm_thread); // Returns once it runs (thread_start.h)
 		static bool exit_hook = [] { return atexit(linger_cm_at_exit) == 0; }();
 		(void)exit_hook;
@@ -2754,34 +2849,7 @@ void put_pdata(wire_msg &m, const void *data, int len)
 	}
 }
 
-// Connects to the listener of (ps, dst): the exact address first, then the
-// wildcard of its family, then (IPv4) the IPv6 wildcard.
-int connect_listener_once(cm_id *p, const sockaddr *dst);
-
-// A listener may be between two binds of its port (perftest -R closes the
-// id that took its control connection and listens again for the data
-// connection): a REQ refused is retried for up to kReqRetryMs before it
-// counts as rejected, but only if the port has an owner (its marker, see
-// check_port) or had a listener lately (a listener destroyed leaves a mark
-// for 5 to 6 s, tomb_listener): a port nobody uses gets its REJECTED
-// (reason 8) at once.  Both last 5 s: a perftest -R server sets up its
-// device and QPs between the two listens, which took longer than the 1 s
-// they once had on a loaded 2-core CI machine (REJECTED, error 8).
-constexpr int kReqRetryMs = 5000;
-
 bool port_in_use_lately(int ps, uint16_t port);
-
-int connect_listener(cm_id *p, const sockaddr *dst)
-{
-	for (int waited = 0;; waited += 10) {
-		int fd = connect_listener_once(p, dst);
-		if (fd >= 0 || fd != -ECONNREFUSED || waited >= kReqRetryMs)
-			return fd;
-		if (!waited && !port_in_use_lately(p->id.ps, get_port(dst)))
-			return fd;
-		usleep(10000);
-	}
-}
 
 int connect_listener_once(cm_id *p, const sockaddr *dst)
 {
@@ -2792,25 +2860,21 @@ int connect_listener_once(cm_id *p, const sockaddr *dst)
 		names = {names[0], "any6"};
 	else
 		names = {names[0], "anyib"};
+	bool busy = false;
 	for (const std::string &n : names) {
 		int fd = raw_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 		if (fd < 0)
 			return -errno;
 		socklen_t len;
 		sockaddr_un un = sock_name(p->id.ps, n, get_port(dst), len);
-		int tries = 0;
-		for (;;) {
-			if (connect(fd, reinterpret_cast<sockaddr *>(&un), len) == 0)
-				return fd;
-			if (errno == EAGAIN && tries++ < 200) { // backlog full: wait a little
-				usleep(5000);
-				continue;
-			}
-			break;
-		}
+		if (connect(fd, reinterpret_cast<sockaddr *>(&un), len) == 0)
+			return fd;
+		busy |= errno == EAGAIN; // Its backlog full
 		close(fd);
+		if (busy)
+			break; // The most specific listener is the one to wait for
 	}
-	return -ECONNREFUSED;
+	return busy ? -EAGAIN : -ECONNREFUSED;
 }
 
 // The id's own receive CQ of depth entries, on a channel of its own.
@@ -3356,33 +3420,27 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 			return sync_wait(p, RDMA_CM_EVENT_ESTABLISHED);
 		return 0;
 	}
-	// Without the lock: a refused REQ is retried for a while (see
-	// docs/rdmacm.md, "Known differences").
-	int fd = connect_listener(p, reinterpret_cast<sockaddr *>(&dst));
+	// One try, which does not wait; a listener that is busy, or was there
+	// lately, is tried again by the CM thread (connect_listener_once).
+	// port_in_use_lately takes the lock.
+	int fd = connect_listener_once(p, reinterpret_cast<sockaddr *>(&dst));
+	bool again = fd == -EAGAIN ||
+		     (fd == -ECONNREFUSED &&
+		      port_in_use_lately(p->id.ps, get_port(reinterpret_cast<sockaddr *>(&dst))));
 	{
 		std::lock_guard<std::mutex> lk(G().mu);
-		bool ud = p->id.qp_type == IBV_QPT_UD;
-		if (fd < 0) {
-			p->state = st::rejected;
-			if (!ud)
-				qp_to_err(p); // As for a REJ (on_message)
-			if (ud)
-				push(p, RDMA_CM_EVENT_UNREACHABLE, -ECONNREFUSED);
-			else
-				push(p, RDMA_CM_EVENT_REJECTED, kRejInvalidServiceId);
-		} else {
-			p->conn_fd = fd;
-			if (!send_msg(fd, m)) {
-				close_conn(p);
-				p->state = st::rejected;
-				if (!ud)
-					qp_to_err(p);
-				push(p, ud ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_REJECTED,
-				     ud ? -ECONNREFUSED : kRejInvalidServiceId);
-			} else {
-				p->deadline_ms = now_ms() + cm_timeout_ms();
-				epoll_add(fd, p->serial << 2 | 1);
+		if (fd < 0 && again && p->state == st::connect) {
+			int64_t now = now_ms();
+			p->req_msg = m;
+			p->req_dst = dst;
+			p->req_retry_until = now + kReqRetryMs;
+			p->req_retry_ms = now + kReqRetryStepMs;
+			uint64_t one = 1;
+			if (write(G().wake, &one, sizeof(one)) < 0) {
+				// Full (never, at 2^64 - 2): it is awake anyway
 			}
+		} else {
+			send_req(p, fd, m);
 		}
 	}
 	if (p->sync)

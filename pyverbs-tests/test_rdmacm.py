@@ -1495,6 +1495,103 @@ def test_refused_req_retried_only_for_a_recent_listener(env):
                  "rejected": ["RDMA_CM_EVENT_REJECTED", 28]}, r
 
 
+def test_connect_returns_before_its_listener_comes(env):
+    """An asynchronous rdma_connect returns at once even when its listener
+    was just destroyed: the REQ is tried again in the background, so a
+    listener made only after rdma_connect returned takes it.  (Before, the
+    retry ran inside rdma_connect for up to 5 s, and then REJECTED.)"""
+    r, _ = cm_child('''
+        ch = cm.rdma_create_event_channel()
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("0.0.0.0", 0)) == 0
+        port = socket.ntohs(cm.rdma_get_src_port(l))
+        assert cm.rdma_listen(l, 4) == 0
+        c = new_id(ch)
+        assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", port), 1000) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_ADDR_RESOLVED"
+        assert cm.rdma_resolve_route(c, 1000) == 0
+        assert get_event(ch)[0] == "RDMA_CM_EVENT_ROUTE_RESOLVED"
+        assert cm.rdma_destroy_id(l) == 0
+        p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x111)
+        assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+        # Only now does the listener come back, in this same thread.
+        l2 = new_id(ch)
+        assert cm.rdma_bind_addr(l2, sin("0.0.0.0", port)) == 0
+        assert cm.rdma_listen(l2, 4) == 0
+        ev = get_event(ch)
+        out = {"req": [ev[0], ev[3] == l2.value]}
+        assert cm.rdma_reject(P(ev[2]), None, 0) == 0
+        ev2 = get_event(ch)
+        out["rejected"] = [ev2[0], ev2[1]]
+        for i in (P(ev[2]), c, l2):
+            assert cm.rdma_destroy_id(i) == 0
+        print(json.dumps(out))
+    ''', env)
+    assert r == {"req": ["RDMA_CM_EVENT_CONNECT_REQUEST", True],
+                 "rejected": ["RDMA_CM_EVENT_REJECTED", 28]}, r
+
+
+def test_connect_to_a_full_backlog_returns_at_once(env):
+    """A listener whose backlog is full (its process stopped, two REQs
+    queued on a backlog of 1): a third asynchronous rdma_connect returns at
+    once, and its REQ reaches the listener once it runs again.  The client
+    itself lets the listener run again, after its third rdma_connect
+    returned: a connect that waited for the backlog would have given up
+    first (REJECTED with reason 8, invalid service ID)."""
+    port = next(_port)
+    listener = CTYPES + textwrap.dedent(f'''
+        import time
+        ch = cm.rdma_create_event_channel()
+        l = new_id(ch)
+        assert cm.rdma_bind_addr(l, sin("127.0.0.1", {port})) == 0
+        assert cm.rdma_listen(l, 1) == 0
+        for _ in range(3):
+            ev = get_event(ch)
+            assert ev[0] == "RDMA_CM_EVENT_CONNECT_REQUEST", ev
+            assert cm.rdma_reject(P(ev[2]), None, 0) == 0
+        print("rejected 3", flush=True)
+        time.sleep(60)
+    ''')
+    srv = start([svtest.PYTHON, "-c", listener], env)
+    try:
+        wait_listen(srv, lambda: cm_listening(port), "ctypes listener")
+        os.kill(srv.pid, signal.SIGSTOP)
+        client = CTYPES + textwrap.dedent(f'''
+            import select, signal, time
+            ch = cm.rdma_create_event_channel()
+            fd = ctypes.cast(ch, ctypes.POINTER(ctypes.c_int))[0]
+            ids = []
+            for i in range(3):
+                c = new_id(ch)
+                assert cm.rdma_resolve_addr(c, None, sin("127.0.0.1", {port}), 1000) == 0
+                get_event(ch); assert cm.rdma_resolve_route(c, 1000) == 0; get_event(ch)
+                p = ConnParam(None, 0, 1, 1, 0, 7, 7, 0, 0x200 + i)
+                assert cm.rdma_connect(c, ctypes.byref(p)) == 0
+                ids.append(c)
+            os.kill({srv.pid}, signal.SIGCONT)
+            got = []
+            for i in range(3):
+                if not select.select([fd], [], [], 30)[0]:
+                    break
+                ev = get_event(ch)
+                got.append([ev[0], ev[1]])
+            print(json.dumps(sorted(got)))
+        ''')
+        cli = start([svtest.PYTHON, "-c", client], env)
+        try:
+            out = cli.communicate(timeout=60)[0]
+        finally:
+            kill_group(cli)
+    finally:
+        try:
+            os.kill(srv.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        kill_group(srv)
+    import json
+    assert json.loads(out.strip().splitlines()[-1]) == [["RDMA_CM_EVENT_REJECTED", 28]] * 3, out
+
+
 def test_qp_attributes_follow_the_peers_answer(env, build_dir):
     """tests/progs/sv_cm_params.c: once ESTABLISHED, the active QP's
     max_rd_atomic and max_dest_rd_atomic are what the passive side
