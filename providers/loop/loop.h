@@ -359,6 +359,9 @@ struct loop_qp {
 	loop_srq *srq;
 	ibv_qp_cap cap;
 	bool sq_sig_all;
+	// IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: its own multicast sends do not
+	// come back to it (without it they do, as on an HCA: lt_mcast_members).
+	bool block_self_mcast = false;
 	qlock sq_lock; // Posting sends and running the requester (qlock.h)
 	// Send-queue slots: a WR holds one from its post until its completion,
 	// or a later one's, is polled.  posted moves under sq_lock, retired

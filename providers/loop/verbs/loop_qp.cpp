@@ -508,8 +508,8 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 			return nullptr;
 		}
 	}
-	// A UD send to a multicast group is never looped back to the sending
-	// QP, so BLOCK_SELF_MCAST_LB holds already; no other flag is offered.
+	// BLOCK_SELF_MCAST_LB (UD): the QP does not receive its own sends to a
+	// group it is attached to; no other flag is offered.
 	uint32_t cflags = (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr->create_flags : 0;
 	uint32_t allowed = attr->qp_type == IBV_QPT_UD ? IBV_QP_CREATE_BLOCK_SELF_MCAST_LB : 0;
 	if (cflags & ~allowed) {
@@ -606,6 +606,7 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 	qp->rcq = attr->recv_cq ? to_loop_cq(attr->recv_cq) : nullptr;
 	qp->srq = attr->srq ? to_loop_srq(attr->srq) : nullptr;
 	qp->sq_sig_all = attr->sq_sig_all;
+	qp->block_self_mcast = cflags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
 	qp->cap = attr->cap;
 	if (xrc_recv) {
 		qp->cap = {};

@@ -218,8 +218,8 @@ void lt_mcast_members(loop_qp *qp, const send_wr &w, bool eth, std::vector<peer>
 	std::sort(qpns.begin(), qpns.end());
 	qpns.erase(std::unique(qpns.begin(), qpns.end()), qpns.end());
 	for (uint32_t qpn : qpns) {
-		if (qpn == qp->qpn)
-			continue; // No loopback to the sender
+		if (qpn == qp->qpn && qp->block_self_mcast)
+			continue; // Its own datagram: back to it only without the flag
 		uint32_t slot = qpn & SV_QPN_SLOT_MASK;
 		if (slot >= SV_MAX_QPS)
 			continue;
