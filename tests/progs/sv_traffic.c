@@ -895,7 +895,12 @@ static void sc_srq(void)
 }
 
 /* ---- CQ overflow --------------------------------------------------------- */
-static void sc_cq_overflow(void)
+/*
+ * A send CQ overrun: IBV_EVENT_CQ_ERR naming it.  With resize, the CQ is
+ * resized (to a new ring) before the event is read: the event, raised on the
+ * old ring, still names the CQ (it was dropped as an event of a CQ gone).
+ */
+static void cq_overflow(int resize)
 {
 	struct pair p;
 	pair_open(&p);
@@ -918,6 +923,10 @@ static void sc_cq_overflow(void)
 				     mb->rkey) == 0);
 	struct pollfd pfd = {p.a.ctx->async_fd, POLLIN, 0};
 	CHECK(poll(&pfd, 1, 3000) == 1);
+	if (resize) {
+		CHECK(ibv_resize_cq(small, 64) == 0);
+		CHECK(small->cqe >= 64);
+	}
 	/* Non-blocking: an event the library drops must fail here, not hang */
 	int fl = fcntl(p.a.ctx->async_fd, F_GETFL);
 	CHECK(fcntl(p.a.ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0);
@@ -926,6 +935,13 @@ static void sc_cq_overflow(void)
 	CHECK_EQ(ev.event_type, IBV_EVENT_CQ_ERR);
 	CHECK(ev.element.cq == small);
 	ibv_ack_async_event(&ev);
+	CHECK(fcntl(p.a.ctx->async_fd, F_SETFL, fl) == 0);
+}
+
+static void sc_cq_overflow(void)
+{
+	cq_overflow(0);
+	cq_overflow(1);
 }
 
 /* ---- Error statuses ----------------------------------------------------- */

@@ -1044,6 +1044,7 @@ int loop_destroy_cq(ibv_cq *ibcq)
 	if (!owned_closing())
 		verbs_cq_wait_events(ibcq);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
+	objects_forget_former(ibcq);
 	void *ring = nullptr;
 	{
 		// A thread asleep in cq_sleep on this ring holds the lock: unmap
@@ -1312,6 +1313,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	if (ibcq->channel)
 		verbs_comp_channel_lost_word(ibcq, &nr->lost_events);
 	objects_remove(SV_OBJ_CQ, cq->ref.slot);
+	objects_add_former(SV_OBJ_CQ, cq->ref.slot, cq->ref.gen, ibcq);
 	objects_add(SV_OBJ_CQ, nref.slot, ibcq);
 	obj_ref oref = cq->ref;
 	sv_cq_ring *old = cq->ring;

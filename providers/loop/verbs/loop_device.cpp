@@ -247,6 +247,12 @@ int loop_get_async_event(ibv_context *ctx, ibv_async_event *event)
 				event->element.cq = cq;
 				return 0;
 			}
+			// Raised on a ring the CQ has since left (ibv_resize_cq).
+			cq = static_cast<ibv_cq *>(objects_find_former(SV_OBJ_CQ, msg.slot, msg.generation));
+			if (cq) {
+				event->element.cq = cq;
+				return 0;
+			}
 			break;
 		}
 		case IBV_EVENT_SRQ_LIMIT_REACHED:

@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -26,6 +28,10 @@ std::mutex g_lock;
 // its QP), and exit runs static destructors under it (ASan saw the erase in
 // objects_remove read the freed tree).
 std::map<uint64_t, void *> &g_objects = *new std::map<uint64_t, void *>;
+// Former (kind, slot, generation) of live objects: a CQ's rings before
+// ibv_resize_cq, which events raised on them still name.
+std::map<std::tuple<uint32_t, uint32_t, uint32_t>, void *> &g_former =
+	*new std::map<std::tuple<uint32_t, uint32_t, uint32_t>, void *>;
 
 uint64_t key(uint32_t kind, uint32_t slot)
 {
@@ -86,6 +92,26 @@ void *objects_find(uint32_t kind, uint32_t slot)
 	std::lock_guard<std::mutex> g(g_lock);
 	auto it = g_objects.find(key(kind, slot));
 	return it == g_objects.end() ? nullptr : it->second;
+}
+
+void objects_add_former(uint32_t kind, uint32_t slot, uint32_t gen, void *obj)
+{
+	std::lock_guard<std::mutex> g(g_lock);
+	g_former[{kind, slot, gen}] = obj;
+}
+
+void *objects_find_former(uint32_t kind, uint32_t slot, uint32_t gen)
+{
+	std::lock_guard<std::mutex> g(g_lock);
+	auto it = g_former.find({kind, slot, gen});
+	return it == g_former.end() ? nullptr : it->second;
+}
+
+void objects_forget_former(void *obj)
+{
+	std::lock_guard<std::mutex> g(g_lock);
+	for (auto it = g_former.begin(); it != g_former.end();)
+		it = it->second == obj ? g_former.erase(it) : std::next(it);
 }
 
 void debug_log(const char *fmt, ...)

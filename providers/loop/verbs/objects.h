@@ -23,6 +23,11 @@ void objects_add(uint32_t kind, uint32_t slot, void *obj);
 void objects_remove(uint32_t kind, uint32_t slot);
 // The object, or nullptr if this process has none there.
 void *objects_find(uint32_t kind, uint32_t slot);
+// A slot and generation that obj had before (a CQ's ring before a resize):
+// events raised there still find it, until objects_forget_former(obj).
+void objects_add_former(uint32_t kind, uint32_t slot, uint32_t gen, void *obj);
+void *objects_find_former(uint32_t kind, uint32_t slot, uint32_t gen);
+void objects_forget_former(void *obj);
 
 // ---- Object lifetimes (docs/design.md, "Object lifetimes") ----
 //
