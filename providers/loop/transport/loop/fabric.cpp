@@ -329,6 +329,15 @@ int fabric::init_new(int fd, std::string &error)
 		shm_unlink(path_.c_str());
 		return errno;
 	}
+	// Every page now (reserve_segment): a registry page first touched when
+	// /dev/shm is full is SIGBUS in every process of the fabric.
+	if (int e = reserve_segment(fd, kRegistrySize)) {
+		error = "cannot reserve the fabric segment's " + std::to_string(kRegistrySize) +
+			" bytes in /dev/shm: " + strerror(e == ENOMEM ? ENOSPC : e) +
+			(e == ENOMEM ? " (/dev/shm is full; free space there or make it larger)" : "");
+		shm_unlink(path_.c_str());
+		return e;
+	}
 	void *p = mmap(nullptr, kRegistrySize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		error = "cannot map fabric segment: " + std::string(strerror(errno));
@@ -771,6 +780,14 @@ int open_peer_fd(pid_t pid, int fd)
 	char path[64];
 	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
 	return open(path, O_RDWR | O_CLOEXEC);
+}
+
+int reserve_segment(int fd, size_t bytes)
+{
+	int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+	if (e == ENOSPC || e == EFBIG)
+		return ENOMEM;
+	return e == EOPNOTSUPP || e == EINVAL ? 0 : e;
 }
 
 int check_segment(int fd, size_t min_size, size_t max_size, std::string &why)

@@ -116,6 +116,12 @@ int process_fabric(fabric *&out, std::string &error);
 // and holds between min_size and max_size bytes.  Returns 0, or EPERM (owner
 // or mode) or EPROTO (size) with why set.
 int check_segment(int fd, size_t min_size, size_t max_size, std::string &why);
+// Takes a segment's memory now: tmpfs hands out pages as they are first
+// touched, and a /dev/shm that is full then (a container's is 64 MiB) would
+// raise SIGBUS in whichever process touches the page, perhaps a peer writing
+// a completion.  Reserved, a full /dev/shm is ENOMEM at creation.  0 also
+// where the file system has no fallocate (the lazy behaviour).
+int reserve_segment(int fd, size_t bytes);
 // A descriptor of our own for descriptor fd of process pid (pidfd_getfd, else
 // /proc/<pid>/fd/<fd>, which needs ptrace permission as cross-memory attach
 // does), or -1 with errno.

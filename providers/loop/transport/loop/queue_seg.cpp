@@ -51,19 +51,6 @@ std::mutex g_map_lock;
 std::unordered_map<uint32_t, std::shared_ptr<queue_mapping>> &g_maps =
 	*new std::unordered_map<uint32_t, std::shared_ptr<queue_mapping>>;
 
-// Takes the segment's memory now: tmpfs hands out pages as they are first
-// touched, and a /dev/shm that is full then (a container's is 64 MiB) would
-// raise SIGBUS in whichever process touches the page, perhaps a peer writing
-// a completion.  Reserved here, a full /dev/shm is ENOMEM at creation.
-int reserve_segment(int fd, size_t bytes)
-{
-	int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-	if (e == ENOSPC || e == EFBIG)
-		return ENOMEM;
-	// A file system without fallocate keeps the lazy behaviour.
-	return e == EOPNOTSUPP || e == EINVAL ? 0 : e;
-}
-
 // Names tried before queue_create gives up: each try has a fresh nonce, so
 // only someone who fills /dev/shm with every name could exhaust them.
 constexpr int kNameTries = 16;
