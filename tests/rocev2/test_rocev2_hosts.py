@@ -417,6 +417,126 @@ def test_fuzzed_receive_path(pair):
     pingpong(pair, "ibv_rc_pingpong", 0, 200, 4096)
 
 
+# The victim above with its MR's address and key printed, and bytes 0..15
+# of it set to 0x10..0x1f.
+VICTIM_MR = VICTIM.replace(
+    'print(f"victim qpn {qp.qp_num:#x}", flush=True)',
+    'mr.write(bytes(range(16, 32)), 16)\n'
+    'print(f"victim qpn {qp.qp_num:#x} va {mr.buf:#x} rkey {mr.rkey:#x}", flush=True)')
+
+
+def test_duplicate_requests_answered_only_within_what_ran(pair):
+    """tests/rocev2/forge_peer.py: a duplicate READ is read again only as
+    (part of) a READ that ran, from one of its PSNs, with its key (IBTA
+    9.7.5.1.3; rxe's read resources); a duplicate with another key, at a
+    SEND's PSN or beyond the range read, and a duplicate atomic that never
+    ran, are dropped and counted, and the QP goes on.  (Before, a duplicate
+    with a bad key NAKed and put the QP in ERR, and one at any past PSN was
+    executed as a fresh READ.)"""
+    fabric = f"dup{os.getpid()}"
+    env = {"SOFTVERBS_FABRIC": fabric}
+    show = str(pair.build / "tools" / "softverbs")
+    import ipaddress
+    import json
+    peer_gid = ipaddress.IPv6Address(f"::ffff:{pair.b.addr}").exploded
+    victim = pair.a.popen(["sh", "-c", f"{PYTHON} -c '{VICTIM_MR}' {peer_gid} 8; "
+                                       f"echo victim=$?; {show} show {fabric}"], env)
+    try:
+        head = read_until(victim, "victim qpn")
+        m = re.search(r"victim qpn (0x[0-9a-f]+) va (0x[0-9a-f]+) rkey (0x[0-9a-f]+)", head)
+        assert m, head
+        fp = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "forge_peer.py"), pair.a.addr,
+                                             pair.b.addr, "--qpn", m.group(1), "--va",
+                                             m.group(2), "--rkey", m.group(3)]),
+                            capture_output=True, text=True, timeout=60)
+        assert fp.returncode == 0, fp.stdout + fp.stderr
+        out = head + victim.communicate(timeout=60)[0]
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    got = dict((k, v) for k, v in json.loads(fp.stdout.strip().splitlines()[-1]))
+    want = {
+        "read": ["READ_RESP_ONLY psn=0 ACK:0 data=1011121314151617"],
+        "send": ["ACK psn=1 ACK:0"],
+        # Read again, not replayed: the SEND landed there (the receive
+        # WRs point at the MR's start).
+        "dup_read": ["READ_RESP_ONLY psn=0 ACK:0 data=3132333435363738"],
+        "dup_badkey": [],
+        "dup_send": [],
+        "dup_subset": ["READ_RESP_ONLY psn=0 ACK:0 data=35363738"],
+        "dup_beyond": [],
+        "dup_atomic": [],
+        "send2": ["ACK psn=2 ACK:0"],
+    }
+    # The AETH's credit field is not asked about: only kind and code.
+    norm = {k: [re.sub(r"ACK:\d+", "ACK:0", a) for a in v] for k, v in got.items()}
+    assert norm == want, (got, out)
+    assert "victim done" in out and "victim=0" in out, out
+    d = re.search(r"drops:\s+(\d+) bad ICRC, (\d+) malformed, (\d+) unknown QP, (\d+) other",
+                  out)
+    assert d and int(d.group(4)) >= 4, out
+
+
+UD_VICTIM = r"""
+import sys, time
+from pyverbs.device import Context
+from pyverbs.pd import PD
+from pyverbs.cq import CQ
+from pyverbs.mr import MR
+from pyverbs.qp import QP, QPCap, QPInitAttr, QPAttr
+from pyverbs.wr import RecvWR, SGE
+import pyverbs.enums as e
+ctx = Context(name="loop0")
+pd = PD(ctx)
+cq = CQ(ctx, 64)
+mr = MR(pd, 8 * 8192, e.IBV_ACCESS_LOCAL_WRITE)
+qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq,
+                       cap=QPCap(max_send_wr=4, max_recv_wr=8)))
+a = QPAttr(qp_state=e.IBV_QPS_INIT)
+a.qkey = 0x11111111
+a.pkey_index = 0
+a.port_num = 1
+qp.to_init(a)
+for i in range(8):
+    qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[SGE(mr.buf + i * 8192, 8192, mr.lkey)]))
+qp.to_rtr(QPAttr(qp_state=e.IBV_QPS_RTR))
+print(f"victim qpn {qp.qp_num:#x}", flush=True)
+got, end = [], time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    n, wcs = cq.poll(8)
+    got += [(w.status, w.byte_len) for w in wcs[:n]]
+    time.sleep(0.01)
+print("victim got", got, flush=True)
+"""
+
+
+def test_datagram_longer_than_the_mtu_is_dropped(pair):
+    """A UD datagram longer than the port's MTU (1400 bytes on a 1500-byte
+    veth: MTU 1024) is malformed and dropped, as a NIC drops it; before, it
+    took a receive WR and completed it with LOC_LEN_ERR.  The 16-byte one
+    after it lands (16 + the 40-byte GRH)."""
+    fabric = f"udmtu{os.getpid()}"
+    env = {"SOFTVERBS_FABRIC": fabric}
+    show = str(pair.build / "tools" / "softverbs")
+    victim = pair.a.popen(["sh", "-c", f"{PYTHON} -c '{UD_VICTIM}' 3; echo victim=$?; "
+                                       f"{show} show {fabric}"], env)
+    try:
+        head = read_until(victim, "victim qpn")
+        m = re.search(r"victim qpn (0x[0-9a-f]+)", head)
+        assert m, head
+        fp = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "forge_peer.py"), pair.a.addr,
+                                             pair.b.addr, "--qpn", m.group(1), "--ud"]),
+                            capture_output=True, text=True, timeout=60)
+        assert fp.returncode == 0, fp.stdout + fp.stderr
+        out = head + victim.communicate(timeout=60)[0]
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    assert "victim got [(0, 56)]" in out and "victim=0" in out, out
+    d = re.search(r"drops:\s+(\d+) bad ICRC, (\d+) malformed", out)
+    assert d and int(d.group(2)) >= 1, out
+
+
 def test_several_processes_per_host(pair):
     """Two pingpong pairs at once, so that each host has the process that
     owns the UDP port and one that gets its packets forwarded.  The first

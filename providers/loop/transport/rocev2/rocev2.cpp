@@ -207,6 +207,16 @@ struct qp_wire {
 	};
 	replay atomics[16] = {};
 	unsigned atomic_next = 0;
+	// The last READs executed (their first PSN, packets, key and range):
+	// a duplicate READ is answered only within one of them (IBTA 9.7.5.1.3,
+	// as rxe's read resources), else dropped.
+	struct read_done {
+		uint32_t psn, n, rkey;
+		uint64_t va, len;
+		bool valid;
+	};
+	read_done reads[16] = {};
+	unsigned read_next = 0;
 	// Pipelined RDMA WRITEs (rocev2_write_start): an RC QP's WRITEs go out
 	// as they are posted, several in flight, their PSNs contiguous from
 	// the oldest's; the receive thread sends on as ACKs open the window,
@@ -1736,13 +1746,21 @@ int place_write(const request &q, uint32_t rkey, uint64_t va, const uint8_t *dat
 
 // An RDMA READ request: the data goes back as READ RESPONSE packets from
 // the request's PSN on.  fresh: not a duplicate (the expected PSN moves).
+// A duplicate that fails (its MR gone since) is dropped, counted: it
+// changes nothing, as an answer to a request already answered.
 void run_read(qp_wire &qw, const request &q, bool fresh)
 {
 	const rv::pkt_hdrs &h = q.p.h;
 	uint32_t psn = h.b.psn;
 	uint64_t va = h.r.va, len = h.r.dma_len;
+	auto refuse = [&](rv::nak_code code, ibv_event_type ev) {
+		if (fresh)
+			fail(qw, q, psn, code, ev);
+		else
+			count(&sv_wire_counters::drop_other);
+	};
 	if (len > kMaxMsgSize) {
-		fail(qw, q, psn, rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
+		refuse(rv::nak_code::invalid_request, IBV_EVENT_QP_REQ_ERR);
 		return;
 	}
 	uint32_t n = packets_for(len, qw.pmtu);
@@ -1765,13 +1783,14 @@ void run_read(qp_wire &qw, const request &q, bool fresh)
 	if (!(q.tp.rec.access & IBV_ACCESS_REMOTE_READ) ||
 	    (len && loop_transport_ops.resolve_key(q.proxy, q.tp, h.r.rkey, q.tp.rec.pdn, va, len,
 						   IBV_ACCESS_REMOTE_READ, riov, nullptr))) {
-		fail(qw, q, psn, rv::nak_code::remote_access_error, IBV_EVENT_QP_ACCESS_ERR);
+		refuse(rv::nak_code::remote_access_error, IBV_EVENT_QP_ACCESS_ERR);
 		return;
 	}
 	if (fresh) {
 		qw.epsn = psn_add(qw.epsn, n);
 		qw.nak_sent = false;
 		qw.msn++;
+		qw.reads[qw.read_next++ % 16] = {psn, n, h.r.rkey, va, len, true};
 	}
 	uint8_t data[4096];
 	uint8_t buf[kMaxPkt];
@@ -1779,8 +1798,7 @@ void run_read(qp_wire &qw, const request &q, bool fresh)
 		uint64_t off = static_cast<uint64_t>(k) * qw.pmtu;
 		size_t c = static_cast<size_t>(std::min<uint64_t>(qw.pmtu, len - off));
 		if (c && read_range(va + off, data, c)) {
-			fail(qw, q, psn, rv::nak_code::remote_access_error,
-			     IBV_EVENT_QP_ACCESS_ERR);
+			refuse(rv::nak_code::remote_access_error, IBV_EVENT_QP_ACCESS_ERR);
 			return;
 		}
 		rv::pkt_hdrs r{};
@@ -1837,13 +1855,25 @@ void duplicate(qp_wire &qw, const request &q)
 	uint8_t low = h.b.opcode & 0x1f;
 	if (low == rv::RC_RDMA_READ_REQUEST) {
 		// Read again, if it stays within what was executed: its answers
-		// must not take PSNs the responder does not expect yet.
+		// must not take PSNs the responder does not expect yet, and it
+		// must ask again for (part of) a READ executed lately, from a PSN
+		// of its responses on, with its key: anything else (a SEND's
+		// PSN, another key or range, a READ too old) is no request of
+		// this connection's, and is dropped.
 		uint32_t n = packets_for(h.r.dma_len, qw.pmtu);
 		if (h.r.dma_len > kMaxMsgSize || psn_diff(psn_add(h.b.psn, n), qw.epsn) > 0) {
 			count(&sv_wire_counters::drop_other);
 			return;
 		}
-		run_read(qw, q, false);
+		uint64_t va = h.r.va, len = h.r.dma_len;
+		for (const qp_wire::read_done &r : qw.reads)
+			if (r.valid && r.rkey == h.r.rkey && psn_diff(h.b.psn, r.psn) >= 0 &&
+			    psn_diff(h.b.psn, psn_add(r.psn, r.n)) < 0 && va >= r.va &&
+			    len <= r.len && va - r.va <= r.len - len) {
+				run_read(qw, q, false);
+				return;
+			}
+		count(&sv_wire_counters::drop_other);
 		return;
 	}
 	if (low == rv::RC_COMPARE_SWAP || low == rv::RC_FETCH_ADD) {
@@ -1853,7 +1883,9 @@ void duplicate(qp_wire &qw, const request &q)
 					  rv::aeth_ack(rv::kAethNoCredits), r.orig);
 				return;
 			}
-		return; // Too old: the requester's retries run out
+		// Too old, or never executed: the requester's retries run out.
+		count(&sv_wire_counters::drop_other);
+		return;
 	}
 	if (h.b.ackreq)
 		send_ack(qw, psn_add(qw.epsn, kPsn24)); // epsn - 1: everything before it
@@ -2066,6 +2098,13 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 void respond_datagram(qp_wire &qw, const rv::parsed &p, const host_addr &from,
 		      const host_addr &to)
 {
+	// A datagram is one packet, no longer than the port's MTU: a longer
+	// one is malformed, and dropped as a NIC drops it (ud_deliver never
+	// sends one).
+	if (p.payload_len > qw.pmtu) {
+		count(&sv_wire_counters::drop_malformed);
+		return;
+	}
 	loop_qp *proxy = proxy_for(qw.ctx);
 	peer tp;
 	if (loop_transport_ops.resolve(proxy, {qw.qpn, 0, true, kNoXrcSrq}, tp) || !tp.self) {
