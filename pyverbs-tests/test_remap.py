@@ -49,3 +49,20 @@ def test_remap_hazard(remap, env, softverbs, fabric, scenario, setting):
         slots = [l for l in show.splitlines() if l.strip().startswith("slot ")]
         express = [l for l in slots if " express" in l]
         assert (len(express) > 0) == (setting == "on"), show
+
+
+@pytest.mark.parametrize("op", ["dereg", "reg"])
+@pytest.mark.parametrize("order", ["early", "late"])
+def test_verbs_in_another_librarys_fork_handler(build_dir, env, order, op):
+    """tests/progs/sv_atfork.c: ibv_dereg_mr or ibv_reg_mr in a
+    pthread_atfork prepare handler, as UCX's registration cache purges
+    itself before a fork (Open MPI over UCX, a helper's probe), with the
+    handler registered before libibverbs is loaded and after: fork returns,
+    the verb succeeds, and the child still gets registered memory as it was
+    at the fork, its writes its own.  Before, fork() never returned: our
+    prepare handler, registered at the first registration, held the remap
+    lock that the deregistration took."""
+    p = svtest.run([str(build_dir / "tests" / "progs" / "sv_atfork"), order, op], env,
+                   timeout=90)
+    assert p.returncode == 0 and f"OK sv_atfork {order} {op}" in p.stdout, (
+        f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")

@@ -64,6 +64,28 @@ struct block {
 };
 
 std::mutex g_lock; // Also held across fork (see on_fork_*)
+// Set in the thread that forks, from on_fork_prepare to on_fork_parent or
+// on_fork_child: it holds g_lock then, and the pre-fork handlers that run
+// after ours in that thread may deregister (UCX purges its registration
+// cache before a fork) or register memory.  They take g_lock as held.
+thread_local bool t_forking = false;
+
+// g_lock, or nothing in the forking thread, which holds it already.
+struct remap_guard {
+	bool own = !t_forking;
+	remap_guard()
+	{
+		if (own)
+			g_lock.lock();
+	}
+	~remap_guard()
+	{
+		if (own)
+			g_lock.unlock();
+	}
+	remap_guard(const remap_guard &) = delete;
+	remap_guard &operator=(const remap_guard &) = delete;
+};
 // First address -> block.  Never destroyed (see g_objects).
 std::map<uintptr_t, block> &g_blocks = *new std::map<uintptr_t, block>;
 int g_fd = -1;
@@ -512,6 +534,7 @@ std::vector<snap> &g_snaps = *new std::vector<snap>;
 void on_fork_prepare()
 {
 	g_lock.lock();
+	t_forking = true;
 	g_snaps.clear();
 	if (g_blocks.empty())
 		return;
@@ -555,6 +578,7 @@ void on_fork_parent()
 		if (sn.copy != MAP_FAILED)
 			sys_munmap(sn.copy, sn.where.len);
 	g_snaps.clear();
+	t_forking = false;
 	g_lock.unlock();
 }
 
@@ -578,6 +602,7 @@ void on_fork_child()
 	g_blocks.clear();
 	g_plain.clear(); // The parent's MRs, not ours
 	g_fd = -1;
+	t_forking = false;
 	g_lock.unlock();
 }
 
@@ -651,14 +676,29 @@ bool remap_enabled()
 	return on;
 }
 
+// The fork handlers, registered when the library loads: pthread_atfork runs
+// prepare handlers in the reverse order of registration, so ours runs after
+// those that applications and other libraries register later (UCX's
+// deregisters its cached MRs), and their verbs find g_lock free.  One
+// registered before ours (a library loaded first, or ours dlopen'ed late)
+// runs after it, in the forking thread: t_forking lets it in.
+[[gnu::constructor]] static void remap_fork_handlers()
+{
+	if (remap_enabled())
+		pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
+}
+
 bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t &ino)
 {
 	uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
 	if (!remap_enabled() || !len || (addr & (page - 1)) || (len & (page - 1)) ||
 	    addr + len < addr)
 		return false;
-	static std::once_flag once;
-	std::call_once(once, [] { pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child); });
+	// Not between the fork's snapshot and the fork: a block made there
+	// would have none, and the child would share its pages with us.  The
+	// registration stays plain memory.
+	if (t_forking)
+		return false;
 	std::lock_guard<std::mutex> g(g_lock);
 	// A block already holding the whole range is shared; one that overlaps
 	// part of it rules the move out.
@@ -741,7 +781,7 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t 
 
 void remap_release(uintptr_t addr, size_t len)
 {
-	std::lock_guard<std::mutex> g(g_lock);
+	remap_guard g;
 	auto it = g_blocks.upper_bound(addr);
 	if (it == g_blocks.begin())
 		return; // A forked child's: the block went private at fork
@@ -760,7 +800,7 @@ void remap_note_plain(uintptr_t addr, size_t len, bool add)
 {
 	if (!remap_enabled())
 		return;
-	std::lock_guard<std::mutex> g(g_lock);
+	remap_guard g;
 	if (add) {
 		try {
 			g_plain.emplace(addr, len);
