@@ -14,7 +14,7 @@ import pytest
 
 import svtest
 
-SCENARIOS = ["rc_ops", "inline_sge", "signaling", "solicited", "uc", "ud", "mcast", "mcast_self", "srq",
+SCENARIOS = ["rc_ops", "inline_sge", "signaling", "solicited", "uc", "ud", "mcast", "mcast_self", "emfile", "srq",
              "cq_overflow", "errors", "rnr", "post_errors", "query_modify", "threads",
              "ud_grh_burst", "mr_inputs", "retry", "modify_values"]
 

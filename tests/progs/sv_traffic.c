@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/time.h>
 
 static const char *dev_a = "loop0", *dev_b = "loop0";
@@ -1301,6 +1302,69 @@ static void sc_retry(void)
 	}
 }
 
+/*
+ * A process out of descriptors cannot map its peer's receive queue (a
+ * segment in /dev/shm): its SEND is as if lost, and completes with
+ * RETRY_EXC_ERR once retry_cnt timeouts ran out, even with rnr_retry 7
+ * (infinite).  Before, it was taken for RNR: retried for ever, one failed
+ * open each time, and nothing completed.  Nothing reaches the receiver.
+ * With descriptors again, a new pair carries data.
+ */
+static void sc_emfile(void)
+{
+	struct pair p;
+	pair_open(&p);
+	struct svt_qpopt o = {IBV_QPT_RC, p.acq, p.acq, NULL, 0, 16, 16, 1, 0};
+	p.qa = svt_qp(&p.a, &o);
+	o.scq = o.rcq = p.bcq;
+	p.qb = svt_qp(&p.b, &o);
+	struct svt_conn c = {SVT_ALL_ACCESS, 1, 14, 2, 7}; /* 67 ms, retry_cnt 2, rnr_retry 7 */
+	svt_connect(p.qa, p.qb->qp_num, p.b.lid, &c);
+	svt_connect(p.qb, p.qa->qp_num, p.a.lid, &c);
+	struct ibv_mr *ma = svt_mr(&p.a, 4096, SVT_ALL_ACCESS);
+	struct ibv_mr *mb = svt_mr(&p.b, 4096, SVT_ALL_ACCESS);
+	struct rlimit old;
+	CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+	struct rlimit low = old;
+	low.rlim_cur = 512 < old.rlim_cur ? 512 : old.rlim_cur;
+	CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+	static int fds[1024];
+	int n = 0;
+	while (n < 1024 && (fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+		n++;
+	CHECK(n < 1024 && errno == EMFILE);
+	struct ibv_sge rs = svt_sge(mb, 0, 4096);
+	svt_post_recv1(p.qb, 7, &rs, 1);
+	svt_fill(ma->addr, 64, 9);
+	struct ibv_sge ss = svt_sge(ma, 0, 64);
+	CHECK(svt_post_send1(p.qa, 8, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
+	struct ibv_wc wc = svt_wait(p.acq, "a SEND whose receiver cannot be mapped");
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+	CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+	CHECK_WC(wc, IBV_WC_RETRY_EXC_ERR);
+	CHECK_EQ(wc.wr_id, 8);
+	CHECK_EQ(svt_state(p.qa), IBV_QPS_ERR);
+	svt_expect_empty(p.bcq, NOTHING_MS, "the receiver got a SEND that was never delivered");
+
+	struct pair q;
+	simple_pair(&q, IBV_QPT_RC);
+	struct ibv_mr *qa = svt_mr(&q.a, 4096, SVT_ALL_ACCESS);
+	struct ibv_mr *qb = svt_mr(&q.b, 4096, SVT_ALL_ACCESS);
+	memset(qb->addr, 0, 4096);
+	struct ibv_sge qrs = svt_sge(qb, 0, 4096);
+	svt_post_recv1(q.qb, 1, &qrs, 1);
+	svt_fill(qa->addr, 100, 3);
+	struct ibv_sge qss = svt_sge(qa, 0, 100);
+	CHECK(svt_post_send1(q.qa, 2, IBV_WR_SEND, &qss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
+	wc = svt_wait(q.acq, "send");
+	CHECK_WC(wc, IBV_WC_SUCCESS);
+	wc = svt_wait(q.bcq, "recv");
+	CHECK_WC(wc, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.byte_len, 100);
+	CHECK(memcmp(qb->addr, qa->addr, 100) == 0);
+}
+
 /* Attribute values modify_qp judges as the kernel (uverbs' modify_qp) and
  * rxe do: PSNs keep their low 24 bits; the AV's port must be a port, and at
  * INIT -> RTR the QP's own; the alternate path's two ports must be ports
@@ -1987,7 +2051,7 @@ static const struct {
 	{"rc_ops", sc_rc_ops},	       {"inline_sge", sc_inline_sge},
 	{"signaling", sc_signaling},   {"solicited", sc_solicited},
 	{"uc", sc_uc},		       {"ud", sc_ud},
-	{"mcast", sc_mcast},	       {"mcast_self", sc_mcast_self},	       {"srq", sc_srq},
+	{"mcast", sc_mcast},	       {"mcast_self", sc_mcast_self},	       {"emfile", sc_emfile},	       {"srq", sc_srq},
 	{"cq_overflow", sc_cq_overflow}, {"errors", sc_errors},
 	{"rnr", sc_rnr},	       {"post_errors", sc_post_errors},
 	{"query_modify", sc_query_modify}, {"threads", sc_threads},

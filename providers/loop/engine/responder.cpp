@@ -232,7 +232,7 @@ tp_answer respond_ud(const transport_ops &t, loop_qp *qp, const peer &p, const t
 	std::vector<rseg> &riov = qp->resp_riov;
 	sv_recv_wqe *wqe = nullptr;
 	uint32_t pdn = 0;
-	if (!t.take_recv(qp, p, wqe_buf, wqe, pdn))
+	if (t.take_recv(qp, p, wqe_buf, wqe, pdn))
 		return ack(0);
 	bool gone = false;
 	ibv_wc_status rs = scatter(t, qp, p, wqe, pdn, sizeof(ibv_grh) + lb.len, riov, &gone);
@@ -291,8 +291,8 @@ tp_answer respond_taken(const transport_ops &t, loop_qp *qp, const peer &p, cons
 	std::vector<uint8_t> &wqe_buf = qp->resp_wqe_buf;
 	sv_recv_wqe *wqe = nullptr;
 	uint32_t pdn = 0;
-	if (!t.take_recv(qp, p, wqe_buf, wqe, pdn))
-		return kRnr;
+	if (int e = t.take_recv(qp, p, wqe_buf, wqe, pdn))
+		return e == ENXIO ? kLost : kRnr;
 	if (r.w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
 		return respond_write_imm(t, qp, p, r, wqe);
 	return respond_send(t, qp, p, r, wqe, pdn);

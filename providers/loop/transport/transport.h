@@ -182,9 +182,12 @@ struct transport_ops {
 	// Hands a request to the peer's responder and returns its answer.
 	tp_answer (*deliver)(loop_qp *qp, const peer &p, const tp_request &r);
 	// The responder's side.  Takes a receive WQE of the peer's RQ or SRQ
-	// into buf (false: none); pdn receives the PD its lkeys belong to.
-	bool (*take_recv)(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf,
-			  sv_recv_wqe *&wqe, uint32_t &pdn);
+	// into buf; pdn receives the PD its lkeys belong to.  0, EAGAIN (none
+	// posted: RNR), or ENXIO (the queue cannot be reached from this
+	// process, e.g. out of descriptors: the request is as if lost, and the
+	// requester's retries run out rather than its RNR retries).
+	int (*take_recv)(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf,
+			 sv_recv_wqe *&wqe, uint32_t &pdn);
 	// Publishes a completion in the peer's receive CQ, placing data first
 	// (or with it) when given.  0, ESRCH, EFAULT or ETIMEDOUT (data not
 	// placed: e was not published), or ENOSPC (the CQ overflowed; the

@@ -477,8 +477,8 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	return respond(loop_transport_ops, qp, p, r);
 }
 
-[[gnu::hot]] bool lt_take_recv(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf, sv_recv_wqe *&wqe,
-		  uint32_t &pdn)
+[[gnu::hot]] int lt_take_recv(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf, sv_recv_wqe *&wqe,
+		 uint32_t &pdn)
 {
 	fabric &fab = *qp->ctx->fab;
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
@@ -488,8 +488,17 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	// holds it (sq_lock, or the RoCE v2 proxy QP's receive thread).
 	const queue_hold &h = qp_queue_ref(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind, &g);
 	auto *rq = h.as<sv_rq_ring>();
-	if (!rq)
-		return false;
+	if (!rq) {
+		// Gone (its QP is being destroyed): no receive.  Live, and not
+		// mapped: this process could not map it (queue_map said why).
+		if (p.rec.rq_obj >= SV_MAX_OBJS)
+			return EAGAIN;
+		const sv_obj_rec &o = fab.reg()->objs[p.rec.rq_obj];
+		bool live = std::atomic_ref<const uint32_t>(o.in_use).load(std::memory_order_acquire) &&
+			    std::atomic_ref<const uint32_t>(o.generation).load(std::memory_order_relaxed) ==
+				    p.rec.rq_gen;
+		return live ? ENXIO : EAGAIN;
+	}
 	// Sized by the geometry checked at mapping, not by the header.
 	buf.resize(g.entry_size);
 	wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
@@ -501,7 +510,7 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 			// ERR, completes with an error after its retries.
 			raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
 		}
-		return false;
+		return EAGAIN;
 	}
 	if (p.rec.has_srq) {
 		// SRQ limit: the consumer that crosses it raises the event once.
@@ -519,7 +528,7 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	pdn = p.rec.pdn;
 	if (p.rec.has_srq && p.rec.rq_obj < SV_MAX_OBJS)
 		pdn = fab.reg()->objs[p.rec.rq_obj].pdn;
-	return true;
+	return 0;
 }
 
 // Small SENDs to another process travel in the CQE's payload and the
@@ -983,8 +992,8 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 	w.psn = (qp->attr.sq_psn + qp->req_psn++) & kPsnMask;
 	sv_recv_wqe *wqe = nullptr;
 	uint32_t pdn = 0;
-	if (!lt_take_recv(qp, p, qp->resp_wqe_buf, wqe, pdn)) {
-		a = {tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
+	if (int e = lt_take_recv(qp, p, qp->resp_wqe_buf, wqe, pdn)) {
+		a = {e == ENXIO ? tp_answer::kind::lost : tp_answer::kind::rnr, IBV_WC_SUCCESS, 0};
 		return true;
 	}
 	express_taken(qp, w, p, src, len, wqe, pdn, a);

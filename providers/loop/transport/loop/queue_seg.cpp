@@ -380,8 +380,12 @@ void *map_segment(fabric &fab, const obj_ref &ref, std::string &name, size_t &si
 	// its receive WQE): no cancellation in between (c_boundary.h).
 	cancel_off hold;
 	int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
+	if (fd < 0) {
+		if (errno == EMFILE || errno == ENFILE || errno == ENOMEM)
+			report_refused(name, std::string("cannot open it: ") + strerror(errno) +
+						     " (requests through it are as if lost)");
 		return nullptr;
+	}
 	// Owner, mode and size before anything is mapped.
 	std::string why;
 	if (check_segment(fd, sizeof(sv_queue_hdr), kMaxQueueBytes, why)) {

@@ -1517,9 +1517,9 @@ int rv_atomic(loop_qp *qp, const peer &peer_, tp_atomic &op)
 	return ETIMEDOUT;
 }
 
-bool rv_take_recv(loop_qp *, const peer &, std::vector<uint8_t> &, sv_recv_wqe *&, uint32_t &)
+int rv_take_recv(loop_qp *, const peer &, std::vector<uint8_t> &, sv_recv_wqe *&, uint32_t &)
 {
-	return false; // A responder's call: never for a remote peer
+	return ENXIO; // A responder's call: never for a remote peer
 }
 
 int rv_post_cqe(loop_qp *, const peer &, sv_cqe &, bool, const tp_payload *)
@@ -2005,8 +2005,15 @@ void respond_packet(qp_wire &qw, const rv::parsed &p)
 				// A SEND takes its receive WQE at its first packet (none:
 				// RNR now, not after the whole message arrived).
 				sv_recv_wqe *wqe = nullptr;
-				if (!loop_transport_ops.take_recv(q.proxy, q.tp, qw.held_wqe, wqe,
-								  qw.held_pdn)) {
+				int te = loop_transport_ops.take_recv(q.proxy, q.tp, qw.held_wqe,
+								      wqe, qw.held_pdn);
+				if (te == ENXIO) {
+					// Our own queue out of reach (out of descriptors):
+					// dropped, as if lost; the requester sends again.
+					count(&sv_wire_counters::drop_other);
+					return;
+				}
+				if (te) {
 					if (rc) {
 						qw.nak_sent = false;
 						send_aeth(qw, rv::RC_ACKNOWLEDGE, psn,
