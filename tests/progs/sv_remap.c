@@ -1858,6 +1858,51 @@ static void sc_munmap(void)
 	munmap(n, len);
 }
 
+/*
+ * Deregistration in a process out of descriptors: it cannot read its maps
+ * to copy the range back out of the arena.  The dereg still succeeds, and
+ * the memory keeps its bytes: the range stays on the arena, its pages kept,
+ * until a later release copies it back.  (Before, the arena's pages were
+ * freed all the same: the application's buffer read zeros.)  Then, with
+ * descriptors again, another registration's release settles it: private
+ * memory, bytes intact.
+ */
+static void sc_emfile(void)
+{
+	size_t len = 32 * PAGE;
+	char *m = anon(len);
+	svt_fill(m, len, 61);
+	struct ibv_mr *mr = reg(m, len);
+	expect_moved(m, len, 1, "buffer");
+	roundtrip(mr, 0, PAGE, 62, "before");
+	svt_fill(m, len, 61);
+	struct rlimit old;
+	CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+	struct rlimit low = old;
+	low.rlim_cur = 512 < old.rlim_cur ? 512 : old.rlim_cur;
+	CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+	static int fds[1024];
+	int n = 0;
+	while (n < 1024 && (fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+		n++;
+	CHECK(n < 1024 && errno == EMFILE);
+	int rc = ibv_dereg_mr(mr);
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+	CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+	CHECK_EQ(rc, 0);
+	check_bytes(m, len, 61, "a buffer deregistered out of descriptors");
+	/* Another registration comes and goes: the stuck range is settled. */
+	char *o = anon(4 * PAGE);
+	struct ibv_mr *mr2 = reg(o, 4 * PAGE);
+	CHECK_EQ(ibv_dereg_mr(mr2), 0);
+	check_bytes(m, len, 61, "the buffer once settled");
+	if (moved(m, len))
+		FAIL("the deregistered buffer still maps the arena after a later release");
+	munmap(o, 4 * PAGE);
+	munmap(m, len);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1914,6 +1959,8 @@ int main(int argc, char **argv)
 		sc_closedfd();
 	else if (!strcmp(sc, "munmap"))
 		sc_munmap();
+	else if (!strcmp(sc, "emfile"))
+		sc_emfile();
 	else if (!strcmp(sc, "express"))
 		sc_express();
 	else if (!strcmp(sc, "express-send"))

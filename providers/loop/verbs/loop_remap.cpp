@@ -269,7 +269,20 @@ struct vma {
 };
 
 // The mappings of this process that overlap [lo, hi), and how many it has.
+bool read_maps_or_throw(uintptr_t lo, uintptr_t hi, std::vector<vma> &out, size_t &count);
+
+// False where the maps cannot be read whole: out of descriptors or memory
+// (never an exception: a deregistration must not fail halfway for it).
 bool read_maps(uintptr_t lo, uintptr_t hi, std::vector<vma> &out, size_t &count)
+{
+	try {
+		return read_maps_or_throw(lo, hi, out, count);
+	} catch (...) {
+		return false;
+	}
+}
+
+bool read_maps_or_throw(uintptr_t lo, uintptr_t hi, std::vector<vma> &out, size_t &count)
 {
 	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -495,17 +508,25 @@ void parts_of(const block &b, const std::vector<vma> &all, std::vector<part> &ou
 // Puts every mapping of the block's window back into private anonymous
 // memory at the address it has now.  Parts the application unmapped are
 // gone already; a range it mapped anew over the block's is not the block's.
-void restore(const block &b, bool hold = true)
+// False if some part could not be (out of memory or descriptors): it still
+// maps the arena, whose pages must then stay (punch would zero them).
+bool restore(const block &b, bool hold = true)
 {
 	std::vector<vma> all;
 	std::vector<part> ps;
 	size_t count;
 	if (!read_maps(0, UINTPTR_MAX, all, count))
-		return;
-	parts_of(b, all, ps);
+		return false;
+	try {
+		parts_of(b, all, ps);
+	} catch (...) {
+		return false;
+	}
 	int fd = arena_fd_ours() && g_dev == b.dev && g_ino == b.ino ? g_fd : -1;
+	bool whole = true;
 	for (const part &p : ps)
-		copy_back(p.at, p.len, p.off, p.prot, fd, hold);
+		whole &= copy_back(p.at, p.len, p.off, p.prot, fd, hold);
+	return whole;
 }
 
 void punch(const block &b)
@@ -514,6 +535,23 @@ void punch(const block &b)
 		return; // That arena is gone (its pages went with it)
 	fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(b.off),
 		  static_cast<off_t>(b.win));
+}
+
+// Blocks no MR holds: back into private memory, and their arena pages
+// freed.  A block over which a plain MR stands waits for it; one that could
+// not be copied back whole (out of memory or descriptors: a deregistration
+// does not fail for it) stays, its pages kept, and is tried again at the
+// next release.  Under g_lock.
+void settle_released()
+{
+	for (auto i = g_blocks.begin(); i != g_blocks.end();) {
+		if (i->second.refs || overlaps_plain(i->first, i->second.len) || !restore(i->second)) {
+			++i;
+			continue;
+		}
+		punch(i->second);
+		i = g_blocks.erase(i);
+	}
 }
 
 // Fork: rdma-core's copy-on-fork (IBV_FORK_UNNEEDED) gives the child a
@@ -769,8 +807,9 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t 
 	try {
 		g_blocks.emplace(addr, nb);
 	} catch (...) {
-		copy_back(addr, len, o, PROT_READ | PROT_WRITE, g_fd);
-		punch(nb);
+		// Its pages stay in the arena if they could not be copied back.
+		if (copy_back(addr, len, o, PROT_READ | PROT_WRITE, g_fd))
+			punch(nb);
 		return false;
 	}
 	fd = g_fd;
@@ -789,11 +828,7 @@ void remap_release(uintptr_t addr, size_t len)
 	block &b = it->second;
 	if (addr < it->first || addr + len > it->first + b.len || !b.refs || --b.refs)
 		return;
-	if (overlaps_plain(it->first, b.len))
-		return; // Goes when the last plain MR over it does
-	restore(b);
-	punch(b);
-	g_blocks.erase(it);
+	settle_released();
 }
 
 void remap_note_plain(uintptr_t addr, size_t len, bool add)
@@ -818,15 +853,7 @@ void remap_note_plain(uintptr_t addr, size_t len, bool add)
 			break;
 		}
 	// Blocks released while this one stood over them go now.
-	for (auto i = g_blocks.begin(); i != g_blocks.end();) {
-		if (i->second.refs || overlaps_plain(i->first, i->second.len)) {
-			++i;
-			continue;
-		}
-		restore(i->second);
-		punch(i->second);
-		i = g_blocks.erase(i);
-	}
+	settle_released();
 }
 
 } // namespace loop
