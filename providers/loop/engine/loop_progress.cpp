@@ -6,8 +6,11 @@
 #include "loop.h"
 #include "thread_start.h"
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <unistd.h>
 
@@ -86,6 +89,17 @@ void progress_add(loop_qp *qp)
 		e.qps.insert(qp);
 	} catch (abi::__forced_unwind &) {
 		throw;
+	} catch (const std::system_error &ex) {
+		// No thread (RLIMIT_NPROC, or memory): said once, as the WRs of
+		// this QP that wait for a timer now wait for its next post.
+		static std::atomic<bool> said{false};
+		if (!said.exchange(true))
+			fprintf(stderr,
+				"softverbs: cannot start the progress thread (%s): a WR that waits "
+				"for an RNR or retry timer is retried only at the next "
+				"ibv_post_send on its QP\n",
+				ex.what());
+		return;
 	} catch (...) {
 		return;
 	}
