@@ -620,16 +620,6 @@ bool range_mapped(uintptr_t addr, size_t len)
 	return true;
 }
 
-// PROCMAP_QUERY (Linux 6.11), spelled here: Debian 12's headers predate it.
-struct procmap_query_arg {
-	uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
-		vma_offset, inode;
-	uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
-	uint64_t vma_name_addr, build_id_addr;
-};
-static_assert(sizeof(procmap_query_arg) == 104, "struct procmap_query");
-constexpr unsigned long kProcmapQuery = _IOWR('f', 17, procmap_query_arg);
-constexpr uint64_t kVmaReadable = 0x01, kVmaWritable = 0x02;
 
 // Whether the mappings over [addr, addr + len) allow what pinning them for
 // access would: the kernel's ib_umem_get pins for writing when the access

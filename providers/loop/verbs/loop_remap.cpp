@@ -270,6 +270,72 @@ struct vma {
 
 // The mappings of this process that overlap [lo, hi), and how many it has.
 bool read_maps_or_throw(uintptr_t lo, uintptr_t hi, std::vector<vma> &out, size_t &count);
+bool read_maps(uintptr_t lo, uintptr_t hi, std::vector<vma> &out, size_t &count);
+
+// The mappings that overlap [lo, hi), asked of the kernel one at a time
+// (PROCMAP_QUERY): the cost of the range's mappings, where reading the
+// text costs that of every mapping of the process (with a thousand MRs
+// moved, milliseconds per registration).  On a kernel without the ioctl,
+// the text.  False where neither can be read (out of descriptors).
+bool range_maps(uintptr_t lo, uintptr_t hi, std::vector<vma> &out)
+{
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	bool ok = true, text = false;
+	try {
+		out.clear();
+		char name[256];
+		for (uintptr_t at = lo; at < hi;) {
+			procmap_query_arg q{};
+			q.size = sizeof(q);
+			q.query_flags = kVmaCoveringOrNext;
+			q.query_addr = at;
+			q.vma_name_addr = reinterpret_cast<uintptr_t>(name);
+			q.vma_name_size = sizeof(name);
+			int r = ioctl(fd, kProcmapQuery, &q);
+			bool named = true;
+			if (r < 0 && errno == ENAMETOOLONG) {
+				// A long path: no special name, so not anonymous
+				q = {};
+				q.size = sizeof(q);
+				q.query_flags = kVmaCoveringOrNext;
+				q.query_addr = at;
+				named = false;
+				r = ioctl(fd, kProcmapQuery, &q);
+			}
+			if (r < 0) {
+				text = errno != ENOENT; // ENOENT: no mapping from at on
+				break;
+			}
+			if (q.vma_start >= hi)
+				break;
+			vma v{};
+			v.start = q.vma_start;
+			v.end = q.vma_end;
+			v.prot = (q.vma_flags & kVmaReadable ? PROT_READ : 0) |
+				 (q.vma_flags & kVmaWritable ? PROT_WRITE : 0) |
+				 (q.vma_flags & kVmaExecutable ? PROT_EXEC : 0);
+			v.shared = q.vma_flags & kVmaShared;
+			const char *path = named && q.vma_name_size ? name : "";
+			v.anon = named && !v.shared && !q.inode && !q.dev_major && !q.dev_minor &&
+				 (!*path || !strcmp(path, "[heap]") || !strncmp(path, "[anon:", 6));
+			v.off = q.vma_offset;
+			v.dev = makedev(q.dev_major, q.dev_minor);
+			v.ino = static_cast<ino_t>(q.inode);
+			out.push_back(v);
+			at = q.vma_end;
+		}
+	} catch (...) {
+		ok = false;
+	}
+	close(fd);
+	if (ok && text) {
+		size_t count;
+		return read_maps(lo, hi, out, count);
+	}
+	return ok;
+}
 
 // False where the maps cannot be read whole: out of descriptors or memory
 // (never an exception: a deregistration must not fail halfway for it).
@@ -404,6 +470,41 @@ size_t max_map_count()
 	return v;
 }
 
+// An upper bound of the process's mappings, for the max_map_count check of
+// a move: counted (the whole text of the maps read) at most every
+// kMapCountEvery moves or kMapCountNs, and near the limit every time, and
+// in between the last count plus what the moves since can have added (4
+// each, with their pieces).  The application's own mappings since the last
+// count are not in it: the headroom (kMapHeadroomDiv) is for them.  Under
+// g_lock.
+constexpr unsigned kMapCountEvery = 64;
+constexpr uint64_t kMapCountNs = 100'000'000;
+size_t g_map_count = 0, g_map_added = 0;
+unsigned g_map_moves = kMapCountEvery;
+uint64_t g_map_at = 0;
+
+size_t map_count_bound(size_t adding)
+{
+	timespec ts{};
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	uint64_t now = uint64_t(ts.tv_sec) * 1000000000 + uint64_t(ts.tv_nsec);
+	size_t limit = max_map_count();
+	if (g_map_moves >= kMapCountEvery || now - g_map_at > kMapCountNs ||
+	    g_map_count + g_map_added + adding > limit / 2) {
+		std::vector<vma> none;
+		size_t count;
+		if (!read_maps(1, 0, none, count))
+			return SIZE_MAX; // Cannot tell: no move
+		g_map_count = count;
+		g_map_added = 0;
+		g_map_moves = 0;
+		g_map_at = now;
+	}
+	g_map_moves++;
+	g_map_added += adding;
+	return g_map_count + g_map_added;
+}
+
 // Whether g_fd is still the arena: an application may close descriptors
 // it did not open (a daemon closing everything above 2) and get the number
 // back for a file of its own, which must never be punched or mapped.
@@ -510,15 +611,34 @@ void parts_of(const block &b, const std::vector<vma> &all, std::vector<part> &ou
 // gone already; a range it mapped anew over the block's is not the block's.
 // False if some part could not be (out of memory or descriptors): it still
 // maps the arena, whose pages must then stay (punch would zero them).
-bool restore(const block &b, bool hold = true)
+bool restore(uintptr_t addr, const block &b, bool hold = true)
 {
 	std::vector<vma> all;
 	std::vector<part> ps;
 	size_t count;
-	if (!read_maps(0, UINTPTR_MAX, all, count))
-		return false;
 	try {
-		parts_of(b, all, ps);
+		// Where the application left it, whole (the usual case): the
+		// mappings of its range say so, without reading every mapping of
+		// the process.  Else, wherever it is now.
+		bool here = range_maps(addr, addr + b.len, all) && !all.empty();
+		uintptr_t at = addr;
+		for (const vma &v : all) {
+			if (!here)
+				break;
+			here = v.start <= at && v.shared && v.dev == b.dev && v.ino == b.ino &&
+			       v.off + (at - v.start) == b.off + (at - addr);
+			at = v.end;
+		}
+		if (here && at >= addr + b.len) {
+			for (const vma &v : all) {
+				uintptr_t s = std::max(v.start, addr), e = std::min(v.end, addr + b.len);
+				ps.push_back({s, e - s, b.off + (s - addr), v.prot});
+			}
+		} else {
+			if (!read_maps(0, UINTPTR_MAX, all, count))
+				return false;
+			parts_of(b, all, ps);
+		}
 	} catch (...) {
 		return false;
 	}
@@ -545,7 +665,8 @@ void punch(const block &b)
 void settle_released()
 {
 	for (auto i = g_blocks.begin(); i != g_blocks.end();) {
-		if (i->second.refs || overlaps_plain(i->first, i->second.len) || !restore(i->second)) {
+		if (i->second.refs || overlaps_plain(i->first, i->second.len) ||
+		    !restore(i->first, i->second)) {
 			++i;
 			continue;
 		}
@@ -650,8 +771,7 @@ void on_fork_child()
 bool still_arena(uintptr_t a, size_t n, uint64_t off, const block &b)
 {
 	std::vector<vma> vs;
-	size_t count;
-	if (!read_maps(a, a + n, vs, count))
+	if (!range_maps(a, a + n, vs))
 		return false;
 	uintptr_t at = a;
 	for (const vma &v : vs) {
@@ -766,8 +886,7 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t 
 	if (overlaps_plain(addr, len))
 		return false;
 	std::vector<vma> vs;
-	size_t count;
-	if (!read_maps(addr, addr + len, vs, count) || vs.empty())
+	if (!range_maps(addr, addr + len, vs) || vs.empty())
 		return false;
 	uintptr_t at = addr;
 	for (const vma &v : vs) {
@@ -788,7 +907,9 @@ bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t 
 	if (err + sizeof(int) > addr && err < addr + len)
 		return false;
 	size_t limit = max_map_count();
-	if (count + 4 + len / kPiece > limit - limit / kMapHeadroomDiv)
+	size_t adding = 4 + len / kPiece;
+	size_t bound = map_count_bound(adding);
+	if (bound == SIZE_MAX || bound > limit - limit / kMapHeadroomDiv)
 		return false;
 	if (!writes_can_wait() || !plain_flags(addr, addr + len) || !arena_locked())
 		return false;

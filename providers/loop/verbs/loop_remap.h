@@ -8,8 +8,22 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <sys/ioctl.h>
 
 namespace loop {
+
+// PROCMAP_QUERY (Linux 6.11): one VMA of /proc/self/maps by address,
+// spelled here: Debian 12's headers predate it.
+struct procmap_query_arg {
+	uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
+		vma_offset, inode;
+	uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+	uint64_t vma_name_addr, build_id_addr;
+};
+static_assert(sizeof(procmap_query_arg) == 104, "struct procmap_query");
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, procmap_query_arg);
+constexpr uint64_t kVmaReadable = 0x01, kVmaWritable = 0x02, kVmaExecutable = 0x04,
+		   kVmaShared = 0x08, kVmaCoveringOrNext = 0x10;
 
 // Whether SOFTVERBS_REMAP allows it (default yes; "0" turns it off).
 bool remap_enabled();
