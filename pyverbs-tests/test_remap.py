@@ -51,7 +51,7 @@ def test_remap_hazard(remap, env, softverbs, fabric, scenario, setting):
         assert (len(express) > 0) == (setting == "on"), show
 
 
-@pytest.mark.parametrize("op", ["dereg", "reg"])
+@pytest.mark.parametrize("op", ["dereg", "reg", "childdereg"])
 @pytest.mark.parametrize("order", ["early", "late"])
 def test_verbs_in_another_librarys_fork_handler(build_dir, env, order, op):
     """tests/progs/sv_atfork.c: ibv_dereg_mr or ibv_reg_mr in a
@@ -66,3 +66,34 @@ def test_verbs_in_another_librarys_fork_handler(build_dir, env, order, op):
                    timeout=90)
     assert p.returncode == 0 and f"OK sv_atfork {order} {op}" in p.stdout, (
         f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+
+
+SETENV = r"""
+import json, mmap, os, sys
+import pyverbs.device as d
+from pyverbs.pd import PD
+from pyverbs.mr import MR
+import pyverbs.enums as e
+if sys.argv[1] == "off":
+    os.environ["SOFTVERBS_REMAP"] = "0"  # After the library loaded
+ctx = d.Context(name="loop0")
+pd = PD(ctx)
+mr = MR(pd, 1 << 20, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+moved = any("softverbs-mr" in l for l in open("/proc/self/maps"))
+print(json.dumps({"moved": moved}))
+"""
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_remap_setting_read_at_first_registration(env, setting):
+    """SOFTVERBS_REMAP=0 set by the program after the library loaded (a
+    C program's setenv in main, a script's os.environ after importing
+    pyverbs) still holds: it is read at the first registration, not when
+    the library loads (the fork handlers' registration read it there for
+    a while; the review of that change)."""
+    env.pop("SOFTVERBS_REMAP", None)
+    p = subprocess.run(["/usr/bin/python3", "-c", SETENV, setting], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    import json
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"moved": setting == "on"}, p.stdout

@@ -10,7 +10,10 @@
  *     ORDER early: the handler is registered before libibverbs is loaded
  *                  (dlopen'ed after), so it runs after ours;
  *           late:  registered after, so it runs before ours.
- *     OP    dereg: the handler deregisters MR b; reg: it registers c.
+ *     OP    dereg: the handler deregisters MR b; reg: it registers c;
+ *           childdereg: a child handler deregisters the inherited MR b (in
+ *           the child, before our child handler when early: the parent's
+ *           memory must stay as it is).
  *
  * Then: fork returns in both processes, the verb in the handler succeeded,
  * and registered memory keeps rdma-core's copy-on-fork semantics: the child
@@ -38,7 +41,7 @@ static int (*dereg_mr)(struct ibv_mr *);
 static struct ibv_pd *pd;
 static struct ibv_mr *mr_b, *mr_c;
 static char *buf_c;
-static int op_reg, handler_rc = -1;
+static int op_reg, op_child, handler_rc = -1;
 
 #define FAIL(...)                                                                  \
 	do {                                                                       \
@@ -47,10 +50,22 @@ static int op_reg, handler_rc = -1;
 		exit(1);                                                           \
 	} while (0)
 
+static void child(void)
+{
+	/* In the child: only the child's verbs, the parent unaffected */
+	if (op_child && pd && mr_b) {
+		if (dereg_mr(mr_b))
+			_exit(4);
+		mr_b = NULL;
+	}
+}
+
 static void prepare(void)
 {
-	if (!pd)
+	if (!pd || op_child) {
+		handler_rc = 0;
 		return;
+	}
 	if (op_reg) {
 		mr_c = reg_mr(pd, buf_c, LEN, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 		handler_rc = mr_c ? 0 : 1;
@@ -96,15 +111,16 @@ static int all(const char *p, int v)
 int main(int argc, char **argv)
 {
 	if (argc != 3 || (strcmp(argv[1], "early") && strcmp(argv[1], "late")) ||
-	    (strcmp(argv[2], "dereg") && strcmp(argv[2], "reg")))
-		FAIL("usage: sv_atfork early|late dereg|reg");
+	    (strcmp(argv[2], "dereg") && strcmp(argv[2], "reg") && strcmp(argv[2], "childdereg")))
+		FAIL("usage: sv_atfork early|late dereg|reg|childdereg");
 	int early = !strcmp(argv[1], "early");
 	op_reg = !strcmp(argv[2], "reg");
+	op_child = !strcmp(argv[2], "childdereg");
 	alarm(60); /* A hang in fork() fails, it does not hold CI */
-	if (early && pthread_atfork(prepare, NULL, NULL))
+	if (early && pthread_atfork(prepare, NULL, child))
 		FAIL("pthread_atfork");
 	load();
-	if (!early && pthread_atfork(prepare, NULL, NULL))
+	if (!early && pthread_atfork(prepare, NULL, child))
 		FAIL("pthread_atfork");
 	int n = 0;
 	struct ibv_device **l = get_list(&n);
@@ -129,6 +145,8 @@ int main(int argc, char **argv)
 		/* The child: memory as at the fork, and its own from now on */
 		if (!all(a, 0x11) || !all(b, 0x22) || !all(buf_c, 0x33))
 			_exit(3);
+		if (op_child && mr_b)
+			_exit(5); /* The child handler did not run */
 		memset(a, 0x44, LEN);
 		memset(b, 0x55, LEN);
 		_exit(0);

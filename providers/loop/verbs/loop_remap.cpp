@@ -70,13 +70,20 @@ std::mutex g_lock; // Also held across fork (see on_fork_*)
 // cache before a fork) or register memory.  They take g_lock as held.
 thread_local bool t_forking = false;
 
-// g_lock, or nothing in the forking thread, which holds it already.
+void child_fixup();
+extern bool g_child_done;
+extern pid_t g_fork_pid;
+
+// g_lock, or nothing in the forking thread, which holds it already; in the
+// child, before our child handler ran, the child's side done first.
 struct remap_guard {
 	bool own = !t_forking;
 	remap_guard()
 	{
 		if (own)
 			g_lock.lock();
+		else if (!g_child_done && getpid() != g_fork_pid)
+			child_fixup();
 	}
 	~remap_guard()
 	{
@@ -89,6 +96,7 @@ struct remap_guard {
 // First address -> block.  Never destroyed (see g_objects).
 std::map<uintptr_t, block> &g_blocks = *new std::map<uintptr_t, block>;
 int g_fd = -1;
+pid_t g_arena_pid = 0; // The process that made the arena: the only one that frees its pages
 dev_t g_dev;
 ino_t g_ino;
 uint64_t g_next; // The next offset handed out; offsets are never reused
@@ -534,6 +542,7 @@ bool arena_locked()
 	g_dev = st.st_dev;
 	g_ino = st.st_ino;
 	g_next = 0;
+	g_arena_pid = getpid();
 	return true;
 }
 
@@ -653,6 +662,8 @@ void punch(const block &b)
 {
 	if (!arena_fd_ours() || g_dev != b.dev || g_ino != b.ino)
 		return; // That arena is gone (its pages went with it)
+	if (getpid() != g_arena_pid)
+		return; // A child's (made by _Fork, or before its fork handler ran): the parent's pages
 	fallocate(g_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(b.off),
 		  static_cast<off_t>(b.win));
 }
@@ -694,6 +705,8 @@ void on_fork_prepare()
 {
 	g_lock.lock();
 	t_forking = true;
+	g_fork_pid = getpid();
+	g_child_done = false;
 	g_snaps.clear();
 	if (g_blocks.empty())
 		return;
@@ -741,8 +754,18 @@ void on_fork_parent()
 	g_lock.unlock();
 }
 
-void on_fork_child()
+// The child's side of the fork (under g_lock, in the forking thread): the
+// snapshots into place, the parent's arena, blocks and plain MRs
+// forgotten.  Once: by our child handler, or earlier, by the first verb
+// that a child handler registered before ours calls (remap_guard), so
+// that it never acts on the parent's blocks (a deregistration would free
+// the parent's pages).
+bool g_child_done = false;
+pid_t g_fork_pid = 0; // The process that forks, set by on_fork_prepare
+
+void child_fixup()
 {
+	g_child_done = true;
 	int fd = arena_fd_ours() ? g_fd : -1;
 	for (const snap &sn : g_snaps) {
 		const part &p = sn.where;
@@ -761,6 +784,13 @@ void on_fork_child()
 	g_blocks.clear();
 	g_plain.clear(); // The parent's MRs, not ours
 	g_fd = -1;
+}
+
+void on_fork_child()
+{
+	if (!g_child_done)
+		child_fixup();
+	g_child_done = false;
 	t_forking = false;
 	g_lock.unlock();
 }
@@ -840,10 +870,12 @@ bool remap_enabled()
 // deregisters its cached MRs), and their verbs find g_lock free.  One
 // registered before ours (a library loaded first, or ours dlopen'ed late)
 // runs after it, in the forking thread: t_forking lets it in.
+// Registered whatever SOFTVERBS_REMAP says: a program may set it after
+// the library loaded (remap_enabled reads it at the first registration);
+// with nothing moved, the handlers find no block.
 [[gnu::constructor]] static void remap_fork_handlers()
 {
-	if (remap_enabled())
-		pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
+	pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
 }
 
 bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t &ino)
