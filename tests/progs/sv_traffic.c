@@ -1303,14 +1303,18 @@ static void sc_retry(void)
 }
 
 /*
- * A process out of descriptors cannot map its peer's receive queue (a
- * segment in /dev/shm): its SEND is as if lost, and completes with
+ * A process out of descriptors cannot map its peer's receive queue or CQ
+ * (segments in /dev/shm): its SEND is as if lost, and completes with
  * RETRY_EXC_ERR once retry_cnt timeouts ran out, even with rnr_retry 7
- * (infinite).  Before, it was taken for RNR: retried for ever, one failed
- * open each time, and nothing completed.  Nothing reaches the receiver.
- * With descriptors again, a new pair carries data.
+ * (infinite).  Nothing reaches the receiver, whose QP stays in RTS with its
+ * receive still posted.  resized: one SEND first (both queues mapped), then
+ * the receiver resizes its CQ (a new ring, not mapped yet).  Before, the
+ * first case was taken for RNR and retried for ever; the second took the
+ * receive, failed the receiver's QP with no event and no completion, and
+ * the sender got REM_OP_ERR (the review of that fix).  With descriptors
+ * again, a new pair carries data.
  */
-static void sc_emfile(void)
+static void emfile_case(int resized)
 {
 	struct pair p;
 	pair_open(&p);
@@ -1323,6 +1327,18 @@ static void sc_emfile(void)
 	svt_connect(p.qb, p.qa->qp_num, p.a.lid, &c);
 	struct ibv_mr *ma = svt_mr(&p.a, 4096, SVT_ALL_ACCESS);
 	struct ibv_mr *mb = svt_mr(&p.b, 4096, SVT_ALL_ACCESS);
+	struct ibv_sge rs = svt_sge(mb, 0, 4096);
+	struct ibv_sge ss = svt_sge(ma, 0, 64);
+	struct ibv_wc wc;
+	if (resized) {
+		svt_post_recv1(p.qb, 5, &rs, 1);
+		CHECK(svt_post_send1(p.qa, 6, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
+		wc = svt_wait(p.acq, "first send");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		wc = svt_wait(p.bcq, "first recv");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		CHECK(ibv_resize_cq(p.bcq, 1024) == 0);
+	}
 	struct rlimit old;
 	CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
 	struct rlimit low = old;
@@ -1333,12 +1349,10 @@ static void sc_emfile(void)
 	while (n < 1024 && (fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
 		n++;
 	CHECK(n < 1024 && errno == EMFILE);
-	struct ibv_sge rs = svt_sge(mb, 0, 4096);
 	svt_post_recv1(p.qb, 7, &rs, 1);
 	svt_fill(ma->addr, 64, 9);
-	struct ibv_sge ss = svt_sge(ma, 0, 64);
 	CHECK(svt_post_send1(p.qa, 8, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
-	struct ibv_wc wc = svt_wait(p.acq, "a SEND whose receiver cannot be mapped");
+	wc = svt_wait(p.acq, "a SEND whose receiver cannot be mapped");
 	for (int i = 0; i < n; i++)
 		close(fds[i]);
 	CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
@@ -1346,7 +1360,19 @@ static void sc_emfile(void)
 	CHECK_EQ(wc.wr_id, 8);
 	CHECK_EQ(svt_state(p.qa), IBV_QPS_ERR);
 	svt_expect_empty(p.bcq, NOTHING_MS, "the receiver got a SEND that was never delivered");
+	CHECK_EQ(svt_state(p.qb), IBV_QPS_RTS);
+	/* Its receive is still posted: flushed when its QP goes to ERR */
+	struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
+	CHECK(ibv_modify_qp(p.qb, &ea, IBV_QP_STATE) == 0);
+	wc = svt_wait(p.bcq, "the receive, flushed");
+	CHECK_WC(wc, IBV_WC_WR_FLUSH_ERR);
+	CHECK_EQ(wc.wr_id, 7);
+}
 
+static void sc_emfile(void)
+{
+	emfile_case(0);
+	emfile_case(1);
 	struct pair q;
 	simple_pair(&q, IBV_QPT_RC);
 	struct ibv_mr *qa = svt_mr(&q.a, 4096, SVT_ALL_ACCESS);
@@ -1357,7 +1383,7 @@ static void sc_emfile(void)
 	svt_fill(qa->addr, 100, 3);
 	struct ibv_sge qss = svt_sge(qa, 0, 100);
 	CHECK(svt_post_send1(q.qa, 2, IBV_WR_SEND, &qss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
-	wc = svt_wait(q.acq, "send");
+	struct ibv_wc wc = svt_wait(q.acq, "send");
 	CHECK_WC(wc, IBV_WC_SUCCESS);
 	wc = svt_wait(q.bcq, "recv");
 	CHECK_WC(wc, IBV_WC_SUCCESS);

@@ -481,6 +481,29 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 		 uint32_t &pdn)
 {
 	fabric &fab = *qp->ctx->fab;
+	sv_registry *r = fab.reg();
+	// A queue that is live and not mapped: this process could not map it
+	// (queue_map said why; out of descriptors).  Gone: its QP is being
+	// destroyed.
+	auto live = [&](const obj_ref &ref) {
+		if (ref.slot >= SV_MAX_OBJS)
+			return false;
+		const sv_obj_rec &o = r->objs[ref.slot];
+		return std::atomic_ref<const uint32_t>(o.in_use).load(std::memory_order_acquire) &&
+		       std::atomic_ref<const uint32_t>(o.generation).load(std::memory_order_relaxed) ==
+			       ref.gen;
+	};
+	// The completion's CQ first: a WQE taken for a CQ this process then
+	// cannot map would be consumed with no completion (push_peer could only
+	// fail the responder's QP).  As lost, before anything is taken.  (A
+	// resize between here and the push can still meet it.)
+	{
+		obj_ref cref = p.xrc_srq >= 0
+				       ? obj_ref{r->objs[p.xrc_srq].cq_obj, r->objs[p.xrc_srq].cq_gen}
+				       : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
+		if (!qp_queue_ref(qp, cref, SV_OBJ_CQ) && live(cref))
+			return ENXIO;
+	}
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
 	queue_geom g;
 	// By reference, no count taken: nothing below looks up another queue
@@ -488,17 +511,8 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	// holds it (sq_lock, or the RoCE v2 proxy QP's receive thread).
 	const queue_hold &h = qp_queue_ref(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind, &g);
 	auto *rq = h.as<sv_rq_ring>();
-	if (!rq) {
-		// Gone (its QP is being destroyed): no receive.  Live, and not
-		// mapped: this process could not map it (queue_map said why).
-		if (p.rec.rq_obj >= SV_MAX_OBJS)
-			return EAGAIN;
-		const sv_obj_rec &o = fab.reg()->objs[p.rec.rq_obj];
-		bool live = std::atomic_ref<const uint32_t>(o.in_use).load(std::memory_order_acquire) &&
-			    std::atomic_ref<const uint32_t>(o.generation).load(std::memory_order_relaxed) ==
-				    p.rec.rq_gen;
-		return live ? ENXIO : EAGAIN;
-	}
+	if (!rq)
+		return live({p.rec.rq_obj, p.rec.rq_gen}) ? ENXIO : EAGAIN;
 	// Sized by the geometry checked at mapping, not by the header.
 	buf.resize(g.entry_size);
 	wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
@@ -527,7 +541,7 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	// Receive lkeys belong to the PD of the queue they were posted to.
 	pdn = p.rec.pdn;
 	if (p.rec.has_srq && p.rec.rq_obj < SV_MAX_OBJS)
-		pdn = fab.reg()->objs[p.rec.rq_obj].pdn;
+		pdn = r->objs[p.rec.rq_obj].pdn;
 	return 0;
 }
 
