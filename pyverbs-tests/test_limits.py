@@ -9,9 +9,11 @@ fabric) so that these tests reach them with a handful of objects.  Sizes
 beyond the advertised maxima fail with EINVAL.
 """
 import errno
+import os
 import json
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -419,6 +421,26 @@ def test_full_dev_shm_never_faults_the_registry(env):
     assert "/dev/shm is full" in out, out
     assert "made rc=0" in out, out
     assert "pds ok" in out and "full rc=0" in out, out
+
+
+def test_registry_removed_by_its_creator_is_made_again(env, fabric):
+    """A process that finds the fabric's registry being set up waits for
+    it; if its creator removes it instead (it could not reserve it: a full
+    /dev/shm), the waiter starts again and makes it itself, rather than
+    waiting out the setup time and calling the segment "never initialised
+    (its creator died?)".  The creator here is a file made as the library
+    makes it (O_EXCL, 0600, empty) and removed 0.3 s later."""
+    path = f"/dev/shm/softverbs-{os.geteuid()}-{fabric}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.close(fd)
+    try:
+        p = subprocess.Popen(["ibv_devinfo", "-l"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.3)
+    finally:
+        os.unlink(path)
+    out = p.communicate(timeout=60)[0]
+    assert p.returncode == 0 and "loop0" in out, out
 
 
 def test_message_and_address_limits(env):

@@ -97,7 +97,12 @@ void *objects_find(uint32_t kind, uint32_t slot)
 void objects_add_former(uint32_t kind, uint32_t slot, uint32_t gen, void *obj)
 {
 	std::lock_guard<std::mutex> g(g_lock);
-	g_former[{kind, slot, gen}] = obj;
+	try {
+		g_former[{kind, slot, gen}] = obj;
+	} catch (...) {
+		// Out of memory: an event raised on the old ring is dropped, as
+		// one of a CQ gone
+	}
 }
 
 void *objects_find_former(uint32_t kind, uint32_t slot, uint32_t gen)

@@ -278,6 +278,17 @@ bool fabric::process_stopped(pid_t pid)
 
 int fabric::open(const config &cfg, fabric *&out, std::string &error)
 {
+	// A segment its creator removed while we waited for it (EAGAIN): from
+	// the start, where this process may become the creator.
+	for (int tries = 0;; tries++) {
+		int e = open_once(cfg, out, error);
+		if (e != EAGAIN || tries >= 3)
+			return e;
+	}
+}
+
+int fabric::open_once(const config &cfg, fabric *&out, std::string &error)
+{
 	auto *f = new fabric;
 	f->cfg_ = cfg;
 	f->path_ = registry_name(cfg.fabric);
@@ -365,6 +376,15 @@ int fabric::init_new(int fd, std::string &error)
 	return 0;
 }
 
+// The creator removed the segment we opened before setting it up (it
+// could not: a full /dev/shm): EAGAIN, and open tries again from the start.
+int fabric::unlinked(std::string &error)
+{
+	error = "fabric segment /dev/shm" + path_ +
+		" was removed by the process that was setting it up (it could not; /dev/shm full?)";
+	return EAGAIN;
+}
+
 int fabric::attach(int fd, std::string &error)
 {
 	struct stat st;
@@ -376,6 +396,8 @@ int fabric::attach(int fd, std::string &error)
 		}
 		if (static_cast<size_t>(st.st_size) >= sizeof(sv_seg_hdr))
 			break;
+		if (!st.st_nlink)
+			return unlinked(error);
 		if (waited >= kReadyWaitMs) {
 			error = "fabric segment /dev/shm" + path_ +
 				" was never initialised (its creator died?); remove it with "
@@ -400,6 +422,11 @@ int fabric::attach(int fd, std::string &error)
 	auto *r = static_cast<sv_registry *>(p);
 	for (int waited = 0; state_of(r).load(std::memory_order_acquire) != SV_SEG_READY;
 	     waited++) {
+		struct stat now;
+		if (!fstat(fd, &now) && !now.st_nlink) {
+			munmap(p, st.st_size);
+			return unlinked(error);
+		}
 		if (waited >= kReadyWaitMs) {
 			munmap(p, st.st_size);
 			error = "fabric segment /dev/shm" + path_ +

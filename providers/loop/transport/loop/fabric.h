@@ -23,6 +23,7 @@ public:
 	// every configured device has a record.  Returns 0 or an errno, with a
 	// message in error.
 	static int open(const config &cfg, fabric *&out, std::string &error);
+	static int open_once(const config &cfg, fabric *&out, std::string &error);
 
 	sv_registry *reg() const
 	{
@@ -70,6 +71,7 @@ public:
 
 private:
 	int attach(int fd, std::string &error);
+	int unlinked(std::string &error);
 	int init_new(int fd, std::string &error);
 	void ensure_devices();
 	bool slot_dead_locked(int slot);
