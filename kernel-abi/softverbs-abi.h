@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 14
+#define SV_ABI_VERSION 15
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -295,6 +295,10 @@ enum sv_obj_kind {
 	SV_OBJ_RQ = 2,
 	SV_OBJ_SRQ = 3,
 	SV_OBJ_SVC = 4,
+	/* One open handle of an XRC domain tied to a file (xrcd names the
+	 * domain); no segment.  The domain exists while one is in use, as
+	 * the kernel's xrcd lives while a handle is open. */
+	SV_OBJ_XRCD = 5,
 };
 
 struct sv_obj_rec {

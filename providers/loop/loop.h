@@ -921,6 +921,7 @@ private:
 struct loop_xrcd {
 	verbs_xrcd vxrcd; // Must be first
 	obj_life life{kLifeXrcd}; // Users: XRC SRQs, XRC target QPs (created or opened)
+	obj_ref rec{SV_MAX_OBJS, 0}; // A file's domain: this handle's SV_OBJ_XRCD record
 };
 ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr);
 int loop_close_xrcd(ibv_xrcd *xrcd);

@@ -3,6 +3,7 @@
 #include "loop.h"
 #include "objects.h"
 
+#include <atomic>
 #include <cerrno>
 #include <new>
 #include <fcntl.h>
@@ -10,22 +11,41 @@
 
 namespace loop {
 
+namespace {
+
+// A file domain's handle record, freed (if still this one).
+void drop_record(fabric &fab, const obj_ref &rec)
+{
+	if (rec.slot >= SV_MAX_OBJS)
+		return;
+	registry_guard g(fab);
+	sv_obj_rec &o = fab.reg()->objs[rec.slot];
+	if (o.in_use && o.generation == rec.gen && o.kind == SV_OBJ_XRCD)
+		std::atomic_ref<uint32_t>(o.in_use).store(0, std::memory_order_release);
+}
+
+} // namespace
+
 ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr)
 {
 	if (ctx_closed(ctx, "ibv_open_xrcd"))
 		return nullptr;
 	loop_context *lctx = to_loop_context(ctx);
+	// rdma-core's ibv_cmd_open_xrcd: bits it does not know are
+	// EOPNOTSUPP, and both the descriptor and the flags must be given.
 	uint32_t known = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-	if (attr->comp_mask & ~known || !(attr->comp_mask & IBV_XRCD_INIT_ATTR_FD)) {
+	if (attr->comp_mask & ~known) {
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if ((attr->comp_mask & known) != known) {
 		errno = EINVAL;
 		return nullptr;
 	}
-	int oflags = (attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) ? attr->oflags : 0;
-	if (oflags & ~(O_CREAT | O_EXCL)) {
-		errno = EINVAL;
-		return nullptr;
-	}
+	// The kernel looks at O_CREAT and O_EXCL only (ib_uverbs_open_xrcd).
+	int oflags = attr->oflags;
 	uint32_t id;
+	obj_ref rec{SV_MAX_OBJS, 0};
 	if (attr->fd < 0) {
 		// A private domain: only this process's objects can name it.
 		fabric &fab = *lctx->fab;
@@ -39,12 +59,59 @@ ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr)
 			return nullptr;
 		uint64_t h = (static_cast<uint64_t>(st.st_dev) * 0x9e3779b97f4a7c15ULL) ^ st.st_ino;
 		id = static_cast<uint32_t>(h ^ (h >> 32)) | 0x80000000u;
+		// The domain exists while a handle on it is open, in any live
+		// process of the fabric: without O_CREAT there must be one
+		// (EAGAIN), with O_EXCL there must be none (EINVAL), as the
+		// kernel answers.  This handle is a record of its own.
+		fabric &fab = *lctx->fab;
+		sv_registry *r = fab.reg();
+		fab.reap_dead(); // A dead process's handles are no more
+		registry_guard g(fab);
+		bool exists = false;
+		uint32_t free_slot = SV_MAX_OBJS;
+		for (uint32_t i = 0; i < SV_MAX_OBJS; i++) {
+			const sv_obj_rec &o = r->objs[i];
+			if (!o.in_use) {
+				if (free_slot == SV_MAX_OBJS)
+					free_slot = i;
+				continue;
+			}
+			if (o.kind == SV_OBJ_XRCD && o.xrcd == id)
+				exists = true;
+		}
+		if (!exists && !(oflags & O_CREAT)) {
+			errno = EAGAIN;
+			return nullptr;
+		}
+		if (exists && (oflags & O_EXCL)) {
+			errno = EINVAL;
+			return nullptr;
+		}
+		if (free_slot == SV_MAX_OBJS) {
+			errno = ENOMEM;
+			return nullptr;
+		}
+		sv_obj_rec &o = r->objs[free_slot];
+		o.generation++;
+		o.owner_lease = static_cast<uint32_t>(lctx->lease);
+		o.owner_gen = r->leases[lctx->lease].generation;
+		o.kind = SV_OBJ_XRCD;
+		o.srq_num = 0;
+		o.xrcd = id;
+		o.cq_obj = o.cq_gen = o.pdn = 0;
+		o.nonce[0] = o.nonce[1] = 0;
+		o.place_fd = o.place_pages = 0;
+		o.place_offset = 0;
+		std::atomic_ref<uint32_t>(o.in_use).store(1, std::memory_order_release);
+		rec = {free_slot, o.generation};
 	}
 	auto *x = new (std::nothrow) loop_xrcd{};
 	if (!x) {
+		drop_record(*lctx->fab, rec);
 		errno = ENOMEM;
 		return nullptr;
 	}
+	x->rec = rec;
 	x->vxrcd.handle = id;
 	x->vxrcd.comp_mask = 0;
 	x->vxrcd.xrcd.context = ctx;
@@ -58,6 +125,7 @@ int loop_close_xrcd(ibv_xrcd *ibxrcd)
 	// EBUSY while XRC SRQs or target QPs (created or opened) use it.
 	if (int e = x->life.begin_destroy(kLifeXrcd, "ibv_close_xrcd", x))
 		return e;
+	drop_record(*to_loop_context(ibxrcd->context)->fab, x->rec);
 	x->life.end_destroy(kLifeXrcd);
 	quarantine(x);
 	return 0;
