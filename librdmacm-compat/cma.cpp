@@ -206,6 +206,7 @@ struct cm_id {
 	sockaddr_storage req_dst{};
 	int64_t timewait_ms = 0; // TIMEWAIT_EXIT due then
 	uint8_t tos = 0, ack_timeout = 14;
+	bool ack_timeout_set = false; // RDMA_OPTION_ID_ACK_TIMEOUT given: else from the path
 	int afonly = 0, reuseaddr = 0;
 	bool afonly_set = false; // RDMA_OPTION_ID_AFONLY given: else the family's default
 	int own_fd = -1;          // the port-owner marker (see check_port)
@@ -240,6 +241,32 @@ struct cm_id {
 	int64_t resend_ms = 0;
 	int backlog = 128; // A listener's: requests from other hosts not yet accepted
 };
+
+// The path's packet lifetime: on RoCE the kernel's (CMA_IBOE_PACKET_LIFETIME,
+// 16: 268 ms); on InfiniBand, where an SA would answer, 14 (67 ms).
+uint8_t packet_life(const cm_id *p)
+{
+	return p->eth ? 16 : 14;
+}
+
+// A connected QP's local ACK timeout, as the kernel's CM computes it from
+// the path's packet lifetime and the device's ACK delay (cm_ack_timeout;
+// IBTA 12.7.34: twice the lifetime plus the delay), unless the id set its
+// own (RDMA_OPTION_ID_ACK_TIMEOUT).  RoCE 17 (537 ms a try, 4.3 s with
+// retry_cnt 7), InfiniBand 16.  It was 14 (67 ms, 0.54 s): a peer that
+// stalled half a second failed the connection.
+uint8_t qp_ack_timeout(const cm_id *p)
+{
+	if (p->ack_timeout_set)
+		return p->ack_timeout;
+	int delay = p->dev ? p->dev->attr.local_ca_ack_delay : 15;
+	int t = packet_life(p) + 1;
+	if (t >= delay)
+		t += delay >= t - 1;
+	else
+		t = delay + (t >= delay - 1);
+	return static_cast<uint8_t>(std::min(t, 31));
+}
 
 struct global {
 	std::mutex mu;
@@ -769,7 +796,7 @@ void fill_path(cm_id *p)
 	r.rate_selector = 2;
 	r.rate = 7; // 40 Gb/s
 	r.packet_life_time_selector = 2;
-	r.packet_life_time = 14;
+	r.packet_life_time = packet_life(p);
 	r.hop_limit = p->eth ? 64 : 0;
 	r.traffic_class = p->tos;
 	p->id.route.path_rec = &p->path;
@@ -1255,7 +1282,7 @@ void encode_mad(cm_id *p, const wire_msg &m, uint8_t *mad)
 		q.primary_traffic_class = p->tos;
 		q.primary_hop_limit = 64;
 		q.primary_packet_rate = p->path.rate;
-		q.primary_local_ack_timeout = std::min<uint8_t>(p->ack_timeout, 31);
+		q.primary_local_ack_timeout = qp_ack_timeout(p);
 		put_ip_header(p, q.private_data);
 		memcpy(q.private_data + cmw::kCmaHdrLen, m.pdata, std::min(plen, kReqPdata));
 		cmw::put_req(mad, q);
@@ -2311,7 +2338,7 @@ int qp_attr_locked(cm_id *p, ibv_qp_attr *a, int *mask)
 		if (ud || !p->have_remote)
 			return ud ? 0 : EINVAL;
 		if (p->id.qp_type == IBV_QPT_RC || p->id.qp_type == IBV_QPT_XRC_SEND) {
-			a->timeout = p->ack_timeout;
+			a->timeout = qp_ack_timeout(p);
 			a->retry_cnt = p->retry;
 			// As the IB CM: the RNR retry count is the one the peer
 			// asked for (its REQ or REP), since it knows its receives.
@@ -2319,7 +2346,7 @@ int qp_attr_locked(cm_id *p, ibv_qp_attr *a, int *mask)
 			a->max_rd_atomic = p->init_depth;
 			*mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
 		} else if (p->id.qp_type == IBV_QPT_XRC_RECV) {
-			a->timeout = p->ack_timeout;
+			a->timeout = qp_ack_timeout(p);
 			*mask |= IBV_QP_TIMEOUT;
 		}
 		return 0;
@@ -3175,7 +3202,7 @@ SV_API int rdma_resolve_route(rdma_cm_id *id, int timeout_ms)
 		r.rate_selector = 2;
 		r.rate = 7;
 		r.packet_life_time_selector = 2;
-		r.packet_life_time = 14;
+		r.packet_life_time = packet_life(p);
 		r.hop_limit = p->eth ? 64 : 0;
 		r.traffic_class = p->tos;
 		p->id.route.path_rec = &p->path;
@@ -3918,6 +3945,7 @@ SV_API int rdma_set_option(rdma_cm_id *id, int level, int optname, void *optval,
 			if (optlen != sizeof(uint8_t))
 				return fail(EINVAL);
 			p->ack_timeout = std::min<uint8_t>(*static_cast<uint8_t *>(optval), 31);
+			p->ack_timeout_set = true;
 			return 0;
 		default:
 			return fail(ENOSYS);

@@ -102,8 +102,11 @@ static void post_one_recv(struct rdma_cm_id *c, struct ibv_mr *mr)
 
 int main(int argc, char **argv)
 {
-	if (argc != 2)
-		FAIL("usage: sv_cm_params ADDR");
+	if (argc != 2 && argc != 3)
+		FAIL("usage: sv_cm_params ADDR [ACK_TIMEOUT]");
+	/* The QPs' local ACK timeout the kernel's CM would give on this link
+	 * (16 on InfiniBand with our path's lifetime 14, 17 on RoCE). */
+	int want_timeout = argc == 3 ? atoi(argv[2]) : -1;
 	alarm(60);
 	snprintf(addr, sizeof(addr), "%s", argv[1]);
 	ch = rdma_create_event_channel();
@@ -145,6 +148,14 @@ int main(int argc, char **argv)
 	}
 	struct ibv_qp_attr a;
 	struct ibv_qp_init_attr ia;
+	if (want_timeout >= 0) {
+		CHECK(ibv_query_qp(c->qp, &a, IBV_QP_TIMEOUT, &ia) == 0);
+		if (a.timeout != want_timeout)
+			FAIL("the active QP's ACK timeout is %u, not %d", a.timeout, want_timeout);
+		CHECK(ibv_query_qp(s->qp, &a, IBV_QP_TIMEOUT, &ia) == 0);
+		if (a.timeout != want_timeout)
+			FAIL("the passive QP's ACK timeout is %u, not %d", a.timeout, want_timeout);
+	}
 	CHECK(ibv_query_qp(c->qp, &a, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &ia) == 0);
 	if (a.max_rd_atomic != 2 || a.max_dest_rd_atomic != 1)
 		FAIL("the active QP has max_rd_atomic %u, max_dest_rd_atomic %u; the REP said 2, 1",
