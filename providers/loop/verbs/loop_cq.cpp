@@ -655,6 +655,12 @@ again:
 	} else if (out.opcode & IBV_WC_RECV) {
 		note_recv_taken(cq, out);
 	}
+	// For TSan: the slot (and its payload) are read before cons moves past
+	// them, and every producer refills them only after that; cons may reach
+	// a producer of this process through another process (a peer's store
+	// of cons_seen), an edge TSan cannot see, so the slot says it itself
+	// (cq_push acquires it).
+	QLOCK_TSAN(__tsan_release(&slot));
 	cq->head = c + 1;
 	std::atomic_ref<uint64_t>(r->cons).store(c + 1, std::memory_order_release);
 	return true;
@@ -911,6 +917,7 @@ int cq_place_deferred(sv_cq_ring *ring, uint64_t index, void *dst, pid_t pid, sv
 			break;
 	}
 	sv_cqe &slot = slots[p & mask];
+	QLOCK_TSAN(__tsan_acquire(&slot)); // The owner's last take of it (cq_take)
 	e.seq = 0;
 	e.timestamp = (std::atomic_ref<uint32_t>(ring->flags).load(std::memory_order_relaxed) &
 		       SV_CQ_STAMP)
