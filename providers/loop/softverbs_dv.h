@@ -149,7 +149,11 @@ struct softverbs_wqe {
 	uint8_t ud[64];	 /* UD address: see sv_wqe_ud */
 	uint8_t mem[48]; /* BIND_MW / fast-register: see sv_wqe_mem */
 	uint8_t reserved[16];
-	/* Then ctrl.num_sge struct softverbs_sge, or ctrl.inline_len bytes. */
+	/* Then ctrl.num_sge struct softverbs_sge, or ctrl.inline_len bytes.
+	 * Inline data (SOFTVERBS_WQE_INLINE) only with SEND, SEND_WITH_IMM,
+	 * SEND_WITH_INV, RDMA_WRITE, RDMA_WRITE_WITH_IMM (else the WQE fails
+	 * with IBV_WC_LOC_QP_OP_ERR), and IBV_WR_ATOMIC_WRITE, whose 8-byte
+	 * value is always inline (inline_len 8; else IBV_WC_LOC_LEN_ERR). */
 };
 
 struct softverbs_sge {

@@ -9,6 +9,12 @@
  *     the agent, post one WRITE each after the engine has gone to sleep;
  *     every one completes, and all 200 within 5 s (a ring the engine does
  *     not wait on would otherwise wait out the engine's 1 s sleep).
+ *  3. Inline data where it cannot be: an ATOMIC_WRITE whose value is an
+ *     SGE (not the 8 inline bytes the library writes) completes with
+ *     IBV_WC_LOC_LEN_ERR, and a READ marked inline with
+ *     IBV_WC_LOC_QP_OP_ERR, the target untouched.  Before, the first wrote
+ *     the inline bytes an earlier WQE left and the second completed SUCCESS
+ *     with its data nowhere (a helper's probe).
  * Completions are polled with ibv_poll_cq (the CQs stay the library's).
  */
 #include "../progs/svt.h"
@@ -105,6 +111,62 @@ static void untrusted_mem_wqes(struct svt_dev *d)
 	CHECK(ibv_dealloc_mw(mw) == 0);
 }
 
+static void misplaced_inline(struct svt_dev *d)
+{
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_mr *mr = svt_mr(d, 4096,
+				   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					   IBV_ACCESS_REMOTE_READ);
+	uint64_t *word = (uint64_t *)mr->addr;
+	for (int round = 0; round < 2; round++) {
+		struct ibv_qp *a, *b;
+		pair(d, cq, &a, &b, 8);
+		struct softverbs_dv_sq sq;
+		CHECK(softverbs_dv_qp_agent(a, 1, &sq) == 0);
+		word[0] = 0x1111111111111111ULL;
+		word[1] = 0x2222222222222222ULL;
+		/* An inline WRITE first, which leaves its bytes behind */
+		const char secret[8] = "SECRET!!";
+		struct softverbs_wqe *w = softverbs_dv_sq_next(&sq);
+		CHECK(w);
+		softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 10);
+		softverbs_dv_wqe_rdma(w, (uintptr_t)mr->addr + 64, mr->rkey);
+		CHECK(softverbs_dv_wqe_inline(&sq, w, secret, sizeof(secret)) == 0);
+		softverbs_dv_sq_post(&sq, 1);
+		struct ibv_wc wc = svt_wait(cq, "inline WRITE");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		w = softverbs_dv_sq_next(&sq);
+		CHECK(w);
+		if (round == 0) {
+			/* ATOMIC_WRITE with its value in an SGE */
+			word[2] = 0x1122334455667788ULL;
+			softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_ATOMIC_WRITE, IBV_SEND_SIGNALED, 11);
+			softverbs_dv_wqe_rdma(w, (uintptr_t)mr->addr, mr->rkey);
+			struct softverbs_sge *s = (struct softverbs_sge *)((char *)w + SOFTVERBS_WQE_HDR_SIZE);
+			s->addr = (uintptr_t)&word[2];
+			s->length = 8;
+			s->lkey = mr->lkey;
+			w->ctrl.num_sge = 1;
+		} else {
+			/* READ of 8 bytes into word 1, marked inline */
+			softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, 11);
+			softverbs_dv_wqe_rdma(w, (uintptr_t)mr->addr, mr->rkey);
+			CHECK(softverbs_dv_wqe_inline(&sq, w, secret, sizeof(secret)) == 0);
+		}
+		softverbs_dv_sq_post(&sq, 1);
+		wc = svt_wait(cq, round ? "a READ marked inline" : "an ATOMIC_WRITE from an SGE");
+		CHECK_EQ(wc.wr_id, 11);
+		CHECK_WC(wc, round ? IBV_WC_LOC_QP_OP_ERR : IBV_WC_LOC_LEN_ERR);
+		CHECK_EQ(word[0], 0x1111111111111111ULL);
+		CHECK_EQ(word[1], 0x2222222222222222ULL);
+		printf("agent %s: %s\n", round ? "READ marked inline" : "ATOMIC_WRITE from an SGE",
+		       ibv_wc_status_str(wc.status));
+		CHECK(softverbs_dv_qp_agent(a, 0, NULL) == 0);
+		CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
+	}
+}
+
 static void many_rings(struct svt_dev *d)
 {
 	struct ibv_cq *cq = ibv_create_cq(d->ctx, 2 * NQP, NULL, NULL, 0);
@@ -152,6 +214,7 @@ int main(void)
 	struct svt_dev d;
 	svt_open(&d, "loop0");
 	untrusted_mem_wqes(&d);
+	misplaced_inline(&d);
 	many_rings(&d);
 	printf("ok\n");
 	return 0;

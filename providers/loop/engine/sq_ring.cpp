@@ -171,8 +171,23 @@ ibv_wc_status wqe_read(loop_qp *qp, uint64_t index, send_wr &w)
 		return IBV_WC_LOC_QP_OP_ERR;
 	}
 	w.opcode = static_cast<ibv_wr_opcode>(op);
+	// Inline data is a SEND's or a WRITE's payload, or an atomic write's
+	// value, which is nothing else: 8 bytes inline (the form the library
+	// writes; softverbs_dv.h).  An agent's READ or atomic marked inline
+	// would have no SGE for its response, and an atomic write without its
+	// 8 bytes would write whatever an earlier WQE left (a helper's probe).
+	bool may_inline = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
+			  op == IBV_WR_SEND_WITH_INV || op == IBV_WR_RDMA_WRITE ||
+			  op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_ATOMIC_WRITE;
+	if ((q.ctrl.flags & SV_WQE_INLINE) && !may_inline)
+		return IBV_WC_LOC_QP_OP_ERR;
+	if (op == IBV_WR_ATOMIC_WRITE &&
+	    (!(q.ctrl.flags & SV_WQE_INLINE) || q.ctrl.inline_len != 8))
+		return IBV_WC_LOC_LEN_ERR;
 	if (q.ctrl.flags & SV_WQE_INLINE) {
-		if (q.ctrl.inline_len > qp->cap.max_inline_data ||
+		// (An atomic write's value is no inline data in max_inline_data's
+		// sense: a QP made with none posts it all the same.)
+		if ((q.ctrl.inline_len > qp->cap.max_inline_data && op != IBV_WR_ATOMIC_WRITE) ||
 		    SV_WQE_HDR_SIZE + q.ctrl.inline_len > qp->sq_stride)
 			return IBV_WC_LOC_LEN_ERR;
 		w.is_inline = true;
