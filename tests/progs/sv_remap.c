@@ -1876,20 +1876,10 @@ static void sc_emfile(void)
 	expect_moved(m, len, 1, "buffer");
 	roundtrip(mr, 0, PAGE, 62, "before");
 	svt_fill(m, len, 61);
-	struct rlimit old;
-	CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
-	struct rlimit low = old;
-	low.rlim_cur = 512 < old.rlim_cur ? 512 : old.rlim_cur;
-	CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
-	static int fds[1024];
-	int n = 0;
-	while (n < 1024 && (fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
-		n++;
-	CHECK(n < 1024 && errno == EMFILE);
+	static struct svt_nofds nofds;
+	svt_fds_exhaust(&nofds);
 	int rc = ibv_dereg_mr(mr);
-	for (int i = 0; i < n; i++)
-		close(fds[i]);
-	CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+	svt_fds_back(&nofds);
 	CHECK_EQ(rc, 0);
 	check_bytes(m, len, 61, "a buffer deregistered out of descriptors");
 	/* Another registration comes and goes: the stuck range is settled. */

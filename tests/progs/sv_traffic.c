@@ -1339,23 +1339,13 @@ static void emfile_case(int resized)
 		CHECK_WC(wc, IBV_WC_SUCCESS);
 		CHECK(ibv_resize_cq(p.bcq, 1024) == 0);
 	}
-	struct rlimit old;
-	CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
-	struct rlimit low = old;
-	low.rlim_cur = 512 < old.rlim_cur ? 512 : old.rlim_cur;
-	CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
-	static int fds[1024];
-	int n = 0;
-	while (n < 1024 && (fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
-		n++;
-	CHECK(n < 1024 && errno == EMFILE);
+	static struct svt_nofds nofds;
+	svt_fds_exhaust(&nofds);
 	svt_post_recv1(p.qb, 7, &rs, 1);
 	svt_fill(ma->addr, 64, 9);
 	CHECK(svt_post_send1(p.qa, 8, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0) == 0);
 	wc = svt_wait(p.acq, "a SEND whose receiver cannot be mapped");
-	for (int i = 0; i < n; i++)
-		close(fds[i]);
-	CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+	svt_fds_back(&nofds);
 	CHECK_WC(wc, IBV_WC_RETRY_EXC_ERR);
 	CHECK_EQ(wc.wr_id, 8);
 	CHECK_EQ(svt_state(p.qa), IBV_QPS_ERR);

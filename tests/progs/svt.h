@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -266,6 +267,35 @@ static inline void svt_fill(void *p, size_t len, unsigned seed)
 static inline void svt_watchdog(int seconds)
 {
 	alarm(seconds); /* SIGALRM's default action ends the process */
+}
+
+/* A process out of descriptors: the soft limit lowered to at most 512, and
+ * the table filled with /dev/null until EMFILE.  svt_fds_back gives them
+ * back and restores the limit. */
+struct svt_nofds {
+	struct rlimit old;
+	int fds[1024];
+	int n;
+};
+
+static inline void svt_fds_exhaust(struct svt_nofds *z)
+{
+	CHECK(getrlimit(RLIMIT_NOFILE, &z->old) == 0);
+	struct rlimit low = z->old;
+	low.rlim_cur = 512 < z->old.rlim_cur ? 512 : z->old.rlim_cur;
+	CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+	z->n = 0;
+	while (z->n < 1024 && (z->fds[z->n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+		z->n++;
+	CHECK(z->n < 1024 && errno == EMFILE);
+}
+
+static inline void svt_fds_back(struct svt_nofds *z)
+{
+	for (int i = 0; i < z->n; i++)
+		close(z->fds[i]);
+	z->n = 0;
+	CHECK(setrlimit(RLIMIT_NOFILE, &z->old) == 0);
 }
 
 static inline enum ibv_qp_state svt_state(struct ibv_qp *qp)

@@ -119,7 +119,7 @@ def main():
     got = []
     for name, body in steps:
         send(body)
-        got.append([name, answers(0.5)])
+        got.append([name, answers(1.0)])  # Generous: a loaded machine
     print(json.dumps(got), flush=True)
     os._exit(0)
 

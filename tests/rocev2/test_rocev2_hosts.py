@@ -417,6 +417,27 @@ def test_fuzzed_receive_path(pair):
     pingpong(pair, "ibv_rc_pingpong", 0, 200, 4096)
 
 
+def victim_and_peer(pair, fabric, code, code_args, pattern, peer_argv):
+    """Runs Python code (a victim QP) on host a, on its own fabric, until
+    it prints pattern; then peer_argv(match) on host b (a forged peer,
+    raw, not through softverbs), to its end.  (victim's whole output with
+    `softverbs show` after it, the peer's CompletedProcess)."""
+    show = str(pair.build / "tools" / "softverbs")
+    victim = pair.a.popen(["sh", "-c", f"{PYTHON} -c '{code}' {code_args}; echo victim=$?; "
+                                       f"{show} show {fabric}"], {"SOFTVERBS_FABRIC": fabric})
+    try:
+        head = read_until(victim, "victim qpn")
+        m = re.search(pattern, head)
+        assert m, head
+        peer = subprocess.run(pair.b.raw_argv(peer_argv(m)), capture_output=True, text=True,
+                              timeout=60)
+        assert peer.returncode == 0, peer.stdout + peer.stderr
+        return head + victim.communicate(timeout=60)[0], peer
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+
+
 # The victim above with its MR's address and key printed, and bytes 0..15
 # of it set to 0x10..0x1f.
 VICTIM_MR = VICTIM.replace(
@@ -433,27 +454,14 @@ def test_duplicate_requests_answered_only_within_what_ran(pair):
     ran, are dropped and counted, and the QP goes on.  (Before, a duplicate
     with a bad key NAKed and put the QP in ERR, and one at any past PSN was
     executed as a fresh READ.)"""
-    fabric = f"dup{os.getpid()}"
-    env = {"SOFTVERBS_FABRIC": fabric}
-    show = str(pair.build / "tools" / "softverbs")
     import ipaddress
     import json
     peer_gid = ipaddress.IPv6Address(f"::ffff:{pair.b.addr}").exploded
-    victim = pair.a.popen(["sh", "-c", f"{PYTHON} -c '{VICTIM_MR}' {peer_gid} 8; "
-                                       f"echo victim=$?; {show} show {fabric}"], env)
-    try:
-        head = read_until(victim, "victim qpn")
-        m = re.search(r"victim qpn (0x[0-9a-f]+) va (0x[0-9a-f]+) rkey (0x[0-9a-f]+)", head)
-        assert m, head
-        fp = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "forge_peer.py"), pair.a.addr,
-                                             pair.b.addr, "--qpn", m.group(1), "--va",
-                                             m.group(2), "--rkey", m.group(3)]),
-                            capture_output=True, text=True, timeout=60)
-        assert fp.returncode == 0, fp.stdout + fp.stderr
-        out = head + victim.communicate(timeout=60)[0]
-    finally:
-        if victim.poll() is None:
-            victim.kill()
+    out, fp = victim_and_peer(
+        pair, f"dup{os.getpid()}", VICTIM_MR, f"{peer_gid} 20",
+        r"victim qpn (0x[0-9a-f]+) va (0x[0-9a-f]+) rkey (0x[0-9a-f]+)",
+        lambda m: [PYTHON, str(HERE / "forge_peer.py"), pair.a.addr, pair.b.addr, "--qpn",
+                   m.group(1), "--va", m.group(2), "--rkey", m.group(3)])
     got = dict((k, v) for k, v in json.loads(fp.stdout.strip().splitlines()[-1]))
     want = {
         "read": ["READ_RESP_ONLY psn=0 ACK:0 data=1011121314151617"],
@@ -501,10 +509,14 @@ for i in range(8):
     qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[SGE(mr.buf + i * 8192, 8192, mr.lkey)]))
 qp.to_rtr(QPAttr(qp_state=e.IBV_QPS_RTR))
 print(f"victim qpn {qp.qp_num:#x}", flush=True)
-got, end = [], time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
+# Until the small datagram came (it is sent last), then a moment for any
+# other; at most the seconds given.
+got, end, settle = [], time.monotonic() + float(sys.argv[1]), None
+while time.monotonic() < (settle or end):
     n, wcs = cq.poll(8)
     got += [(w.status, w.byte_len) for w in wcs[:n]]
+    if got and settle is None:
+        settle = time.monotonic() + 0.5
     time.sleep(0.01)
 print("victim got", got, flush=True)
 """
@@ -515,23 +527,10 @@ def test_datagram_longer_than_the_mtu_is_dropped(pair):
     veth: MTU 1024) is malformed and dropped, as a NIC drops it; before, it
     took a receive WR and completed it with LOC_LEN_ERR.  The 16-byte one
     after it lands (16 + the 40-byte GRH)."""
-    fabric = f"udmtu{os.getpid()}"
-    env = {"SOFTVERBS_FABRIC": fabric}
-    show = str(pair.build / "tools" / "softverbs")
-    victim = pair.a.popen(["sh", "-c", f"{PYTHON} -c '{UD_VICTIM}' 3; echo victim=$?; "
-                                       f"{show} show {fabric}"], env)
-    try:
-        head = read_until(victim, "victim qpn")
-        m = re.search(r"victim qpn (0x[0-9a-f]+)", head)
-        assert m, head
-        fp = subprocess.run(pair.b.raw_argv([PYTHON, str(HERE / "forge_peer.py"), pair.a.addr,
-                                             pair.b.addr, "--qpn", m.group(1), "--ud"]),
-                            capture_output=True, text=True, timeout=60)
-        assert fp.returncode == 0, fp.stdout + fp.stderr
-        out = head + victim.communicate(timeout=60)[0]
-    finally:
-        if victim.poll() is None:
-            victim.kill()
+    out, _ = victim_and_peer(
+        pair, f"udmtu{os.getpid()}", UD_VICTIM, "30", r"victim qpn (0x[0-9a-f]+)",
+        lambda m: [PYTHON, str(HERE / "forge_peer.py"), pair.a.addr, pair.b.addr, "--qpn",
+                   m.group(1), "--ud"])
     assert "victim got [(0, 56)]" in out and "victim=0" in out, out
     d = re.search(r"drops:\s+(\d+) bad ICRC, (\d+) malformed", out)
     assert d and int(d.group(2)) >= 1, out
