@@ -638,7 +638,9 @@ bool restore(uintptr_t addr, const block &b, bool hold = true)
 			       v.off + (at - v.start) == b.off + (at - addr);
 			at = v.end;
 		}
-		if (here && at >= addr + b.len) {
+		// Ending exactly at its end: one that goes on maps more of the
+		// window (grown in place by mremap), the full look finds it.
+		if (here && at == addr + b.len) {
 			for (const vma &v : all) {
 				uintptr_t s = std::max(v.start, addr), e = std::min(v.end, addr + b.len);
 				ps.push_back({s, e - s, b.off + (s - addr), v.prot});
