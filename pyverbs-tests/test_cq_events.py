@@ -44,6 +44,8 @@ def test_arming_a_cq_that_holds_completions(env, build_dir):
     at once, once, as a ConnectX does (its arm names the consumer index);
     a solicited-only arm only for a solicited or failed one
     (tests/progs/sv_arm.c).  perftest -e -Q N polls one batch per event
-    and hung without it."""
+    and hung without it.  Completions an event announced fire instead
+    when a poll leaves them (ib_send_lat -e re-arms before its one poll
+    per event, and ran out of step on an event at the arm)."""
     p = svtest.run([svtest.built_prog(build_dir, "sv_arm")], env, timeout=90)
     assert p.returncode == 0 and p.stdout.strip() == "ok", (p.stdout, p.stderr)

@@ -213,6 +213,12 @@ struct loop_cq {
 	uint32_t capacity; // What the application asked for, rounded up
 	qlock lock;	   // Polling (qlock.h)
 	std::mutex arm_lock; // ibv_req_notify_cq against resize's swap of ring
+	// Under arm_lock: the completions of the ring before this index were
+	// published when the application took an event of this CQ
+	// (ibv_get_cq_event), so that event announced them.  An arm fires at
+	// once only for completions after it; those it announced and left
+	// unpolled fire when a poll leaves them (loop_req_notify_cq).
+	uint64_t announced = 0;
 	// Threads of this process inside push_own with the ring's address:
 	// resize unmaps the old ring only once none is.
 	std::atomic<uint32_t> pushers{0};
@@ -243,6 +249,7 @@ struct loop_cq {
 	sv_cqe cur;
 	uint64_t wc_flags_ex;
 	bool locked; // start_poll took lock
+	bool drained = true; // The batch's last start_poll/next_poll found the CQ empty
 	bool single_threaded; // IBV_CREATE_CQ_ATTR_SINGLE_THREADED: polling takes no lock
 	obj_life life{kLifeCq}; // Users: QPs, XRC SRQs
 	parent_refs parents;	 // Its parent domain (create_cq_ex)
@@ -731,6 +738,8 @@ ibv_cq_ex *loop_create_cq_ex(ibv_context *ctx, ibv_cq_init_attr_ex *attr);
 int loop_destroy_cq(ibv_cq *cq);
 int loop_poll_cq(ibv_cq *cq, int n, ibv_wc *wc);
 int loop_req_notify_cq(ibv_cq *cq, int solicited_only);
+void loop_cq_event(ibv_cq *cq);
+void cq_fire_leftover(loop_cq *cq);
 int loop_resize_cq(ibv_cq *cq, int cqe);
 int loop_modify_cq(ibv_cq *cq, ibv_modify_cq_attr *attr);
 // Pushes a completion into any CQ ring (ours or a peer's).  Returns 0, or

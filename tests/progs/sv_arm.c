@@ -15,7 +15,16 @@
  *      completion before the re-arm raises nothing more;
  *   3. a solicited-only arm over unpolled unsolicited successes raises
  *      nothing (300 ms); over a pending solicited completion, one event at
- *      once.
+ *      once;
+ *   4. the completion an event announced, still unpolled when the CQ is
+ *      re-armed (ibv_get_cq_event, ack, arm, then poll: ib_send_lat -e's
+ *      order), raises nothing more (300 ms): that second event, taken for
+ *      the next message, put ib_send_lat -e out of step;
+ *   5. completions an event announced and a poll leaves behind an armed
+ *      CQ raise one event, at the poll that leaves them (perftest -e -Q N
+ *      polls one batch per event); a poll that empties it raises none;
+ *   6. the same through an extended CQ: a start_poll/end_poll batch that
+ *      ends before ENOENT leaves them, one that reaches ENOENT does not.
  * Every completion is polled and its wr_id checked.  Prints "ok" and exits
  * 0, or names the first check that failed and exits 1. */
 #include "svt.h"
@@ -156,6 +165,97 @@ int main(void)
 		FAIL("3: no event on a solicited-only arm over a pending solicited receive");
 	take(rcq, 2, 6, "3 solicited");
 
+	/* 4. Re-armed over the completion the event announced. */
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	send1(a, mr, 0);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("4: no event for a completion after the arm");
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	if (event_within(g_sch, scq, 300))
+		FAIL("4: a second event for the completion the first announced");
+	take(scq, 1, 8, "4");
+	if (event_within(g_sch, scq, 300))
+		FAIL("4: an event after the poll that emptied the CQ");
+
+	/* 5. Announced completions a poll leaves behind. The CQ is armed
+	 * from step 4; three sends, each complete when posted: the first
+	 * fires, the others come while disarmed, all before the event is
+	 * taken (so it announces the three). */
+	send1(a, mr, 0);
+	send1(a, mr, 0);
+	send1(a, mr, 0);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("5: no event for three completions");
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	if (event_within(g_sch, scq, 300))
+		FAIL("5: an event on re-arming over the announced completions");
+	struct ibv_wc w1;
+	CHECK(ibv_poll_cq(scq, 1, &w1) == 1);
+	CHECK_WC(w1, IBV_WC_SUCCESS);
+	CHECK_EQ(w1.wr_id, (uint64_t)9);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("5: no event when a poll left two announced completions");
+	if (event_within(g_sch, scq, 300))
+		FAIL("5: a second event without a re-arm");
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	struct ibv_wc w2[2];
+	CHECK(ibv_poll_cq(scq, 2, w2) == 2); /* Both in one poll: none left */
+	CHECK_WC(w2[0], IBV_WC_SUCCESS);
+	CHECK_WC(w2[1], IBV_WC_SUCCESS);
+	CHECK_EQ(w2[0].wr_id, (uint64_t)10);
+	CHECK_EQ(w2[1].wr_id, (uint64_t)11);
+	if (event_within(g_sch, scq, 300))
+		FAIL("5: an event after the poll that emptied the CQ");
+	/* The poll of a full array that emptied the CQ raises none either. */
+	send1(a, mr, 0);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("5: no event for the last completion");
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	CHECK(ibv_poll_cq(scq, 1, &w1) == 1);
+	CHECK_EQ(w1.wr_id, (uint64_t)12);
+	if (event_within(g_sch, scq, 300))
+		FAIL("5: an event from a poll that took the last completion");
+
+	/* 6. An extended CQ (its own channel) under a new pair x -> y. */
+	struct ibv_comp_channel *xch = ibv_create_comp_channel(d.ctx);
+	CHECK(xch);
+	CHECK(fcntl(xch->fd, F_SETFL, fcntl(xch->fd, F_GETFL) | O_NONBLOCK) == 0);
+	struct ibv_cq_init_attr_ex ax = {.cqe = 64, .channel = xch,
+					 .wc_flags = IBV_WC_EX_WITH_BYTE_LEN};
+	struct ibv_cq_ex *xcq = ibv_create_cq_ex(d.ctx, &ax);
+	CHECK(xcq);
+	struct ibv_cq *xc = ibv_cq_ex_to_cq(xcq);
+	struct svt_qpopt xo = {.scq = xc, .rcq = xc, .type = IBV_QPT_RC};
+	struct ibv_qp *x = svt_qp(&d, &xo), *y = svt_qp(&d, &ro);
+	svt_connect(x, y->qp_num, d.lid, &c);
+	svt_connect(y, x->qp_num, d.lid, &c);
+	for (int i = 0; i < 4; i++)
+		recv1(y, mr);
+	CHECK(ibv_req_notify_cq(xc, 0) == 0);
+	for (int i = 0; i < 3; i++)
+		send1(x, mr, 0);
+	if (!event_within(xch, xc, 2000))
+		FAIL("6: no event for three completions");
+	CHECK(ibv_req_notify_cq(xc, 0) == 0);
+	struct ibv_poll_cq_attr pa = {0};
+	CHECK(ibv_start_poll(xcq, &pa) == 0);
+	CHECK_EQ(xcq->status, IBV_WC_SUCCESS);
+	CHECK_EQ(xcq->wr_id, (uint64_t)13);
+	ibv_end_poll(xcq);
+	if (!event_within(xch, xc, 2000))
+		FAIL("6: no event when a batch left two announced completions");
+	CHECK(ibv_req_notify_cq(xc, 0) == 0);
+	CHECK(ibv_start_poll(xcq, &pa) == 0);
+	CHECK_EQ(xcq->wr_id, (uint64_t)14);
+	CHECK(ibv_next_poll(xcq) == 0);
+	CHECK_EQ(xcq->wr_id, (uint64_t)15);
+	CHECK(ibv_next_poll(xcq) == ENOENT);
+	ibv_end_poll(xcq);
+	if (event_within(xch, xc, 300))
+		FAIL("6: an event after a batch that emptied the CQ");
+	CHECK(ibv_destroy_qp(x) == 0);
+	CHECK(ibv_destroy_qp(y) == 0);
+
 	CHECK(ibv_destroy_qp(a) == 0);
 	CHECK(ibv_destroy_qp(b) == 0);
 	void *buf = mr->addr;
@@ -163,6 +263,8 @@ int main(void)
 	free(buf);
 	CHECK(ibv_destroy_cq(scq) == 0);
 	CHECK(ibv_destroy_cq(rcq) == 0);
+	CHECK(ibv_destroy_cq(xc) == 0);
+	CHECK(ibv_destroy_comp_channel(xch) == 0);
 	CHECK(ibv_destroy_comp_channel(g_sch) == 0);
 	CHECK(ibv_destroy_comp_channel(g_rch) == 0);
 	CHECK(ibv_dealloc_pd(d.pd) == 0);

@@ -1097,21 +1097,25 @@ int loop_destroy_cq(ibv_cq *ibcq)
 		to_wc(e, wc[i]);
 		i++;
 	}
+	if (i == n && n) [[unlikely]]
+		cq_fire_leftover(cq);
 	return i;
 }
 
 namespace {
 
 // Whether the CQ holds a published completion not yet polled that an arm
-// of kind arm fires for (any, or a solicited or failed one).  From the
-// ring's cons, which the poller stores as it takes each entry.  Moderated
-// CQs count only completions after the arm, as before.
-bool pending_fires(const loop_cq *cq, sv_cq_ring *ring, uint32_t arm)
+// of kind arm fires for (any, or a solicited or failed one), at or after
+// index from (from before the ring's cons: from cons).  The ring's cons
+// is what the poller stores as it takes each entry.  Moderated CQs count
+// only completions after the arm, as before.
+bool pending_fires(const loop_cq *cq, sv_cq_ring *ring, uint32_t arm, uint64_t from)
 {
 	if (std::atomic_ref<uint32_t>(ring->mod_count).load(std::memory_order_relaxed) > 1)
 		return false;
 	uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
-	for (uint64_t i = c; i - c < cq->capacity; i++) {
+	uint64_t i = from - c <= cq->capacity ? from : c;
+	for (; i - c < cq->capacity; i++) {
 		const sv_cqe &e = cq->slots[i & cq->mask];
 		if (std::atomic_ref<const uint32_t>(e.seq).load(std::memory_order_acquire) !=
 		    static_cast<uint32_t>(i + 1))
@@ -1120,6 +1124,17 @@ bool pending_fires(const loop_cq *cq, sv_cq_ring *ring, uint32_t arm)
 			return true;
 	}
 	return false;
+}
+
+// Disarms the CQ and raises its event, unless a producer or another arm's
+// look did first (the CAS makes one event of an arm).
+void fire_armed(sv_cq_ring *ring, uint32_t arm)
+{
+	std::atomic_ref<uint32_t> armed(ring->armed);
+	if (armed.compare_exchange_strong(arm, SV_CQ_DISARMED, std::memory_order_acq_rel)) {
+		std::atomic_ref<uint32_t>(ring->mod_pending).store(0, std::memory_order_relaxed);
+		notify_channel(ring);
+	}
 }
 
 } // namespace
@@ -1142,19 +1157,60 @@ int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	std::atomic_ref<uint32_t> armed(ring->armed);
 	armed.store(arm, std::memory_order_seq_cst);
 	std::atomic_thread_fence(std::memory_order_seq_cst);
-	// Completions already there, not yet polled: the event comes now.  A
-	// ConnectX arms at the consumer index it is given and fires at once
-	// when completions lie beyond it, and programs written against one
-	// count on that: perftest -e -Q N takes one event, re-arms and polls
-	// one batch, leaving completions behind, and waited forever here.
+	// Completions already there, not yet polled, that no event the
+	// application took announced (published after its last
+	// ibv_get_cq_event of this CQ, or none taken): the event comes now.
+	// A ConnectX arms at the consumer index it is given and fires at once
+	// when completions lie beyond it; programs written against one count
+	// on that for completions that came while the CQ was disarmed.  Those
+	// the last event announced fire only when a poll leaves them behind
+	// (cq_fire_leftover): perftest -e -Q N takes one event, re-arms and
+	// polls one batch, leaving completions behind, and waited forever
+	// without an event for them; ib_send_lat -e takes one event, re-arms
+	// before it polls the one completion the event announced, and polls
+	// once per event: an event for that completion, raised at the arm,
+	// was taken later as the next message's, whose poll found nothing,
+	// and the ping-pong ran out of step (its send queue of one WR full:
+	// "Couldn't post send").
 	// A producer publishing meanwhile sees the arm (both sides fence): the
 	// CAS makes one event of the two.
-	if (pending_fires(cq, ring, arm) &&
-	    armed.compare_exchange_strong(arm, SV_CQ_DISARMED, std::memory_order_acq_rel)) {
-		std::atomic_ref<uint32_t>(ring->mod_pending).store(0, std::memory_order_relaxed);
-		notify_channel(ring);
-	}
+	if (pending_fires(cq, ring, arm, cq->announced))
+		fire_armed(ring, arm);
 	return 0;
+}
+
+// The provider's half of ibv_get_cq_event: the completions published now
+// are the ones this event announced.
+void loop_cq_event(ibv_cq *ibcq)
+{
+	loop_cq *cq = to_loop_cq(ibcq);
+	if (!cq->life.is(kLifeCq))
+		return;
+	std::lock_guard<std::mutex> g(cq->arm_lock);
+	sv_cq_ring *ring = cq->ring;
+	if (!ring)
+		return;
+	uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
+	uint64_t end = c;
+	while (end - c < cq->capacity &&
+	       std::atomic_ref<uint32_t>(cq->slots[end & cq->mask].seq)
+			       .load(std::memory_order_acquire) == static_cast<uint32_t>(end + 1))
+		end++;
+	cq->announced = end;
+}
+
+// After a poll that stopped before the CQ was empty (under the poll lock):
+// an armed CQ whose unpolled completions an earlier event announced
+// raises its event now, as a ConnectX's arm over them would have.
+void cq_fire_leftover(loop_cq *cq)
+{
+	sv_cq_ring *ring = cq->ring;
+	uint32_t arm = std::atomic_ref<uint32_t>(ring->armed).load(std::memory_order_relaxed);
+	if (arm == SV_CQ_DISARMED || cq->agent)
+		return;
+	std::atomic_thread_fence(std::memory_order_seq_cst);
+	if (pending_fires(cq, ring, arm, 0))
+		fire_armed(ring, arm);
 }
 
 int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
@@ -1274,6 +1330,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	// it disarmed.  ibv_req_notify_cq waits on arm_lock until the CQ names
 	// the new ring, so no arm lands on the old one.
 	std::unique_lock<std::mutex> arm(cq->arm_lock);
+	cq->announced = 0; // Indices of the old ring: none announced here
 	uint32_t armed = std::atomic_ref<uint32_t>(cq->ring->armed)
 				 .exchange(SV_CQ_DISARMED, std::memory_order_seq_cst);
 	std::atomic_ref<uint32_t>(nr->armed).store(armed, std::memory_order_seq_cst);

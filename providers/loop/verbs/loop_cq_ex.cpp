@@ -71,6 +71,7 @@ int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) noexcept
 		return ENOENT;
 	}
 	cq->locked = lock;
+	cq->drained = false;
 	make_current(cq);
 	return 0;
 }
@@ -78,8 +79,10 @@ int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) noexcept
 int next_poll(ibv_cq_ex *c) noexcept
 {
 	loop_cq *cq = cq_of(c);
-	if (!cq_pop(cq, cq->cur))
+	if (!cq_pop(cq, cq->cur)) {
+		cq->drained = true;
 		return ENOENT;
+	}
 	make_current(cq);
 	return 0;
 }
@@ -87,6 +90,10 @@ int next_poll(ibv_cq_ex *c) noexcept
 void end_poll(ibv_cq_ex *c) noexcept
 {
 	loop_cq *cq = cq_of(c);
+	// A batch that stopped before the CQ was empty, as a poll_cq that
+	// filled its array (loop_poll_cq).
+	if (!cq->drained && cq->ring)
+		cq_fire_leftover(cq);
 	if (cq->locked) {
 		cq->locked = false;
 		cq->lock.unlock();

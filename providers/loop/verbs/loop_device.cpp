@@ -303,6 +303,7 @@ const verbs_context_ops loop_ctx_ops = {
 	.attach_mcast = SV_C(loop_attach_mcast),
 	.bind_mw = SV_C(loop_bind_mw),
 	.close_xrcd = SV_C(loop_close_xrcd),
+	.cq_event = SV_C(loop_cq_event),
 	.create_ah = SV_C(loop_create_ah),
 	.create_cq = SV_C(loop_create_cq),
 	.create_cq_ex = SV_C(loop_create_cq_ex),
