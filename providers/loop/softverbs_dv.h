@@ -230,9 +230,11 @@ struct softverbs_cqe {
 
 /*
  * Tells the library that [addr, addr + len) of this process is bytes
- * [offset, offset + len) of the file behind fd (a memfd, a /dev/shm or other
- * tmpfs file, mapped MAP_SHARED), so that rings an allocator places there
- * can be mapped by other processes of the fabric.  Call it from the alloc
+ * [offset, offset + len) of the file behind fd (a memfd on tmpfs, mapped
+ * MAP_SHARED), so that rings an allocator places there can be mapped by
+ * other processes of the fabric.  Peers map it, so it must not shrink: the
+ * file must be sealed with F_SEAL_SHRINK, or made with MFD_ALLOW_SEALING,
+ * and then this call seals it (growing stays allowed).  Call it from the alloc
  * callback for the piece it returns, or once for the whole arena before
  * creating anything.  The library keeps its own duplicate of fd (the caller
  * may close fd) until the range is forgotten and no ring placed in it
@@ -241,7 +243,9 @@ struct softverbs_cqe {
  * them.  Peers take the descriptor from this process as for fd-backed MRs
  * (pidfd_getfd, which needs ptrace permission).  pd is the parent domain
  * (or any PD) of the device.  Returns 0 or an errno: EINVAL (a wrapping
- * range, misaligned offset, or an fd that is not a regular file), EBADF.
+ * range, misaligned offset, an fd that is not a regular file, or a file
+ * that is not a tmpfs file sealed or sealable against shrinking: a memfd
+ * without MFD_ALLOW_SEALING, a /dev/shm file, a hugetlbfs memfd), EBADF.
  */
 int softverbs_dv_alloc_fd(struct ibv_pd *pd, void *addr, size_t len, int fd, uint64_t offset);
 

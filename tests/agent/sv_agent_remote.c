@@ -221,7 +221,8 @@ int main(int argc, char **argv)
 	svt_watchdog(120);
 	struct svt_dev d;
 	svt_open(&d, "loop0");
-	int mfd = memfd_create("sv-agent-rings", 0);
+	/* Sealable: publishing seals it against shrinking (peers map it). */
+	int mfd = memfd_create("sv-agent-rings", MFD_ALLOW_SEALING);
 	CHECK(mfd >= 0);
 	CHECK(ftruncate(mfd, ARENA) == 0);
 	arena = mmap(NULL, ARENA, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);

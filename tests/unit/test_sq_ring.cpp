@@ -22,6 +22,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <set>
 #include <string>
 #include <thread>
 #include <sys/mman.h>
@@ -713,13 +716,26 @@ void cq_free_fn(ibv_pd *, void *ctx, void *ptr, uint64_t type)
 		free(ptr);
 }
 
+// This process's open descriptors.
+std::set<int> open_fds()
+{
+	std::set<int> fds;
+	if (DIR *d = opendir("/proc/self/fd")) {
+		while (dirent *de = readdir(d))
+			if (de->d_name[0] != '.' && atoi(de->d_name) != dirfd(d))
+				fds.insert(atoi(de->d_name));
+		closedir(d);
+	}
+	return fds;
+}
+
 struct cq_arena {
 	int fd = -1;
 	char *base = nullptr;
 	size_t len = size_t(4) << 20;
-	cq_arena()
+	explicit cq_arena(unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING)
 	{
-		fd = memfd_create("utcq", MFD_CLOEXEC);
+		fd = memfd_create("utcq", flags);
 		if (fd < 0 || ftruncate(fd, static_cast<off_t>(len)))
 			return;
 		void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -753,6 +769,56 @@ ibv_cq *placed_cq(env &e, ibv_pd *parent, uint32_t cqe)
 	ca.parent_domain = parent;
 	ibv_cq_ex *x = ibv_create_cq_ex(e.ctx, &ca);
 	return x ? ibv_cq_ex_to_cq(x) : nullptr;
+}
+
+// Peers map rings placed in a published file, so the file must be a tmpfs
+// file sealed against shrinking (a page cut off under a peer's mapping was
+// SIGBUS in the peer): a memfd made with MFD_ALLOW_SEALING is sealed by the
+// publication; one that cannot be sealed, a /dev/shm file (sealing is not
+// allowed on it) and a hugetlbfs memfd are refused with EINVAL.
+TEST(CqRing, PublishedFileIsSealedAgainstShrinking)
+{
+	env e;
+	ASSERT_NE(e.pd, nullptr);
+	{
+		cq_arena sealable;
+		ASSERT_NE(sealable.base, nullptr);
+		ASSERT_EQ(fcntl(sealable.fd, F_GET_SEALS) & F_SEAL_SHRINK, 0);
+		ASSERT_EQ(softverbs_dv_alloc_fd(e.pd, sealable.base, sealable.len, sealable.fd, 0),
+			  0);
+		EXPECT_NE(fcntl(sealable.fd, F_GET_SEALS) & F_SEAL_SHRINK, 0);
+		EXPECT_EQ(ftruncate(sealable.fd, 4096), -1);
+		EXPECT_EQ(errno, EPERM);
+		EXPECT_EQ(ftruncate(sealable.fd, static_cast<off_t>(sealable.len) * 2), 0)
+			<< "growing stays allowed";
+		ASSERT_EQ(softverbs_dv_alloc_fd(e.pd, sealable.base, sealable.len, -1, 0), 0);
+	}
+	{
+		cq_arena plain(MFD_CLOEXEC); // Sealing not allowed
+		ASSERT_NE(plain.base, nullptr);
+		EXPECT_EQ(softverbs_dv_alloc_fd(e.pd, plain.base, plain.len, plain.fd, 0), EINVAL);
+		EXPECT_EQ(ftruncate(plain.fd, 4096), 0) << "not sealed by the refusal";
+	}
+	{
+		std::string name = "/sv-unit-seal-" + std::to_string(getpid());
+		int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+		ASSERT_GE(fd, 0) << strerror(errno);
+		shm_unlink(name.c_str());
+		ASSERT_EQ(ftruncate(fd, 65536), 0);
+		void *p = mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		ASSERT_NE(p, MAP_FAILED);
+		EXPECT_EQ(softverbs_dv_alloc_fd(e.pd, p, 65536, fd, 0), EINVAL);
+		munmap(p, 65536);
+		close(fd);
+	}
+	{
+		// Only where the kernel has huge pages to give.
+		cq_arena huge(MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+		if (huge.base) {
+			EXPECT_EQ(softverbs_dv_alloc_fd(e.pd, huge.base, huge.len, huge.fd, 0),
+				  EINVAL);
+		}
+	}
 }
 
 // Each answer of the allocator: where the ring goes, the errno of a refused
@@ -893,6 +959,24 @@ TEST(CqRing, PeerHalf)
 	ASSERT_TRUE(connect(qp, qpn, static_cast<uint16_t>(lid)));
 	char ready = 0;
 	ASSERT_EQ(read(wfd, &ready, 1), 1); // The owner is in RTR, receives posted
+	if (getenv("SVT_CQ_PEER_ONE")) {
+		// One SEND; its status goes back to the owner.
+		uint64_t msg[2] = {1, 2};
+		ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), 0};
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = IBV_WR_SEND;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+		ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+		ibv_wc wc{};
+		int n = 0;
+		for (int t = 0; t < 1000000 && !(n = ibv_poll_cq(cq, 1, &wc)); t++)
+			usleep(10);
+		uint32_t st = n == 1 ? static_cast<uint32_t>(wc.status) : 0xffffffffu;
+		ASSERT_EQ(write(wfd, &st, sizeof(st)), static_cast<ssize_t>(sizeof(st)));
+		pause();
+	}
 	for (uint64_t i = 0; i < kPeerSends; i++) {
 		uint64_t msg[2] = {i, i * 0x9e3779b97f4a7c15ULL};
 		ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), 0};
@@ -933,6 +1017,103 @@ TEST(CqRing, PeerHalf)
 			break;
 	}
 	pause(); // Killed by the owner, objects and all
+}
+
+// The library's descriptor of a published file, which peers take, is
+// the only way for them to meet an unsealed one (publication seals it or
+// refuses it): an owner that put an unsealed copy of its rings in its
+// place (dup2 over the descriptor) could shrink it under the peer's
+// mapping.  The peer refuses to map it: its SEND completes with an
+// error, and nothing lands in the copy.
+TEST(CqRing, PeerRefusesAnUnsealedPlacedRing)
+{
+	env e;
+	ASSERT_NE(e.pd, nullptr);
+	cq_arena arena;
+	ASSERT_NE(arena.base, nullptr);
+	cq_alloc a;
+	a.arena = arena.base;
+	a.arena_len = arena.len;
+	a.place_rq = true;
+	ibv_pd *parent = placing_domain(e, a);
+	ASSERT_NE(parent, nullptr);
+	std::set<int> before = open_fds();
+	ASSERT_EQ(softverbs_dv_alloc_fd(parent, arena.base, arena.len, arena.fd, 0), 0);
+	std::set<int> after = open_fds();
+	int libfd = -1, added = 0;
+	for (int fd : after)
+		if (!before.count(fd)) {
+			libfd = fd;
+			added++;
+		}
+	ASSERT_EQ(added, 1) << "the library's duplicate of the arena's descriptor";
+	ibv_cq *rcq = placed_cq(e, parent, 8);
+	ASSERT_NE(rcq, nullptr) << strerror(errno);
+	ibv_cq *scq = ibv_create_cq(e.ctx, 4, nullptr, nullptr, 0);
+	ibv_qp_init_attr qa{};
+	qa.send_cq = scq;
+	qa.recv_cq = rcq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 1;
+	qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	ibv_qp *qp = ibv_create_qp(parent, &qa);
+	ASSERT_TRUE(scq && qp);
+	ASSERT_NE(a.rq_given, nullptr) << "the receive queue was not placed";
+	std::vector<uint64_t> buf(8, 0);
+	ibv_mr *mr = ibv_reg_mr(e.pd, buf.data(), buf.size() * 8, IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(mr, nullptr);
+	int sv[2];
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	char arg[64];
+	snprintf(arg, sizeof(arg), "%u %u %d", qp->qp_num, e.lid, sv[1]);
+	pid_t pid = fork();
+	ASSERT_GE(pid, 0);
+	if (pid == 0) {
+		close(sv[0]);
+		setenv("SVT_CQ_PEER", arg, 1);
+		setenv("SVT_CQ_PEER_ONE", "1", 1);
+		setenv("SVT_CQ_FABRIC", getenv("SOFTVERBS_FABRIC"), 1);
+		execl("/proc/self/exe", "unit-sq-ring", "--gtest_filter=CqRing.PeerHalf",
+		      static_cast<char *>(nullptr));
+		_exit(127);
+	}
+	close(sv[1]);
+	uint32_t peer_qpn = 0;
+	ASSERT_EQ(read(sv[0], &peer_qpn, sizeof(peer_qpn)), static_cast<ssize_t>(sizeof(peer_qpn)));
+	ASSERT_TRUE(connect(qp, peer_qpn, e.lid));
+	ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 16, mr->lkey};
+	ibv_recv_wr rw{}, *rbad = nullptr;
+	rw.sg_list = &sge;
+	rw.num_sge = 1;
+	ASSERT_EQ(ibv_post_recv(qp, &rw, &rbad), 0);
+	// The copy: the rings as they are now (the receive posted), in a memfd
+	// that cannot be sealed, put where the library's descriptor was.
+	int copy = memfd_create("utcq-copy", MFD_CLOEXEC);
+	ASSERT_GE(copy, 0);
+	ASSERT_EQ(ftruncate(copy, static_cast<off_t>(arena.len)), 0);
+	ASSERT_EQ(pwrite(copy, arena.base, arena.len, 0), static_cast<ssize_t>(arena.len));
+	ASSERT_EQ(dup2(copy, libfd), libfd);
+	close(copy);
+	ASSERT_EQ(write(sv[0], "g", 1), 1);
+	uint32_t st = IBV_WC_SUCCESS;
+	EXPECT_EQ(read(sv[0], &st, sizeof(st)), static_cast<ssize_t>(sizeof(st)));
+	EXPECT_NE(st, static_cast<uint32_t>(IBV_WC_SUCCESS))
+		<< "the peer wrote into a ring whose file could be shrunk under it";
+	EXPECT_NE(st, 0xffffffffu) << "no completion at the peer";
+	kill(pid, SIGKILL);
+	int status = 0;
+	waitpid(pid, &status, 0);
+	ibv_wc wc{};
+	EXPECT_EQ(ibv_poll_cq(rcq, 1, &wc), 0);
+	EXPECT_EQ(buf[0], 0u);
+	close(sv[0]);
+	EXPECT_EQ(ibv_destroy_qp(qp), 0);
+	EXPECT_EQ(ibv_dereg_mr(mr), 0);
+	EXPECT_EQ(ibv_destroy_cq(scq), 0);
+	EXPECT_EQ(ibv_destroy_cq(rcq), 0);
+	EXPECT_EQ(ibv_dealloc_pd(parent), 0);
 }
 
 TEST(CqRing, PeerWritesIntoPlacedRing)

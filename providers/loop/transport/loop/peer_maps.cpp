@@ -37,6 +37,15 @@ struct fd_map {
 	int64_t looked = 0;	    // Coarse clock's tick of the last liveness look
 };
 
+std::mutex g_map_lock;
+// (slot << 32 | cookie) -> mapping.  Never destroyed (see g_objects).
+std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>; // At most kMaxMaps (tunables.h)
+
+// Our mapping of a peer's fd-backed MR, made on first use and cached.
+// Returns the address of the record's iova and sets pin, which keeps the
+// mapping alive for as long as the caller (or a copy of pin) holds it.
+} // namespace
+
 // Whether a plain memcpy through a writable shared mapping of fd's
 // [0, end) can never fault: a memfd on tmpfs (not hugetlbfs, whose holes
 // can fail to fill with SIGBUS) sealed against shrinking (seals are never
@@ -55,15 +64,6 @@ bool sealed_tmpfs(int fd, uint64_t end)
 		return false;
 	return st.st_size >= 0 && static_cast<uint64_t>(st.st_size) >= end;
 }
-
-std::mutex g_map_lock;
-// (slot << 32 | cookie) -> mapping.  Never destroyed (see g_objects).
-std::map<uint64_t, fd_map> &g_maps = *new std::map<uint64_t, fd_map>; // At most kMaxMaps (tunables.h)
-
-// Our mapping of a peer's fd-backed MR, made on first use and cached.
-// Returns the address of the record's iova and sets pin, which keeps the
-// mapping alive for as long as the caller (or a copy of pin) holds it.
-} // namespace
 
 int64_t coarse_now()
 {

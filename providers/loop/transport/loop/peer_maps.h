@@ -23,6 +23,9 @@ namespace loop {
 // nobody reads.
 char *peer_map(fabric &fab, uint32_t slot, const sv_mr_rec &c, std::shared_ptr<void> &pin,
 	       bool &direct, bool &dead);
+// Whether a plain access through a shared mapping of fd's [0, end) can
+// never fault: a tmpfs file sealed against shrinking, at least end long.
+bool sealed_tmpfs(int fd, uint64_t end);
 // The coarse monotonic clock, in its own ticks' worth of nanoseconds: read
 // from the vDSO without the TSC, so cheaper than the fine clock.  A mapping
 // is looked at for its owner's liveness once per tick.

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "c_boundary.h"
+#include "peer_maps.h"
 #include "queue_seg.h"
 #include "queue_geom.h"
 
@@ -113,7 +114,9 @@ void report_refused(const std::string &path, const std::string &why)
 		if (!said.insert(kind).second && !debug_on())
 			return;
 	}
-	fprintf(stderr, "softverbs: refusing segment /dev/shm%s: %s\n", path.c_str(), why.c_str());
+	// A segment's name, or " (placed: ...)" for a ring in an owner's file.
+	fprintf(stderr, "softverbs: refusing %s%s: %s\n",
+		path.compare(0, 1, "/") ? "a ring" : "segment /dev/shm", path.c_str(), why.c_str());
 }
 
 placed_file::~placed_file()
@@ -152,6 +155,28 @@ int place_publish(void *addr, size_t len, int fd, uint64_t offset)
 		if (fstat(dup_fd, &st) < 0 || !S_ISREG(st.st_mode)) {
 			close(dup_fd);
 			return EINVAL; // Peers map it: a memfd, a /dev/shm or tmpfs file
+		}
+		// Peers load and store through their mappings of it: a page cut
+		// off by ftruncate would be SIGBUS in them.  So the file must be
+		// sealed against shrinking; a memfd made with MFD_ALLOW_SEALING
+		// is sealed here.  (The file's size is checked where a ring is
+		// placed and by each peer that maps one.)
+		int seals = fcntl(dup_fd, F_GET_SEALS);
+		if (seals >= 0 && !(seals & F_SEAL_SHRINK) &&
+		    fcntl(dup_fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
+			seals |= F_SEAL_SHRINK;
+		if (seals < 0 || !(seals & F_SEAL_SHRINK) || !sealed_tmpfs(dup_fd, 0)) {
+			close(dup_fd);
+			static std::once_flag said;
+			std::call_once(said, [] {
+				fprintf(stderr,
+					"softverbs: softverbs_dv_alloc_fd: EINVAL: the file must be a "
+					"memfd (not hugetlbfs) sealed against shrinking, or made with "
+					"MFD_ALLOW_SEALING so that the library seals it: peers map "
+					"rings placed in it, and a page cut off by ftruncate would "
+					"kill them with SIGBUS\n");
+			});
+			return EINVAL;
 		}
 		try {
 			file = std::make_shared<placed_file>(dup_fd);
@@ -439,6 +464,9 @@ void *map_placed(fabric &fab, const sv_obj_rec &o, std::string &name,
 	else if (static_cast<uint64_t>(st.st_size) < off ||
 		 static_cast<uint64_t>(st.st_size) - off < size)
 		why = "the file is shorter than the queue the record names";
+	else if (!sealed_tmpfs(fd, off + size))
+		why = "it is not a tmpfs file sealed against shrinking (F_SEAL_SHRINK): its "
+		      "owner could cut pages off under our mapping";
 	void *p = MAP_FAILED;
 	if (why.empty())
 		p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
