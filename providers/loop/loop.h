@@ -453,7 +453,7 @@ struct loop_qp {
 	// producer, the engine thread serves its doorbell, and ibv_post_send
 	// fails with EINVAL.  sq_bad_db: a doorbell value refused (ignored
 	// until the agent rings another).  Under sq_lock.
-	bool agent = false;
+	std::atomic<bool> agent{false}; // Read unlocked by retire_sq
 	uint64_t sq_bad_db = 0;
 	bool in_progress_list;
 	// book_retry's last liveness check of an RNR-waiting peer (under sq_lock).

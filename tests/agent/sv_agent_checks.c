@@ -15,6 +15,12 @@
  *     IBV_WC_LOC_QP_OP_ERR, the target untouched.  Before, the first wrote
  *     the inline bytes an earlier WQE left and the second completed SUCCESS
  *     with its data nowhere (a helper's probe).
+ *  4. A send queue whose completions the library polls (the QP handed to
+ *     the agent, its CQ not): each completion ibv_poll_cq takes frees the
+ *     agent's slots, so an agent ring of 4 carries 12 WRITEs posted one at
+ *     a time (before, the library counted them free only for itself, and
+ *     the agent's fifth WQE found no slot, forever); taken back, the
+ *     library posts 4 at once.
  * Completions are polled with ibv_poll_cq (the CQs stay the library's).
  */
 #include "../progs/svt.h"
@@ -208,6 +214,53 @@ static void many_rings(struct svt_dev *d)
 	}
 }
 
+static void library_polls_agent_sq(struct svt_dev *d)
+{
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_mr *dst = svt_mr(d, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_qp *a, *b;
+	pair(d, cq, &a, &b, 4);
+	struct softverbs_dv_sq sq;
+	CHECK(softverbs_dv_qp_agent(a, 1, &sq) == 0);
+	CHECK_EQ(sq.max_wr, 4u);
+	for (uint64_t i = 0; i < 12; i++) {
+		struct softverbs_wqe *w = softverbs_dv_sq_next(&sq);
+		if (!w)
+			FAIL("WQE %llu: no free slot, though every completion was polled",
+			     (unsigned long long)i);
+		uint64_t v = 0xa6e0000000000000ULL | i;
+		softverbs_dv_wqe_ctrl(&sq, w, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, i);
+		softverbs_dv_wqe_rdma(w, (uintptr_t)dst->addr + i * 8, dst->rkey);
+		CHECK(softverbs_dv_wqe_inline(&sq, w, &v, sizeof(v)) == 0);
+		softverbs_dv_sq_post(&sq, 1);
+		struct ibv_wc wc = svt_wait(cq, "a WRITE of the agent");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.wr_id, i);
+		CHECK_EQ(((uint64_t *)dst->addr)[i], v);
+	}
+	CHECK(softverbs_dv_qp_agent(a, 0, NULL) == 0);
+	/* The library's again: its whole depth, at once. */
+	for (uint64_t i = 0; i < 4; i++) {
+		uint64_t v = 0x11b0000000000000ULL | i;
+		struct ibv_sge s = {(uintptr_t)&v, 8, 0};
+		struct ibv_send_wr wr = {.wr_id = 100 + i, .sg_list = &s, .num_sge = 1,
+					 .opcode = IBV_WR_RDMA_WRITE,
+					 .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE};
+		wr.wr.rdma.remote_addr = (uintptr_t)dst->addr + 512 + i * 8;
+		wr.wr.rdma.rkey = dst->rkey;
+		struct ibv_send_wr *bad;
+		CHECK(ibv_post_send(a, &wr, &bad) == 0);
+	}
+	for (uint64_t i = 0; i < 4; i++) {
+		struct ibv_wc wc = svt_wait(cq, "a WRITE of the library");
+		CHECK_WC(wc, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.wr_id, 100 + i);
+	}
+	printf("agent ring of 4, completions polled by the library: 12 WRITEs\n");
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
+}
+
 int main(void)
 {
 	svt_watchdog(120);
@@ -216,6 +269,7 @@ int main(void)
 	untrusted_mem_wqes(&d);
 	misplaced_inline(&d);
 	many_rings(&d);
+	library_polls_agent_sq(&d);
 	printf("ok\n");
 	return 0;
 }

@@ -480,6 +480,19 @@ void retire_sq(loop_cq *cq, const sv_cqe &e)
 	while (delta && delta <= posted - r &&
 	       !qp->sq_retired.compare_exchange_weak(r, r + delta, std::memory_order_acq_rel))
 		delta = static_cast<uint32_t>(e.src_qp + 1) - static_cast<uint32_t>(r);
+	// A QP an agent posts to, whose completions the library polls: the
+	// agent counts its free slots by the ring's retired word
+	// (softverbs_dv_sq_next), which only softverbs_dv_sq_retire moved, so
+	// its ring filled for good.  The word moves forward only, to what is
+	// retired here, within what was posted.
+	if (qp->agent.load(std::memory_order_acquire)) {
+		uint64_t now = qp->sq_retired.load(std::memory_order_acquire);
+		std::atomic_ref<uint64_t> word(qp->sq->retired);
+		uint64_t w = word.load(std::memory_order_acquire);
+		while (now - w - 1 < posted - w &&
+		       !word.compare_exchange_weak(w, now, std::memory_order_acq_rel))
+			;
+	}
 }
 
 // A receive completion of one of our QPs' own receive queue (not an SRQ's):
