@@ -940,6 +940,27 @@ constexpr int kPeerSends = 200;
 
 // The peer's half, run in a process of its own (exec'd with SVT_CQ_PEER =
 // "<owner qpn> <owner lid> <fd to write its qpn to>").
+// One signaled inline SEND of the 16 bytes {a, b}, and its completion
+// polled for at most tries times 10 us: 1 (in wc), 0 (none came), or -1
+// (the post failed).
+int send_16(ibv_qp *qp, ibv_cq *cq, uint64_t wr_id, uint64_t a, uint64_t b, int tries, ibv_wc &wc)
+{
+	uint64_t msg[2] = {a, b};
+	ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), 0};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_SEND;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	if (ibv_post_send(qp, &wr, &bad))
+		return -1;
+	int n = 0;
+	for (int t = 0; t < tries && !(n = ibv_poll_cq(cq, 1, &wc)); t++)
+		usleep(10);
+	return n;
+}
+
 TEST(CqRing, PeerHalf)
 {
 	const char *arg = getenv("SVT_CQ_PEER");
@@ -961,37 +982,16 @@ TEST(CqRing, PeerHalf)
 	ASSERT_EQ(read(wfd, &ready, 1), 1); // The owner is in RTR, receives posted
 	if (getenv("SVT_CQ_PEER_ONE")) {
 		// One SEND; its status goes back to the owner.
-		uint64_t msg[2] = {1, 2};
-		ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), 0};
-		ibv_send_wr wr{}, *bad = nullptr;
-		wr.opcode = IBV_WR_SEND;
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-		ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
 		ibv_wc wc{};
-		int n = 0;
-		for (int t = 0; t < 1000000 && !(n = ibv_poll_cq(cq, 1, &wc)); t++)
-			usleep(10);
+		int n = send_16(qp, cq, 0, 1, 2, 1000000, wc);
+		ASSERT_GE(n, 0);
 		uint32_t st = n == 1 ? static_cast<uint32_t>(wc.status) : 0xffffffffu;
 		ASSERT_EQ(write(wfd, &st, sizeof(st)), static_cast<ssize_t>(sizeof(st)));
 		pause();
 	}
 	for (uint64_t i = 0; i < kPeerSends; i++) {
-		uint64_t msg[2] = {i, i * 0x9e3779b97f4a7c15ULL};
-		ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), 0};
-		ibv_send_wr wr{}, *bad = nullptr;
-		wr.wr_id = i;
-		wr.opcode = IBV_WR_SEND;
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-		ASSERT_EQ(ibv_post_send(qp, &wr, &bad), 0);
 		ibv_wc wc{};
-		int n = 0;
-		for (int t = 0; t < 1000000 && !(n = ibv_poll_cq(cq, 1, &wc)); t++)
-			usleep(10);
-		ASSERT_EQ(n, 1);
+		ASSERT_EQ(send_16(qp, cq, i, i, i * 0x9e3779b97f4a7c15ULL, 1000000, wc), 1);
 		ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
 	}
 	ASSERT_EQ(write(wfd, &mine, 1), 1);
@@ -999,24 +999,105 @@ TEST(CqRing, PeerHalf)
 	// the CQ: whatever becomes of these SENDs (the owner's CQ overflows,
 	// its QP goes), this process only ever sees errors in its own CQ.
 	for (uint64_t i = kPeerSends;; i++) {
-		uint64_t msg[2] = {i, ~i};
-		ibv_sge sge{reinterpret_cast<uintptr_t>(msg), sizeof(msg), 0};
-		ibv_send_wr wr{}, *bad = nullptr;
-		wr.wr_id = i;
-		wr.opcode = IBV_WR_SEND;
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-		if (ibv_post_send(qp, &wr, &bad))
-			break;
 		ibv_wc wc{};
-		int n = 0;
-		for (int t = 0; t < 100000 && !(n = ibv_poll_cq(cq, 1, &wc)); t++)
-			usleep(10);
-		if (n != 1 || wc.status != IBV_WC_SUCCESS)
+		if (send_16(qp, cq, i, i, ~i, 100000, wc) != 1 || wc.status != IBV_WC_SUCCESS)
 			break;
 	}
 	pause(); // Killed by the owner, objects and all
+}
+
+// The owner's half of a placed-ring test: an arena published through a
+// placing parent domain, a placed receive CQ of rcq_depth entries and an
+// RC QP under the domain (its receive queue placed too) with recv_depth
+// receives posted into buf (16 bytes each), and the peer (CqRing.PeerHalf,
+// with peer_env set if given) connected to it.  The peer waits for a byte
+// on sock before it sends.
+struct placed_owner {
+	env e;
+	cq_arena arena;
+	cq_alloc a;
+	ibv_pd *parent = nullptr;
+	ibv_cq *rcq = nullptr, *scq = nullptr;
+	ibv_qp *qp = nullptr;
+	std::vector<uint64_t> buf;
+	ibv_mr *mr = nullptr;
+	int sock = -1;
+	pid_t pid = -1;
+};
+
+void placed_owner_start(placed_owner &o, uint32_t rcq_depth, int recv_depth, const char *peer_env)
+{
+	ASSERT_NE(o.e.pd, nullptr);
+	ASSERT_NE(o.arena.base, nullptr);
+	o.a.arena = o.arena.base;
+	o.a.arena_len = o.arena.len;
+	o.a.place_rq = true;
+	o.parent = placing_domain(o.e, o.a);
+	ASSERT_NE(o.parent, nullptr);
+	ASSERT_EQ(softverbs_dv_alloc_fd(o.parent, o.arena.base, o.arena.len, o.arena.fd, 0), 0);
+	o.rcq = placed_cq(o.e, o.parent, rcq_depth);
+	ASSERT_NE(o.rcq, nullptr) << strerror(errno);
+	ASSERT_EQ(o.a.frees, 0);
+	o.scq = ibv_create_cq(o.e.ctx, 4, nullptr, nullptr, 0);
+	ibv_qp_init_attr qa{};
+	qa.send_cq = o.scq;
+	qa.recv_cq = o.rcq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 1;
+	qa.cap.max_recv_wr = static_cast<uint32_t>(recv_depth);
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	o.qp = ibv_create_qp(o.parent, &qa);
+	ASSERT_TRUE(o.scq && o.qp);
+	ASSERT_NE(o.a.rq_given, nullptr) << "the receive queue was not placed";
+	o.buf.assign(2 * static_cast<size_t>(recv_depth), 0);
+	o.mr = ibv_reg_mr(o.e.pd, o.buf.data(), o.buf.size() * 8, IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(o.mr, nullptr);
+	int sv[2];
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	char arg[64];
+	snprintf(arg, sizeof(arg), "%u %u %d", o.qp->qp_num, o.e.lid, sv[1]);
+	o.pid = fork();
+	ASSERT_GE(o.pid, 0);
+	if (o.pid == 0) {
+		close(sv[0]);
+		setenv("SVT_CQ_PEER", arg, 1);
+		if (peer_env)
+			setenv(peer_env, "1", 1);
+		setenv("SVT_CQ_FABRIC", getenv("SOFTVERBS_FABRIC"), 1);
+		execl("/proc/self/exe", "unit-sq-ring", "--gtest_filter=CqRing.PeerHalf",
+		      static_cast<char *>(nullptr));
+		_exit(127);
+	}
+	close(sv[1]);
+	o.sock = sv[0];
+	uint32_t peer_qpn = 0;
+	ASSERT_EQ(read(o.sock, &peer_qpn, sizeof(peer_qpn)), static_cast<ssize_t>(sizeof(peer_qpn)));
+	ASSERT_TRUE(connect(o.qp, peer_qpn, o.e.lid));
+	for (int i = 0; i < recv_depth; i++) {
+		ibv_sge sge{reinterpret_cast<uintptr_t>(&o.buf[2 * static_cast<size_t>(i)]), 16,
+			    o.mr->lkey};
+		ibv_recv_wr wr{}, *bad = nullptr;
+		wr.wr_id = static_cast<uint64_t>(i);
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		ASSERT_EQ(ibv_post_recv(o.qp, &wr, &bad), 0);
+	}
+}
+
+// The descriptor, other than keep, that this process holds on a memfd
+// named name ("/memfd:name (deleted)").
+int memfd_other_than(const char *name, int keep)
+{
+	std::string want = std::string("/memfd:") + name + " (deleted)";
+	for (int fd : open_fds()) {
+		char link[256];
+		std::string path = "/proc/self/fd/" + std::to_string(fd);
+		ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+		if (n > 0 && fd != keep && std::string(link, static_cast<size_t>(n)) == want)
+			return fd;
+	}
+	return -1;
 }
 
 // The library's descriptor of a published file, which peers take, is
@@ -1027,152 +1108,55 @@ TEST(CqRing, PeerHalf)
 // error, and nothing lands in the copy.
 TEST(CqRing, PeerRefusesAnUnsealedPlacedRing)
 {
-	env e;
-	ASSERT_NE(e.pd, nullptr);
-	cq_arena arena;
-	ASSERT_NE(arena.base, nullptr);
-	cq_alloc a;
-	a.arena = arena.base;
-	a.arena_len = arena.len;
-	a.place_rq = true;
-	ibv_pd *parent = placing_domain(e, a);
-	ASSERT_NE(parent, nullptr);
-	std::set<int> before = open_fds();
-	ASSERT_EQ(softverbs_dv_alloc_fd(parent, arena.base, arena.len, arena.fd, 0), 0);
-	std::set<int> after = open_fds();
-	int libfd = -1, added = 0;
-	for (int fd : after)
-		if (!before.count(fd)) {
-			libfd = fd;
-			added++;
-		}
-	ASSERT_EQ(added, 1) << "the library's duplicate of the arena's descriptor";
-	ibv_cq *rcq = placed_cq(e, parent, 8);
-	ASSERT_NE(rcq, nullptr) << strerror(errno);
-	ibv_cq *scq = ibv_create_cq(e.ctx, 4, nullptr, nullptr, 0);
-	ibv_qp_init_attr qa{};
-	qa.send_cq = scq;
-	qa.recv_cq = rcq;
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = 1;
-	qa.cap.max_recv_wr = 4;
-	qa.cap.max_send_sge = 1;
-	qa.cap.max_recv_sge = 1;
-	ibv_qp *qp = ibv_create_qp(parent, &qa);
-	ASSERT_TRUE(scq && qp);
-	ASSERT_NE(a.rq_given, nullptr) << "the receive queue was not placed";
-	std::vector<uint64_t> buf(8, 0);
-	ibv_mr *mr = ibv_reg_mr(e.pd, buf.data(), buf.size() * 8, IBV_ACCESS_LOCAL_WRITE);
-	ASSERT_NE(mr, nullptr);
-	int sv[2];
-	ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-	char arg[64];
-	snprintf(arg, sizeof(arg), "%u %u %d", qp->qp_num, e.lid, sv[1]);
-	pid_t pid = fork();
-	ASSERT_GE(pid, 0);
-	if (pid == 0) {
-		close(sv[0]);
-		setenv("SVT_CQ_PEER", arg, 1);
-		setenv("SVT_CQ_PEER_ONE", "1", 1);
-		setenv("SVT_CQ_FABRIC", getenv("SOFTVERBS_FABRIC"), 1);
-		execl("/proc/self/exe", "unit-sq-ring", "--gtest_filter=CqRing.PeerHalf",
-		      static_cast<char *>(nullptr));
-		_exit(127);
-	}
-	close(sv[1]);
-	uint32_t peer_qpn = 0;
-	ASSERT_EQ(read(sv[0], &peer_qpn, sizeof(peer_qpn)), static_cast<ssize_t>(sizeof(peer_qpn)));
-	ASSERT_TRUE(connect(qp, peer_qpn, e.lid));
-	ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 16, mr->lkey};
-	ibv_recv_wr rw{}, *rbad = nullptr;
-	rw.sg_list = &sge;
-	rw.num_sge = 1;
-	ASSERT_EQ(ibv_post_recv(qp, &rw, &rbad), 0);
+	placed_owner o;
+	placed_owner_start(o, 8, 1, "SVT_CQ_PEER_ONE");
+	if (HasFatalFailure())
+		return;
+	int libfd = memfd_other_than("utcq", o.arena.fd);
+	ASSERT_GE(libfd, 0) << "the library's duplicate of the arena's descriptor";
 	// The copy: the rings as they are now (the receive posted), in a memfd
 	// that cannot be sealed, put where the library's descriptor was.
 	int copy = memfd_create("utcq-copy", MFD_CLOEXEC);
 	ASSERT_GE(copy, 0);
-	ASSERT_EQ(ftruncate(copy, static_cast<off_t>(arena.len)), 0);
-	ASSERT_EQ(pwrite(copy, arena.base, arena.len, 0), static_cast<ssize_t>(arena.len));
+	ASSERT_EQ(ftruncate(copy, static_cast<off_t>(o.arena.len)), 0);
+	ASSERT_EQ(pwrite(copy, o.arena.base, o.arena.len, 0), static_cast<ssize_t>(o.arena.len));
 	ASSERT_EQ(dup2(copy, libfd), libfd);
 	close(copy);
-	ASSERT_EQ(write(sv[0], "g", 1), 1);
+	ASSERT_EQ(write(o.sock, "g", 1), 1);
 	uint32_t st = IBV_WC_SUCCESS;
-	EXPECT_EQ(read(sv[0], &st, sizeof(st)), static_cast<ssize_t>(sizeof(st)));
+	EXPECT_EQ(read(o.sock, &st, sizeof(st)), static_cast<ssize_t>(sizeof(st)));
 	EXPECT_NE(st, static_cast<uint32_t>(IBV_WC_SUCCESS))
 		<< "the peer wrote into a ring whose file could be shrunk under it";
 	EXPECT_NE(st, 0xffffffffu) << "no completion at the peer";
-	kill(pid, SIGKILL);
+	kill(o.pid, SIGKILL);
 	int status = 0;
-	waitpid(pid, &status, 0);
+	waitpid(o.pid, &status, 0);
 	ibv_wc wc{};
-	EXPECT_EQ(ibv_poll_cq(rcq, 1, &wc), 0);
-	EXPECT_EQ(buf[0], 0u);
-	close(sv[0]);
-	EXPECT_EQ(ibv_destroy_qp(qp), 0);
-	EXPECT_EQ(ibv_dereg_mr(mr), 0);
-	EXPECT_EQ(ibv_destroy_cq(scq), 0);
-	EXPECT_EQ(ibv_destroy_cq(rcq), 0);
-	EXPECT_EQ(ibv_dealloc_pd(parent), 0);
+	EXPECT_EQ(ibv_poll_cq(o.rcq, 1, &wc), 0);
+	EXPECT_EQ(o.buf[0], 0u);
+	close(o.sock);
+	EXPECT_EQ(ibv_destroy_qp(o.qp), 0);
+	EXPECT_EQ(ibv_dereg_mr(o.mr), 0);
+	EXPECT_EQ(ibv_destroy_cq(o.scq), 0);
+	EXPECT_EQ(ibv_destroy_cq(o.rcq), 0);
+	EXPECT_EQ(ibv_dealloc_pd(o.parent), 0);
 }
 
 TEST(CqRing, PeerWritesIntoPlacedRing)
 {
-	env e;
-	ASSERT_NE(e.pd, nullptr);
-	cq_arena arena;
-	ASSERT_NE(arena.base, nullptr);
-	cq_alloc a;
-	a.arena = arena.base;
-	a.arena_len = arena.len;
-	a.place_rq = true;
-	ibv_pd *parent = placing_domain(e, a);
-	ASSERT_NE(parent, nullptr);
-	ASSERT_EQ(softverbs_dv_alloc_fd(parent, arena.base, arena.len, arena.fd, 0), 0);
-	ibv_cq *rcq = placed_cq(e, parent, kPeerSends);
-	ASSERT_NE(rcq, nullptr) << strerror(errno);
-	ASSERT_EQ(a.frees, 0);
-	ibv_cq *scq = ibv_create_cq(e.ctx, 4, nullptr, nullptr, 0);
-	ibv_qp_init_attr qa{};
-	qa.send_cq = scq;
-	qa.recv_cq = rcq;
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = 1;
-	qa.cap.max_recv_wr = 2 * kPeerSends; // The stream after the checked SENDs
-	qa.cap.max_send_sge = 1;
-	qa.cap.max_recv_sge = 1;
-	ibv_qp *qp = ibv_create_qp(parent, &qa);
-	ASSERT_TRUE(scq && qp);
-	ASSERT_NE(a.rq_given, nullptr) << "the receive queue was not placed";
-	std::vector<uint64_t> buf(4 * kPeerSends);
-	ibv_mr *mr = ibv_reg_mr(e.pd, buf.data(), buf.size() * 8, IBV_ACCESS_LOCAL_WRITE);
-	ASSERT_NE(mr, nullptr);
-	int sv[2];
-	ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-	char arg[64];
-	snprintf(arg, sizeof(arg), "%u %u %d", qp->qp_num, e.lid, sv[1]);
-	pid_t pid = fork();
-	ASSERT_GE(pid, 0);
-	if (pid == 0) {
-		close(sv[0]);
-		setenv("SVT_CQ_PEER", arg, 1);
-		setenv("SVT_CQ_FABRIC", getenv("SOFTVERBS_FABRIC"), 1);
-		execl("/proc/self/exe", "unit-sq-ring", "--gtest_filter=CqRing.PeerHalf",
-		      static_cast<char *>(nullptr));
-		_exit(127);
-	}
-	close(sv[1]);
-	uint32_t peer_qpn = 0;
-	ASSERT_EQ(read(sv[0], &peer_qpn, sizeof(peer_qpn)), static_cast<ssize_t>(sizeof(peer_qpn)));
-	ASSERT_TRUE(connect(qp, peer_qpn, e.lid));
-	for (int i = 0; i < 2 * kPeerSends; i++) {
-		ibv_sge sge{reinterpret_cast<uintptr_t>(&buf[2 * i]), 16, mr->lkey};
-		ibv_recv_wr wr{}, *bad = nullptr;
-		wr.wr_id = static_cast<uint64_t>(i);
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		ASSERT_EQ(ibv_post_recv(qp, &wr, &bad), 0);
-	}
+	placed_owner o;
+	// The stream after the checked SENDs needs receives of its own.
+	placed_owner_start(o, kPeerSends, 2 * kPeerSends, nullptr);
+	if (HasFatalFailure())
+		return;
+	cq_alloc &a = o.a;
+	ibv_cq *rcq = o.rcq, *scq = o.scq;
+	ibv_qp *qp = o.qp;
+	std::vector<uint64_t> &buf = o.buf;
+	ibv_mr *mr = o.mr;
+	ibv_pd *parent = o.parent;
+	int sv[2] = {o.sock, -1};
+	pid_t pid = o.pid;
 	ASSERT_EQ(write(sv[0], "g", 1), 1);
 	int got = 0;
 	for (int t = 0; got < kPeerSends && t < 2000000; t++) {
