@@ -92,16 +92,8 @@ ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr)
 			return nullptr;
 		}
 		sv_obj_rec &o = r->objs[free_slot];
-		o.generation++;
-		o.owner_lease = static_cast<uint32_t>(lctx->lease);
-		o.owner_gen = r->leases[lctx->lease].generation;
-		o.kind = SV_OBJ_XRCD;
-		o.srq_num = 0;
+		obj_rec_init(r, o, lctx->lease, SV_OBJ_XRCD);
 		o.xrcd = id;
-		o.cq_obj = o.cq_gen = o.pdn = 0;
-		o.nonce[0] = o.nonce[1] = 0;
-		o.place_fd = o.place_pages = 0;
-		o.place_offset = 0;
 		std::atomic_ref<uint32_t>(o.in_use).store(1, std::memory_order_release);
 		rec = {free_slot, o.generation};
 	}

@@ -222,6 +222,19 @@ std::shared_ptr<placed_file> place_find(const void *mem, size_t len, uint64_t &o
 	return r.file;
 }
 
+void obj_rec_init(sv_registry *r, sv_obj_rec &o, int lease, sv_obj_kind kind)
+{
+	o.generation++;
+	o.owner_lease = static_cast<uint32_t>(lease);
+	o.owner_gen = r->leases[lease].generation;
+	o.kind = kind;
+	o.srq_num = o.xrcd = 0;
+	o.cq_obj = o.cq_gen = o.pdn = 0;
+	o.nonce[0] = o.nonce[1] = 0;
+	o.place_fd = o.place_pages = 0;
+	o.place_offset = 0;
+}
+
 size_t queue_total_bytes(uint32_t header_size, uint32_t entries, uint32_t entry_size,
 			 size_t extra_bytes)
 {
@@ -257,17 +270,12 @@ void *queue_create(fabric &fab, int lease, sv_obj_kind kind, uint32_t entries,
 			return nullptr;
 		}
 		sv_obj_rec &o = r->objs[slot];
-		o.generation++;
-		o.in_use = 1;
-		o.owner_lease = static_cast<uint32_t>(lease);
-		o.owner_gen = r->leases[lease].generation;
-		o.kind = kind;
-		o.srq_num = 0;
-		o.xrcd = 0;
+		obj_rec_init(r, o, lease, kind);
 		o.place_fd = place ? static_cast<uint32_t>(place->file->fd) + 1 : 0;
 		o.place_pages = place ? static_cast<uint32_t>(bytes / kPage) : 0;
 		o.place_offset = place ? place->offset : 0;
 		set_nonce(o, nonce);
+		std::atomic_ref<uint32_t>(o.in_use).store(1, std::memory_order_release);
 		ref.slot = slot;
 		ref.gen = o.generation;
 	}

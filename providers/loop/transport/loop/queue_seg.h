@@ -40,10 +40,18 @@ struct placed_file {
 
 // Publishes [addr, addr + len) as bytes [offset, offset + len) of the file
 // behind fd (duplicated; the caller may close fd), replacing any range that
-// overlaps it; fd < 0 forgets the ranges that overlap it.  0 or an errno:
-// EINVAL (a range that wraps, or an offset that is not page-aligned while
-// addr is), EBADF, ENOMEM.
+// overlaps it; fd < 0 forgets the ranges that overlap it.  The file must be
+// a tmpfs file sealed against shrinking; a memfd that allows sealing is
+// sealed here.  0 or an errno: EINVAL (a range that wraps, an offset that
+// is not page-aligned while addr is, a file that is not or cannot be
+// sealed), EBADF, ENOMEM.
 int place_publish(void *addr, size_t len, int fd, uint64_t offset);
+
+// Fills the free object record o (under the registry lock) for a new
+// object of kind owned by lease: a new generation, the fields of other
+// kinds cleared.  The caller sets its kind's fields, then publishes it
+// (in_use, with release).
+void obj_rec_init(sv_registry *r, sv_obj_rec &o, int lease, sv_obj_kind kind);
 // The published file holding [mem, mem + len) and mem's offset in it, or
 // nullptr when no published range holds all of it.
 std::shared_ptr<placed_file> place_find(const void *mem, size_t len, uint64_t &offset);
