@@ -477,22 +477,28 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	return respond(loop_transport_ops, qp, p, r);
 }
 
+// Whether the queue ref of kind is still the object it was (qp_queue_ref's
+// check of a cached mapping): in use, same generation and kind.
+[[gnu::always_inline]] inline bool queue_still(const sv_registry *r, const obj_ref &ref,
+					       sv_obj_kind kind)
+{
+	if (ref.slot >= SV_MAX_OBJS)
+		return false;
+	const sv_obj_rec &o = r->objs[ref.slot];
+	return std::atomic_ref<const uint32_t>(o.in_use).load(std::memory_order_acquire) &&
+	       std::atomic_ref<const uint32_t>(o.generation).load(std::memory_order_relaxed) ==
+		       ref.gen &&
+	       o.kind == static_cast<uint32_t>(kind);
+}
+
 [[gnu::hot]] int lt_take_recv(loop_qp *qp, const peer &p, std::vector<uint8_t> &buf, sv_recv_wqe *&wqe,
 		 uint32_t &pdn)
 {
 	fabric &fab = *qp->ctx->fab;
 	sv_registry *r = fab.reg();
-	// A queue that is live and not mapped: this process could not map it
-	// (queue_map said why; out of descriptors).  Gone: its QP is being
-	// destroyed.
-	auto live = [&](const obj_ref &ref) {
-		if (ref.slot >= SV_MAX_OBJS)
-			return false;
-		const sv_obj_rec &o = r->objs[ref.slot];
-		return std::atomic_ref<const uint32_t>(o.in_use).load(std::memory_order_acquire) &&
-		       std::atomic_ref<const uint32_t>(o.generation).load(std::memory_order_relaxed) ==
-			       ref.gen;
-	};
+	// A queue still there (queue_still) and not mapped: this process could
+	// not map it (queue_map said why; out of descriptors).  Gone: its QP is
+	// being destroyed.
 	// The completion's CQ first: a WQE taken for a CQ this process then
 	// cannot map would be consumed with no completion (push_peer could only
 	// fail the responder's QP).  As lost, before anything is taken.  (A
@@ -501,7 +507,7 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 		obj_ref cref = p.xrc_srq >= 0
 				       ? obj_ref{r->objs[p.xrc_srq].cq_obj, r->objs[p.xrc_srq].cq_gen}
 				       : obj_ref{r->qps[p.slot].rcq_obj, r->qps[p.slot].rcq_gen};
-		if (!qp_queue_ref(qp, cref, SV_OBJ_CQ) && live(cref))
+		if (!qp_queue_ref(qp, cref, SV_OBJ_CQ) && queue_still(r, cref, SV_OBJ_CQ))
 			return ENXIO;
 	}
 	sv_obj_kind kind = p.rec.has_srq ? SV_OBJ_SRQ : SV_OBJ_RQ;
@@ -512,7 +518,7 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	const queue_hold &h = qp_queue_ref(qp, {p.rec.rq_obj, p.rec.rq_gen}, kind, &g);
 	auto *rq = h.as<sv_rq_ring>();
 	if (!rq)
-		return live({p.rec.rq_obj, p.rec.rq_gen}) ? ENXIO : EAGAIN;
+		return queue_still(r, {p.rec.rq_obj, p.rec.rq_gen}, kind) ? ENXIO : EAGAIN;
 	// Sized by the geometry checked at mapping, not by the header.
 	buf.resize(g.entry_size);
 	wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
@@ -796,18 +802,6 @@ void memo_peer_keep(loop_qp *qp, loop_qp::peer_memo &pm, const peer &p)
 	       std::atomic_ref<const uint32_t>(l.generation).load(std::memory_order_relaxed) == ogen &&
 	       static_cast<int32_t>(std::atomic_ref<const uint32_t>(l.pid).load(
 		       std::memory_order_relaxed)) == pm.pid;
-}
-
-// Whether the queue ref of kind is still the object it was (qp_queue_ref's
-// check of a cached mapping): in use, same generation and kind.
-[[gnu::always_inline]] inline bool queue_still(const sv_registry *r, const obj_ref &ref,
-					       sv_obj_kind kind)
-{
-	if (ref.slot >= SV_MAX_OBJS)
-		return false;
-	const sv_obj_rec &o = r->objs[ref.slot];
-	return std::atomic_ref<const uint32_t>(o.in_use).load(std::memory_order_acquire) &&
-	       o.generation == ref.gen && o.kind == static_cast<uint32_t>(kind);
 }
 
 // The receive completion of w's len bytes into the WQE of wr_id, on the
