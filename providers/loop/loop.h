@@ -219,6 +219,10 @@ struct loop_cq {
 	// once only for completions after it; those it announced and left
 	// unpolled fire when a poll leaves them (loop_req_notify_cq).
 	uint64_t announced = 0;
+	// Set by a poll that left published completions behind it (it filled
+	// its array, or stopped at one whose placement the sender still
+	// holds): an arm fires at once for them, announced or not.
+	std::atomic<bool> left_behind{false};
 	// Threads of this process inside push_own with the ring's address:
 	// resize unmaps the old ring only once none is.
 	std::atomic<uint32_t> pushers{0};
@@ -739,7 +743,7 @@ int loop_destroy_cq(ibv_cq *cq);
 int loop_poll_cq(ibv_cq *cq, int n, ibv_wc *wc);
 int loop_req_notify_cq(ibv_cq *cq, int solicited_only);
 void loop_cq_event(ibv_cq *cq);
-void cq_fire_leftover(loop_cq *cq);
+void cq_poll_end(loop_cq *cq, bool filled);
 int loop_resize_cq(ibv_cq *cq, int cqe);
 int loop_modify_cq(ibv_cq *cq, ibv_modify_cq_attr *attr);
 // Pushes a completion into any CQ ring (ours or a peer's).  Returns 0, or

@@ -22,7 +22,8 @@
  *      the next message, put ib_send_lat -e out of step;
  *   5. completions an event announced and a poll leaves behind an armed
  *      CQ raise one event, at the poll that leaves them (perftest -e -Q N
- *      polls one batch per event); a poll that empties it raises none;
+ *      polls one batch per event); an arm after a poll that left some
+ *      (armed or not) fires at once; a poll that empties it raises none;
  *   6. the same through an extended CQ: a start_poll/end_poll batch that
  *      ends before ENOENT leaves them, one that reaches ENOENT does not.
  * Every completion is polled and its wr_id checked.  Prints "ok" and exits
@@ -110,7 +111,7 @@ int main(void)
 	svt_connect(a, b->qp_num, d.lid, &c);
 	svt_connect(b, a->qp_num, d.lid, &c);
 	struct ibv_mr *mr = svt_mr(&d, 8192, SVT_ALL_ACCESS);
-	for (int i = 0; i < 16; i++)
+	for (int i = 0; i < 20; i++)
 		recv1(b, mr);
 
 	/* 1. Empty, armed: nothing; then one completion: one event. */
@@ -197,13 +198,17 @@ int main(void)
 		FAIL("5: no event when a poll left two announced completions");
 	if (event_within(g_sch, scq, 300))
 		FAIL("5: a second event without a re-arm");
+	/* Re-armed after that poll left two: they fire at once. */
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("5: no event on arming over completions a poll left behind");
 	struct ibv_wc w2[2];
 	CHECK(ibv_poll_cq(scq, 2, w2) == 2); /* Both in one poll: none left */
 	CHECK_WC(w2[0], IBV_WC_SUCCESS);
 	CHECK_WC(w2[1], IBV_WC_SUCCESS);
 	CHECK_EQ(w2[0].wr_id, (uint64_t)10);
 	CHECK_EQ(w2[1].wr_id, (uint64_t)11);
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
 	if (event_within(g_sch, scq, 300))
 		FAIL("5: an event after the poll that emptied the CQ");
 	/* The poll of a full array that emptied the CQ raises none either. */
@@ -215,6 +220,24 @@ int main(void)
 	CHECK_EQ(w1.wr_id, (uint64_t)12);
 	if (event_within(g_sch, scq, 300))
 		FAIL("5: an event from a poll that took the last completion");
+	/* One batch per event, then the arm (the poll leaves two while the
+	 * CQ is disarmed): the arm fires for them at once, as a ConnectX's
+	 * over completions beyond its consumer index. */
+	send1(a, mr, 0);
+	send1(a, mr, 0);
+	send1(a, mr, 0);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("5: no event for three more completions");
+	CHECK(ibv_poll_cq(scq, 1, &w1) == 1);
+	CHECK_EQ(w1.wr_id, (uint64_t)13);
+	if (event_within(g_sch, scq, 300))
+		FAIL("5: an event from a disarmed CQ");
+	CHECK(ibv_req_notify_cq(scq, 0) == 0);
+	if (!event_within(g_sch, scq, 2000))
+		FAIL("5: no event on arming after a batch that left two behind");
+	CHECK(ibv_poll_cq(scq, 2, w2) == 2);
+	CHECK_EQ(w2[0].wr_id, (uint64_t)14);
+	CHECK_EQ(w2[1].wr_id, (uint64_t)15);
 
 	/* 6. An extended CQ (its own channel) under a new pair x -> y. */
 	struct ibv_comp_channel *xch = ibv_create_comp_channel(d.ctx);
@@ -240,17 +263,20 @@ int main(void)
 	struct ibv_poll_cq_attr pa = {0};
 	CHECK(ibv_start_poll(xcq, &pa) == 0);
 	CHECK_EQ(xcq->status, IBV_WC_SUCCESS);
-	CHECK_EQ(xcq->wr_id, (uint64_t)13);
+	CHECK_EQ(xcq->wr_id, (uint64_t)16);
 	ibv_end_poll(xcq);
 	if (!event_within(xch, xc, 2000))
 		FAIL("6: no event when a batch left two announced completions");
 	CHECK(ibv_req_notify_cq(xc, 0) == 0);
+	if (!event_within(xch, xc, 2000))
+		FAIL("6: no event on arming over completions a batch left behind");
 	CHECK(ibv_start_poll(xcq, &pa) == 0);
-	CHECK_EQ(xcq->wr_id, (uint64_t)14);
+	CHECK_EQ(xcq->wr_id, (uint64_t)17);
 	CHECK(ibv_next_poll(xcq) == 0);
-	CHECK_EQ(xcq->wr_id, (uint64_t)15);
+	CHECK_EQ(xcq->wr_id, (uint64_t)18);
 	CHECK(ibv_next_poll(xcq) == ENOENT);
 	ibv_end_poll(xcq);
+	CHECK(ibv_req_notify_cq(xc, 0) == 0);
 	if (event_within(xch, xc, 300))
 		FAIL("6: an event after a batch that emptied the CQ");
 	CHECK(ibv_destroy_qp(x) == 0);

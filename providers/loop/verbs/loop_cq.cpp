@@ -1110,8 +1110,8 @@ int loop_destroy_cq(ibv_cq *ibcq)
 		to_wc(e, wc[i]);
 		i++;
 	}
-	if (i == n && n) [[unlikely]]
-		cq_fire_leftover(cq);
+	if (n) [[likely]]
+		cq_poll_end(cq, i == n);
 	return i;
 }
 
@@ -1172,22 +1172,22 @@ int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	std::atomic_thread_fence(std::memory_order_seq_cst);
 	// Completions already there, not yet polled, that no event the
 	// application took announced (published after its last
-	// ibv_get_cq_event of this CQ, or none taken): the event comes now.
-	// A ConnectX arms at the consumer index it is given and fires at once
-	// when completions lie beyond it; programs written against one count
-	// on that for completions that came while the CQ was disarmed.  Those
-	// the last event announced fire only when a poll leaves them behind
-	// (cq_fire_leftover): perftest -e -Q N takes one event, re-arms and
-	// polls one batch, leaving completions behind, and waited forever
-	// without an event for them; ib_send_lat -e takes one event, re-arms
-	// before it polls the one completion the event announced, and polls
-	// once per event: an event for that completion, raised at the arm,
-	// was taken later as the next message's, whose poll found nothing,
-	// and the ping-pong ran out of step (its send queue of one WR full:
-	// "Couldn't post send").
+	// ibv_get_cq_event of this CQ, or none taken), or that a poll left
+	// behind: the event comes now.  A ConnectX arms at the consumer index
+	// it is given and fires at once when completions lie beyond it, and
+	// programs written against one count on that: perftest -e -Q N takes
+	// one event, re-arms and polls one batch, leaving completions behind
+	// (cq_poll_end fires for those when the arm came first), and a program
+	// that polls one batch per event and then re-arms, waits.  But
+	// ib_send_lat -e takes one event, re-arms before it polls the one
+	// completion the event announced, and polls once per event: an event
+	// for that completion, raised at the arm, was taken later as the next
+	// message's, whose poll found nothing, and the ping-pong ran out of
+	// step (its send queue of one WR full: "Couldn't post send").
 	// A producer publishing meanwhile sees the arm (both sides fence): the
 	// CAS makes one event of the two.
-	if (pending_fires(cq, ring, arm, cq->announced))
+	if (pending_fires(cq, ring, arm, cq->announced) ||
+	    (cq->left_behind.load(std::memory_order_relaxed) && pending_fires(cq, ring, arm, 0)))
 		fire_armed(ring, arm);
 	return 0;
 }
@@ -1212,17 +1212,33 @@ void loop_cq_event(ibv_cq *ibcq)
 	cq->announced = end;
 }
 
-// After a poll that stopped before the CQ was empty (under the poll lock):
-// an armed CQ whose unpolled completions an earlier event announced
-// raises its event now, as a ConnectX's arm over them would have.
-void cq_fire_leftover(loop_cq *cq)
+// After a poll (under the poll lock) that filled its array (filled) or
+// stopped short: notes whether it left published completions behind it
+// (more than it asked for, or one whose placement the sender still holds,
+// which cq_take waits for), and an armed CQ with such completions raises
+// its event now, as a ConnectX's arm over them would have: the event the
+// application took announced them, so neither a producer nor the arm
+// fires for them.  A poll that stopped at the empty end changes nothing.
+void cq_poll_end(loop_cq *cq, bool filled)
 {
 	sv_cq_ring *ring = cq->ring;
-	uint32_t arm = std::atomic_ref<uint32_t>(ring->armed).load(std::memory_order_relaxed);
-	if (arm == SV_CQ_DISARMED || cq->agent)
+	if (cq->agent)
+		return; // Its agent polls it: cq->head is not its consumer index
+	if (!filled) {
+		const sv_cqe &e = cq->slots[cq->head & cq->mask];
+		if (std::atomic_ref<const uint32_t>(e.seq).load(std::memory_order_acquire) !=
+		    static_cast<uint32_t>(cq->head + 1)) {
+			if (cq->left_behind.load(std::memory_order_relaxed))
+				cq->left_behind.store(false, std::memory_order_relaxed);
+			return;
+		}
+	}
+	bool left = pending_fires(cq, ring, SV_CQ_ARM_ALL, 0);
+	cq->left_behind.store(left, std::memory_order_relaxed);
+	if (!left)
 		return;
-	std::atomic_thread_fence(std::memory_order_seq_cst);
-	if (pending_fires(cq, ring, arm, 0))
+	uint32_t arm = std::atomic_ref<uint32_t>(ring->armed).load(std::memory_order_relaxed);
+	if (arm != SV_CQ_DISARMED && pending_fires(cq, ring, arm, 0))
 		fire_armed(ring, arm);
 }
 
@@ -1344,6 +1360,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	// the new ring, so no arm lands on the old one.
 	std::unique_lock<std::mutex> arm(cq->arm_lock);
 	cq->announced = 0; // Indices of the old ring: none announced here
+	cq->left_behind.store(false, std::memory_order_relaxed);
 	uint32_t armed = std::atomic_ref<uint32_t>(cq->ring->armed)
 				 .exchange(SV_CQ_DISARMED, std::memory_order_seq_cst);
 	std::atomic_ref<uint32_t>(nr->armed).store(armed, std::memory_order_seq_cst);

@@ -66,6 +66,7 @@ int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) noexcept
 		return EINVAL;
 	}
 	if (!cq_pop(cq, cq->cur)) {
+		cq_poll_end(cq, false); // Empty, or at an entry the sender places
 		if (lock)
 			cq->lock.unlock();
 		return ENOENT;
@@ -90,10 +91,10 @@ int next_poll(ibv_cq_ex *c) noexcept
 void end_poll(ibv_cq_ex *c) noexcept
 {
 	loop_cq *cq = cq_of(c);
-	// A batch that stopped before the CQ was empty, as a poll_cq that
-	// filled its array (loop_poll_cq).
-	if (!cq->drained && cq->ring)
-		cq_fire_leftover(cq);
+	// A batch that stopped before ENOENT is a poll_cq that filled its
+	// array (loop_poll_cq).
+	if (cq->ring)
+		cq_poll_end(cq, !cq->drained);
 	if (cq->locked) {
 		cq->locked = false;
 		cq->lock.unlock();
