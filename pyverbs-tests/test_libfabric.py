@@ -6,7 +6,7 @@ both RDM provider stacks libfabric offers on a verbs device:
 - `verbs;ofi_rxm`: RDM over RC MSG endpoints, which connect through
   rdma_cm (our librdmacm).  rxm sizes its MSG CQ as (rx + tx) x universe
   size, 262144 entries by default, so it needs max_cqe at least that
-  (loop0 advertises mlx5's 4194303; it once had 65535 and rxm's CQ failed
+  (loop0 advertises 4194304, about mlx5's 4194303; it once had 65535 and rxm's CQ failed
   with EINVAL).  libfabric's verbs provider takes MSG endpoints only on a
   non-loopback interface (vrb_getifaddrs skips IFF_LOOPBACK), so the RoCE
   case puts loop0 on the host's first such interface, as a RoCE user

@@ -331,11 +331,18 @@ res = {
 }
 cq2 = CQ(ctx, 4)
 res["resize"] = err(cq2.resize, a.max_cqe + 1)
+# The size a CQ reports is one it may be given back: never above max_cqe.
+big = CQ(ctx, a.max_cqe)
+sizes = [big.cqe, a.max_cqe, err(big.resize, big.cqe)]
+big.close()
 for o in (cq2, cq, pd):
     o.close()
+res["sizes"] = sizes
 out(res)
 """, env)
     assert r.pop("cqe_ok") == 0 and r.pop("at_max") == 0
+    got, most, resized = r.pop("sizes")
+    assert got <= most and resized == 0, (got, most, resized)
     assert r == {k: errno.EINVAL for k in r}, r
 
 

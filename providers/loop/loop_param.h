@@ -47,10 +47,13 @@ inline constexpr int kMaxCountCap = 1 << 24;
 inline constexpr int kMaxQpWr = 16384;
 inline constexpr int kMaxSge = 32;
 inline constexpr int kMaxSgeRd = 32;
-// mlx5's max_cqe: libfabric's ofi_rxm sizes its MSG CQ as (rx + tx) *
-// universe size, 262144 by default, and fails below that.  A CQ's memory is
-// reserved when it is created (queue_create), so a big one costs its size.
-inline constexpr int kMaxCqe = 4194303;
+// About mlx5's max_cqe (2^22 - 1): libfabric's ofi_rxm sizes its MSG CQ as
+// (rx + tx) * universe size, 262144 by default, and fails below that.  A
+// power of two, since a CQ's size is rounded up to one: with mlx5's value a
+// CQ of max_cqe held 2^22 entries and reported them, a size that
+// ibv_resize_cq then refused.  A CQ's memory is reserved when it is
+// created (queue_create), so a big one costs its size.
+inline constexpr int kMaxCqe = 1 << 22;
 inline constexpr int kMaxQpRdAtom = 16;
 inline constexpr int kMaxQpInitRdAtom = 16;
 inline constexpr int kMaxSrqWr = 16384;
