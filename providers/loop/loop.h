@@ -223,6 +223,11 @@ struct loop_cq {
 	// its array, or stopped at one whose placement the sender still
 	// holds): an arm fires at once for them, announced or not.
 	std::atomic<bool> left_behind{false};
+	// Under the poll lock: the entries from the ring's cons up to this
+	// index are successes without the solicited flag, as a solicited-only
+	// arm's look after a poll found them (cq_poll_end); it looks on from
+	// here, not from cons each time.
+	uint64_t unsolicited_to = 0;
 	// Threads of this process inside push_own with the ring's address:
 	// resize unmaps the old ring only once none is.
 	std::atomic<uint32_t> pushers{0};
@@ -262,7 +267,7 @@ struct loop_cq {
 	uint64_t claim_since;
 	bool placing_self;
 	uint64_t head; // Next entry to poll: the owner's own copy of the ring's cons
-	bool agent = false; // Polled by an agent (softverbs_dv_cq_agent), under lock
+	std::atomic<bool> agent{false}; // Polled by an agent (softverbs_dv_cq_agent); set under lock
 	// The poller's (under lock): the payload array of ring pls_ring with
 	// pls_mask + 1 entries, as payloads() found it; and the receive keys
 	// place() last resolved (key_cache).

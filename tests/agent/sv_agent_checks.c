@@ -21,9 +21,17 @@
  *     a time (before, the library counted them free only for itself, and
  *     the agent's fifth WQE found no slot, forever); taken back, the
  *     library posts 4 at once.
- * Completions are polled with ibv_poll_cq (the CQs stay the library's).
+ *  5. A CQ an agent polls keeps the arm's old rule: completions there when
+ *     ibv_req_notify_cq arms it fire at once, whether the agent took one
+ *     of three before the arm or after it (the library's rule for its own
+ *     polls, which knows what an event announced, saw none of the agent's
+ *     polls, and neither raised an event: a review's probe).
+ * Completions are polled with ibv_poll_cq (the CQs stay the library's),
+ * except in step 5.
  */
 #include "../progs/svt.h"
+
+#include <poll.h>
 
 #include <infiniband/softverbs_dv.h>
 
@@ -261,6 +269,61 @@ static void library_polls_agent_sq(struct svt_dev *d)
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
 }
 
+/* An event on ch within ms (taken and acked), or 0. */
+static int event_within(struct ibv_comp_channel *ch, int ms)
+{
+	struct pollfd p = {ch->fd, POLLIN, 0};
+	if (poll(&p, 1, ms) != 1)
+		return 0;
+	struct ibv_cq *got;
+	void *ctx;
+	CHECK(ibv_get_cq_event(ch, &got, &ctx) == 0);
+	ibv_ack_cq_events(got, 1);
+	return 1;
+}
+
+static void agent_cq_arm(struct svt_dev *d)
+{
+	struct ibv_mr *mr = svt_mr(d, 8192, SVT_ALL_ACCESS);
+	for (int take_first = 0; take_first < 2; take_first++) {
+		struct ibv_comp_channel *ch = ibv_create_comp_channel(d->ctx);
+		CHECK(ch);
+		struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, ch, 0);
+		CHECK(cq);
+		struct ibv_qp *a, *b;
+		pair(d, cq, &a, &b, 8);
+		struct softverbs_dv_cq dc;
+		CHECK(softverbs_dv_cq_agent(cq, 1, &dc) == 0);
+		CHECK(ibv_req_notify_cq(cq, 0) == 0);
+		for (uint64_t i = 0; i < 3; i++) {
+			struct ibv_sge s = svt_sge(mr, 0, 8);
+			CHECK(svt_post_send1(a, i, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+					     (uintptr_t)mr->addr + 4096, mr->rkey) == 0);
+		}
+		usleep(100000); /* All three complete before the event is taken */
+		if (!event_within(ch, 2000))
+			FAIL("5: no event for three completions at an agent's CQ");
+		struct softverbs_cqe e;
+		if (take_first)
+			CHECK(softverbs_dv_cq_poll(&dc, &e) == 1);
+		CHECK(ibv_req_notify_cq(cq, 0) == 0);
+		if (!take_first)
+			CHECK(softverbs_dv_cq_poll(&dc, &e) == 1);
+		if (!event_within(ch, 2000))
+			FAIL("5: no event on arming an agent's CQ over two completions (%s)",
+			     take_first ? "taken one, then armed" : "armed, then taken one");
+		int left = 0;
+		while (softverbs_dv_cq_poll(&dc, &e) == 1)
+			left++;
+		CHECK_EQ(left, 2);
+		CHECK(softverbs_dv_cq_agent(cq, 0, NULL) == 0);
+		CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
+		CHECK(ibv_destroy_cq(cq) == 0);
+		CHECK(ibv_destroy_comp_channel(ch) == 0);
+	}
+	printf("an agent's CQ armed over completions: an event, either order\n");
+}
+
 int main(void)
 {
 	svt_watchdog(120);
@@ -270,6 +333,7 @@ int main(void)
 	misplaced_inline(&d);
 	many_rings(&d);
 	library_polls_agent_sq(&d);
+	agent_cq_arm(&d);
 	printf("ok\n");
 	return 0;
 }

@@ -972,11 +972,13 @@ int loop_dv_qp_agent(ibv_qp *ibqp, int on, softverbs_dv_sq *out)
 		if (qp->sq_cons != posted || (db != posted && db != qp->sq_bad_db))
 			return EBUSY; // Work is still in the ring
 		qp->agent = false;
-		// The agent's retired count, as far as it is believable.
+		// The agent's retired count, as far as it is believable; forward
+		// only (a poll in another thread may be retiring: retire_sq).
 		uint64_t r = std::atomic_ref<uint64_t>(qp->sq->retired).load(std::memory_order_acquire);
 		uint64_t mine = qp->sq_retired.load(std::memory_order_acquire);
-		if (r - mine <= posted - mine)
-			qp->sq_retired.store(r, std::memory_order_release);
+		while (r != mine && r - mine <= posted - mine &&
+		       !qp->sq_retired.compare_exchange_weak(mine, r, std::memory_order_acq_rel))
+			;
 	}
 	engine_remove(qp);
 	return 0;

@@ -984,6 +984,7 @@ void cq_clean(loop_cq *cq, uint32_t qpn)
 		return; // The agent polling it has passed cq->head: nothing here is ours
 	sv_cq_ring *r = cq->ring;
 	uint64_t c = cq->head;
+	cq->unsolicited_to = 0; // Entries move: look again
 	// Only the published run from cons on is ours to rearrange: producers
 	// write at reserved slots beyond it.
 	uint64_t end = c;
@@ -1186,7 +1187,9 @@ int loop_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	// step (its send queue of one WR full: "Couldn't post send").
 	// A producer publishing meanwhile sees the arm (both sides fence): the
 	// CAS makes one event of the two.
-	if (pending_fires(cq, ring, arm, cq->announced) ||
+	// (An agent polls its CQ without us: every completion there counts,
+	// as before.)
+	if (pending_fires(cq, ring, arm, cq->agent ? 0 : cq->announced) ||
 	    (cq->left_behind.load(std::memory_order_relaxed) && pending_fires(cq, ring, arm, 0)))
 		fire_armed(ring, arm);
 	return 0;
@@ -1203,8 +1206,10 @@ void loop_cq_event(ibv_cq *ibcq)
 	sv_cq_ring *ring = cq->ring;
 	if (!ring)
 		return;
+	// From where the last event's look stopped: the entries before it were
+	// published then, and stay so until polled.
 	uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
-	uint64_t end = c;
+	uint64_t end = cq->announced - c <= cq->capacity ? cq->announced : c;
 	while (end - c < cq->capacity &&
 	       std::atomic_ref<uint32_t>(cq->slots[end & cq->mask].seq)
 			       .load(std::memory_order_acquire) == static_cast<uint32_t>(end + 1))
@@ -1237,9 +1242,32 @@ void cq_poll_end(loop_cq *cq, bool filled)
 	cq->left_behind.store(left, std::memory_order_relaxed);
 	if (!left)
 		return;
+	// Store-load against an arm in another thread, which stores the arm,
+	// fences, then loads left_behind: one of the two sees the other.
+	std::atomic_thread_fence(std::memory_order_seq_cst);
 	uint32_t arm = std::atomic_ref<uint32_t>(ring->armed).load(std::memory_order_relaxed);
-	if (arm != SV_CQ_DISARMED && pending_fires(cq, ring, arm, 0))
+	if (arm == SV_CQ_ARM_ALL) {
 		fire_armed(ring, arm);
+		return;
+	}
+	if (arm != SV_CQ_ARM_SOLICITED)
+		return;
+	// Solicited only: a solicited or failed entry among those left.  The
+	// arm stays set while none is, so each poll looks on from where the
+	// last one stopped (unsolicited_to), not over the whole backlog again.
+	uint64_t c = std::atomic_ref<uint64_t>(ring->cons).load(std::memory_order_acquire);
+	uint64_t i = cq->unsolicited_to - c <= cq->capacity ? cq->unsolicited_to : c;
+	for (; i - c < cq->capacity; i++) {
+		const sv_cqe &e = cq->slots[i & cq->mask];
+		if (std::atomic_ref<const uint32_t>(e.seq).load(std::memory_order_acquire) !=
+		    static_cast<uint32_t>(i + 1))
+			break;
+		if ((e.flags & SV_CQE_SOLICITED) || e.status != IBV_WC_SUCCESS) {
+			fire_armed(ring, arm);
+			break;
+		}
+	}
+	cq->unsolicited_to = i;
 }
 
 int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
@@ -1361,6 +1389,7 @@ int loop_resize_cq(ibv_cq *ibcq, int cqe)
 	std::unique_lock<std::mutex> arm(cq->arm_lock);
 	cq->announced = 0; // Indices of the old ring: none announced here
 	cq->left_behind.store(false, std::memory_order_relaxed);
+	cq->unsolicited_to = 0;
 	uint32_t armed = std::atomic_ref<uint32_t>(cq->ring->armed)
 				 .exchange(SV_CQ_DISARMED, std::memory_order_seq_cst);
 	std::atomic_ref<uint32_t>(nr->armed).store(armed, std::memory_order_seq_cst);
