@@ -2615,13 +2615,26 @@ void expire_tombs(int64_t now)
 	}
 }
 
+// Whether port of port space ps has an owner or had a listener lately.  The
+// IP port spaces count together: a server that listens again on its port
+// may change between them (perftest -c UD -R takes its control connection
+// in RDMA_PS_TCP, destroys that listener, then listens in RDMA_PS_UDP for
+// the data; a SIDR REQ in between was UNREACHABLE at once, about 1 run in
+// 10, where the TCP one is retried).
 bool port_in_use_lately(int ps, uint16_t port)
 {
-	std::string owners, tombs;
+	std::string marks[4];
+	int n = 0;
 	{
 		std::lock_guard<std::mutex> lk(G().mu); // G().fabric_key
-		owners = "@" + owner_prefix(ps, port);
-		tombs = "@" + tomb_prefix(ps, port);
+		for (int s : {ps, ps == RDMA_PS_TCP ? int(RDMA_PS_UDP)
+				 : ps == RDMA_PS_UDP ? int(RDMA_PS_TCP)
+						     : -1}) {
+			if (s < 0)
+				continue;
+			marks[n++] = "@" + owner_prefix(s, port);
+			marks[n++] = "@" + tomb_prefix(s, port);
+		}
 	}
 	FILE *f = fopen("/proc/net/unix", "r");
 	if (!f)
@@ -2629,7 +2642,8 @@ bool port_in_use_lately(int ps, uint16_t port)
 	char line[512];
 	bool found = false;
 	while (!found && fgets(line, sizeof(line), f))
-		found = strstr(line, owners.c_str()) || strstr(line, tombs.c_str());
+		for (int i = 0; i < n && !found; i++)
+			found = strstr(line, marks[i].c_str());
 	fclose(f);
 	return found;
 }

@@ -1612,6 +1612,22 @@ def test_qp_attributes_follow_the_peers_answer(env, build_dir, link):
     assert p.returncode == 0 and p.stdout.strip() == "OK sv_cm_params", (p.stdout, p.stderr)
 
 
+@pytest.mark.parametrize("mode", ["ud", "rc"])
+def test_req_waits_for_a_listener_in_the_other_port_space(env, build_dir, mode):
+    """tests/progs/sv_cm_relisten.c (a helper's probe of perftest -c UD -R,
+    which failed about 1 run in 10): a server destroys its RDMA_PS_TCP
+    listener and listens on the same port again 300 ms later, in
+    RDMA_PS_UDP (ud) or RDMA_PS_TCP (rc); the client's REQ, sent in
+    between, is tried again until it gets there.  The SIDR REQ came back
+    UNREACHABLE at once."""
+    prog = build_dir / "tests" / "progs" / "sv_cm_relisten"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs librdmacm-dev)")
+    p = svtest.run([str(prog), "127.0.0.1", mode], env, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == f"OK sv_cm_relisten {mode}", (p.stdout,
+                                                                                  p.stderr)
+
+
 @pytest.mark.parametrize("scenario", ["notify", "response", "rtu", "peek"])
 def test_late_cm_messages(env, build_dir, scenario):
     """tests/progs/sv_cm_late.c (a helper's probe): rdma_notify(COMM_EST)
