@@ -31,8 +31,6 @@
  */
 #include "../progs/svt.h"
 
-#include <poll.h>
-
 #include <infiniband/softverbs_dv.h>
 
 #define NQP 200
@@ -269,19 +267,6 @@ static void library_polls_agent_sq(struct svt_dev *d)
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
 }
 
-/* An event on ch within ms (taken and acked), or 0. */
-static int event_within(struct ibv_comp_channel *ch, int ms)
-{
-	struct pollfd p = {ch->fd, POLLIN, 0};
-	if (poll(&p, 1, ms) != 1)
-		return 0;
-	struct ibv_cq *got;
-	void *ctx;
-	CHECK(ibv_get_cq_event(ch, &got, &ctx) == 0);
-	ibv_ack_cq_events(got, 1);
-	return 1;
-}
-
 static void agent_cq_arm(struct svt_dev *d)
 {
 	struct ibv_mr *mr = svt_mr(d, 8192, SVT_ALL_ACCESS);
@@ -301,7 +286,7 @@ static void agent_cq_arm(struct svt_dev *d)
 					     (uintptr_t)mr->addr + 4096, mr->rkey) == 0);
 		}
 		usleep(100000); /* All three complete before the event is taken */
-		if (!event_within(ch, 2000))
+		if (!svt_event_within(ch, cq, 2000))
 			FAIL("5: no event for three completions at an agent's CQ");
 		struct softverbs_cqe e;
 		if (take_first)
@@ -309,7 +294,7 @@ static void agent_cq_arm(struct svt_dev *d)
 		CHECK(ibv_req_notify_cq(cq, 0) == 0);
 		if (!take_first)
 			CHECK(softverbs_dv_cq_poll(&dc, &e) == 1);
-		if (!event_within(ch, 2000))
+		if (!svt_event_within(ch, cq, 2000))
 			FAIL("5: no event on arming an agent's CQ over two completions (%s)",
 			     take_first ? "taken one, then armed" : "armed, then taken one");
 		int left = 0;

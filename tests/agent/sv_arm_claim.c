@@ -23,8 +23,6 @@
 
 #include <infiniband/softverbs_dv.h>
 
-#include <fcntl.h>
-#include <poll.h>
 #include <sys/wait.h>
 
 static const struct svt_conn conn = {SVT_ALL_ACCESS, 1, 14, 7, 7};
@@ -54,19 +52,6 @@ static void child(int rd, int wr)
 	struct ibv_wc wc = svt_wait(cq, "the SEND");
 	CHECK_WC(wc, IBV_WC_SUCCESS);
 	_exit(0); /* Gone, as a sender that died holding its claim */
-}
-
-/* An event on ch within ms (taken and acked), or 0. */
-static int event_within(struct ibv_comp_channel *ch, int ms)
-{
-	struct pollfd p = {ch->fd, POLLIN, 0};
-	if (poll(&p, 1, ms) != 1)
-		return 0;
-	struct ibv_cq *got;
-	void *ctx;
-	CHECK(ibv_get_cq_event(ch, &got, &ctx) == 0);
-	ibv_ack_cq_events(got, 1);
-	return 1;
 }
 
 int main(void)
@@ -104,7 +89,7 @@ int main(void)
 	CHECK(softverbs_dv_cq_agent(cq, 0, NULL) == 0);
 	CHECK(ibv_req_notify_cq(cq, 0) == 0);
 	CHECK(write(down[1], "g", 1) == 1);
-	if (!event_within(ch, 5000))
+	if (!svt_event_within(ch, cq, 5000))
 		FAIL("no event for the SEND");
 	int st = 0;
 	CHECK(waitpid(pid, &st, 0) == pid);
@@ -125,7 +110,7 @@ int main(void)
 		CHECK(n >= 0);
 		if (n)
 			break;
-		if (!event_within(ch, 2000))
+		if (!svt_event_within(ch, cq, 2000))
 			FAIL("no event while the CQ holds a completion whose placement is claimed "
 			     "(after %d events)",
 			     events);

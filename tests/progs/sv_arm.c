@@ -35,33 +35,6 @@
 
 static struct ibv_comp_channel *g_sch, *g_rch;
 
-/* An event on ch within ms: 1 (taken and acked, for cq), or 0. */
-static int event_within(struct ibv_comp_channel *ch, struct ibv_cq *cq, int ms)
-{
-	struct pollfd p = {ch->fd, POLLIN, 0};
-	uint64_t end = svt_now_ms() + (uint64_t)ms;
-	for (;;) {
-		int left = (int)(end - svt_now_ms());
-		if (left < 0)
-			left = 0;
-		int r = poll(&p, 1, left);
-		CHECK(r >= 0);
-		if (r == 1) {
-			struct ibv_cq *got;
-			void *ctx;
-			if (ibv_get_cq_event(ch, &got, &ctx) == 0) {
-				if (got != cq)
-					FAIL("event for another CQ");
-				ibv_ack_cq_events(got, 1);
-				return 1;
-			}
-			CHECK(errno == EAGAIN);
-		}
-		if (svt_now_ms() >= end)
-			return 0;
-	}
-}
-
 static void take(struct ibv_cq *cq, int n, uint64_t first_id, const char *what)
 {
 	for (int i = 0; i < n; i++) {
@@ -116,10 +89,10 @@ int main(void)
 
 	/* 1. Empty, armed: nothing; then one completion: one event. */
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("1: an event from an empty CQ");
 	send1(a, mr, 0);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("1: no event for a completion after the arm");
 	take(scq, 1, 0, "1");
 
@@ -138,10 +111,10 @@ int main(void)
 	CHECK_EQ(seen, 3);
 	usleep(50000); /* The sends' own completions too, before the arm */
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("2: no event on arming a CQ that holds 2 completions");
 	send1(a, mr, 0);
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("2: a second event without a re-arm");
 	take(scq, 3, 1, "2");
 
@@ -151,31 +124,31 @@ int main(void)
 	take(scq, 2, 4, "3 sends");
 	usleep(50000); /* Both receives published well before the arm */
 	CHECK(ibv_req_notify_cq(rcq, 1) == 0);
-	if (event_within(g_rch, rcq, 300))
+	if (svt_event_within(g_rch, rcq, 300))
 		FAIL("3: a solicited-only arm fired for unsolicited successes");
 	take(rcq, 3, 3, "3 unsolicited"); /* Step 2's third send and these two */
 	send1(a, mr, 1);
 	take(scq, 1, 6, "3 solicited send");
 	/* The solicited receive came while armed: its own event */
-	if (!event_within(g_rch, rcq, 2000))
+	if (!svt_event_within(g_rch, rcq, 2000))
 		FAIL("3: no event for a solicited receive while armed");
 	send1(a, mr, 1);
 	take(scq, 1, 7, "3 second solicited send");
 	CHECK(ibv_req_notify_cq(rcq, 1) == 0);
-	if (!event_within(g_rch, rcq, 2000))
+	if (!svt_event_within(g_rch, rcq, 2000))
 		FAIL("3: no event on a solicited-only arm over a pending solicited receive");
 	take(rcq, 2, 6, "3 solicited");
 
 	/* 4. Re-armed over the completion the event announced. */
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
 	send1(a, mr, 0);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("4: no event for a completion after the arm");
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("4: a second event for the completion the first announced");
 	take(scq, 1, 8, "4");
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("4: an event after the poll that emptied the CQ");
 
 	/* 5. Announced completions a poll leaves behind. The CQ is armed
@@ -185,22 +158,22 @@ int main(void)
 	send1(a, mr, 0);
 	send1(a, mr, 0);
 	send1(a, mr, 0);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("5: no event for three completions");
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("5: an event on re-arming over the announced completions");
 	struct ibv_wc w1;
 	CHECK(ibv_poll_cq(scq, 1, &w1) == 1);
 	CHECK_WC(w1, IBV_WC_SUCCESS);
 	CHECK_EQ(w1.wr_id, (uint64_t)9);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("5: no event when a poll left two announced completions");
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("5: a second event without a re-arm");
 	/* Re-armed after that poll left two: they fire at once. */
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("5: no event on arming over completions a poll left behind");
 	struct ibv_wc w2[2];
 	CHECK(ibv_poll_cq(scq, 2, w2) == 2); /* Both in one poll: none left */
@@ -209,16 +182,16 @@ int main(void)
 	CHECK_EQ(w2[0].wr_id, (uint64_t)10);
 	CHECK_EQ(w2[1].wr_id, (uint64_t)11);
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("5: an event after the poll that emptied the CQ");
 	/* The poll of a full array that emptied the CQ raises none either. */
 	send1(a, mr, 0);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("5: no event for the last completion");
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
 	CHECK(ibv_poll_cq(scq, 1, &w1) == 1);
 	CHECK_EQ(w1.wr_id, (uint64_t)12);
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("5: an event from a poll that took the last completion");
 	/* One batch per event, then the arm (the poll leaves two while the
 	 * CQ is disarmed): the arm fires for them at once, as a ConnectX's
@@ -226,14 +199,14 @@ int main(void)
 	send1(a, mr, 0);
 	send1(a, mr, 0);
 	send1(a, mr, 0);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("5: no event for three more completions");
 	CHECK(ibv_poll_cq(scq, 1, &w1) == 1);
 	CHECK_EQ(w1.wr_id, (uint64_t)13);
-	if (event_within(g_sch, scq, 300))
+	if (svt_event_within(g_sch, scq, 300))
 		FAIL("5: an event from a disarmed CQ");
 	CHECK(ibv_req_notify_cq(scq, 0) == 0);
-	if (!event_within(g_sch, scq, 2000))
+	if (!svt_event_within(g_sch, scq, 2000))
 		FAIL("5: no event on arming after a batch that left two behind");
 	CHECK(ibv_poll_cq(scq, 2, w2) == 2);
 	CHECK_EQ(w2[0].wr_id, (uint64_t)14);
@@ -257,7 +230,7 @@ int main(void)
 	CHECK(ibv_req_notify_cq(xc, 0) == 0);
 	for (int i = 0; i < 3; i++)
 		send1(x, mr, 0);
-	if (!event_within(xch, xc, 2000))
+	if (!svt_event_within(xch, xc, 2000))
 		FAIL("6: no event for three completions");
 	CHECK(ibv_req_notify_cq(xc, 0) == 0);
 	struct ibv_poll_cq_attr pa = {0};
@@ -265,10 +238,10 @@ int main(void)
 	CHECK_EQ(xcq->status, IBV_WC_SUCCESS);
 	CHECK_EQ(xcq->wr_id, (uint64_t)16);
 	ibv_end_poll(xcq);
-	if (!event_within(xch, xc, 2000))
+	if (!svt_event_within(xch, xc, 2000))
 		FAIL("6: no event when a batch left two announced completions");
 	CHECK(ibv_req_notify_cq(xc, 0) == 0);
-	if (!event_within(xch, xc, 2000))
+	if (!svt_event_within(xch, xc, 2000))
 		FAIL("6: no event on arming over completions a batch left behind");
 	CHECK(ibv_start_poll(xcq, &pa) == 0);
 	CHECK_EQ(xcq->wr_id, (uint64_t)17);
@@ -277,7 +250,7 @@ int main(void)
 	CHECK(ibv_next_poll(xcq) == ENOENT);
 	ibv_end_poll(xcq);
 	CHECK(ibv_req_notify_cq(xc, 0) == 0);
-	if (event_within(xch, xc, 300))
+	if (svt_event_within(xch, xc, 300))
 		FAIL("6: an event after a batch that emptied the CQ");
 	CHECK(ibv_destroy_qp(x) == 0);
 	CHECK(ibv_destroy_qp(y) == 0);

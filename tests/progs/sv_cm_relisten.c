@@ -43,6 +43,18 @@ static struct rdma_cm_event *next_event(struct rdma_event_channel *ch, const cha
 	return e;
 }
 
+/* A PD and a QP of one WR each way (UD or RC) for id; returns the PD. */
+static struct ibv_pd *make_qp(struct rdma_cm_id *id, int ud, const char *who)
+{
+	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
+	struct ibv_qp_init_attr a = {.qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC,
+				     .cap = {.max_send_wr = 1, .max_recv_wr = 1,
+					     .max_send_sge = 1, .max_recv_sge = 1}};
+	if (!pd || rdma_create_qp(id, pd, &a))
+		fail("%s: QP: %m", who);
+	return pd;
+}
+
 static void server(struct sockaddr_in any, int ud, int ready)
 {
 	alarm(20);
@@ -67,12 +79,7 @@ static void server(struct sockaddr_in any, int ud, int ready)
 		fail("server: %s, not CONNECT_REQUEST", rdma_event_str(e->event));
 	struct rdma_cm_id *id = e->id;
 	rdma_ack_cm_event(e);
-	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
-	struct ibv_qp_init_attr a = {.qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC,
-				     .cap = {.max_send_wr = 1, .max_recv_wr = 1,
-					     .max_send_sge = 1, .max_recv_sge = 1}};
-	if (!pd || rdma_create_qp(id, pd, &a))
-		fail("server: QP: %m");
+	make_qp(id, ud, "server");
 	struct rdma_conn_param cp = {0};
 	if (rdma_accept(id, &cp))
 		fail("server: rdma_accept: %m");
@@ -127,12 +134,7 @@ int main(int argc, char **argv)
 	if (e->event != RDMA_CM_EVENT_ROUTE_RESOLVED)
 		fail("client: %s, not ROUTE_RESOLVED", rdma_event_str(e->event));
 	rdma_ack_cm_event(e);
-	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
-	struct ibv_qp_init_attr a = {.qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC,
-				     .cap = {.max_send_wr = 1, .max_recv_wr = 1,
-					     .max_send_sge = 1, .max_recv_sge = 1}};
-	if (!pd || rdma_create_qp(id, pd, &a))
-		fail("client: QP: %m");
+	struct ibv_pd *pd = make_qp(id, ud, "client");
 	struct rdma_conn_param cp = {0};
 	if (rdma_connect(id, &cp))
 		fail("client: rdma_connect: %m");

@@ -83,6 +83,36 @@ static inline void svt_expect_empty(struct ibv_cq *cq, int ms, const char *what)
 		     (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status), wc.opcode);
 }
 
+/* A completion event on ch within ms milliseconds: 1 (taken and acked; for
+ * cq, unless cq is NULL), or 0.  Makes ch's descriptor non-blocking. */
+static inline int svt_event_within(struct ibv_comp_channel *ch, struct ibv_cq *cq, int ms)
+{
+	int fl = fcntl(ch->fd, F_GETFL);
+	CHECK(fl >= 0);
+	if (!(fl & O_NONBLOCK))
+		CHECK(fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) == 0);
+	struct pollfd p = {ch->fd, POLLIN, 0};
+	uint64_t end = svt_now_ms() + (uint64_t)ms;
+	for (;;) {
+		uint64_t now = svt_now_ms();
+		int r = poll(&p, 1, now < end ? (int)(end - now) : 0);
+		CHECK(r >= 0);
+		if (r == 1) {
+			struct ibv_cq *got;
+			void *ctx;
+			if (ibv_get_cq_event(ch, &got, &ctx) == 0) {
+				if (cq && got != cq)
+					FAIL("an event for another CQ");
+				ibv_ack_cq_events(got, 1);
+				return 1;
+			}
+			CHECK(errno == EAGAIN); /* A wake-up with no event behind it */
+		}
+		if (svt_now_ms() >= end)
+			return 0;
+	}
+}
+
 struct svt_dev {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
