@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 15
+#define SV_ABI_VERSION 16
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -299,6 +299,15 @@ enum sv_obj_kind {
 	 * domain); no segment.  The domain exists while one is in use, as
 	 * the kernel's xrcd lives while a handle is open. */
 	SV_OBJ_XRCD = 5,
+	/* One handle on a shared XRC target QP: its creator's, or one that
+	 * ibv_open_qp gave (ABI 16).  cq_obj and cq_gen name the QP's slot in
+	 * qps[] and that record's generation, xrcd its domain; no segment.
+	 * The QP lives while a handle does, as the kernel keeps an XRC
+	 * target QP while a process has it open: the QP record's owner is
+	 * always a holder of a handle, and when the owner's handle goes (its
+	 * destroy, or its death reaped) the record passes to another
+	 * holder. */
+	SV_OBJ_XRC_QP = 6,
 };
 
 struct sv_obj_rec {

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """ibv_open_qp: a forked process opens another's XRC target QP by number
 through a shared XRC domain, modifies it through its handle and closes the
-handle; the QP lives on with its creator (tests/progs/sv_open_qp.c)."""
+handle; the QP lives on with its creator (tests/progs/sv_open_qp.c), and
+on without it while another process holds it open (sv_xrc_share.c)."""
 import errno
 
 import pytest
@@ -15,6 +16,20 @@ def test_open_xrc_target_qp_from_another_process(build_dir, env):
         pytest.fail(f"{prog} missing: build with ninja -C {build_dir}")
     p = svtest.run([str(prog)], env, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "ok", (p.stdout, p.stderr)
+
+
+@pytest.mark.parametrize("mode", ["destroy", "exit", "kill"])
+def test_xrc_target_qp_outlives_its_creator(build_dir, env, mode):
+    """The creator of a shared XRC target QP lets go of it (destroys it,
+    exits without cleaning up, or is killed) while another process holds
+    it open: traffic through it still arrives whole, and the last handle's
+    close ends it (tests/progs/sv_xrc_share.c)."""
+    prog = build_dir / "tests" / "progs" / "sv_xrc_share"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir}")
+    p = svtest.run([str(prog), mode], env, timeout=150)
+    assert p.returncode == 0 and p.stdout.strip() == f"OK sv_xrc_share {mode}", \
+        (p.returncode, p.stdout, p.stderr)
 
 
 def test_cq_moderation_by_count(build_dir, env):

@@ -367,6 +367,8 @@ struct loop_qp {
 	uint32_t ece_options = 0; // Accepted by ibv_set_ece (loop_query.cpp)
 	ibv_qp_type type;
 	bool opened; // A handle from ibv_open_qp on another's XRC target QP
+	// XRC target QPs (created or opened): this handle's SV_OBJ_XRC_QP record
+	obj_ref xrc_handle{SV_MAX_OBJS, 0};
 	obj_ref rq_ref;
 	sv_rq_ring *rq; // Null with an SRQ or for send-only QPs
 	queue_geom rq_geom{}; // rq's, checked when it was made (rq_post)
@@ -946,6 +948,13 @@ int loop_close_xrcd(ibv_xrcd *xrcd);
 ibv_srq *loop_create_srq_ex(ibv_context *ctx, ibv_srq_init_attr_ex *attr);
 int loop_get_srq_num(ibv_srq *srq, uint32_t *srq_num);
 ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr);
+// Under the registry lock.  A handle record of lease on the XRC target QP
+// in qps[qslot] of generation qgen (false: the object table is full), and
+// the close of qp's handle: the QP's record passes to another holder when
+// its owner's handle goes, and goes with the last handle.
+bool xrc_qp_handle_add_locked(fabric &fab, int lease, uint32_t qslot, uint32_t qgen,
+			      uint32_t xrcd, obj_ref &out);
+void xrc_qp_close_locked(fabric &fab, loop_qp *qp);
 
 // loop_mcast.cpp
 int loop_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);

@@ -709,8 +709,13 @@ ibv_qp *loop_create_qp_ex(ibv_context *ctx, ibv_qp_init_attr_ex *attr)
 			q.rcq_obj = qp->rcq->ref.slot;
 			q.rcq_gen = qp->rcq->ref.gen;
 		}
-		if (xrc_recv)
+		if (xrc_recv) {
 			q.xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd)->handle;
+			// The creator's handle: the QP lives while one is held.
+			if (!xrc_qp_handle_add_locked(fab, lctx->lease, slot, gen, q.xrcd,
+						      qp->xrc_handle))
+				return false;
+		}
 		// Published with release: a reader that loads in_use with
 		// acquire sees every field above.
 		std::atomic_ref<uint32_t>(q.in_use).store(1, std::memory_order_release);
@@ -934,8 +939,13 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		return e;
 	fabric &fab = *qp->ctx->fab;
 	if (qp->opened) {
-		// Closing an opened XRC target QP drops this handle only; the QP
-		// lives on with its creator.
+		// Closing an opened XRC target QP drops this handle; the QP lives
+		// on while another process (its creator, or another opener)
+		// holds one, and goes with the last.
+		{
+			registry_guard g(fab);
+			xrc_qp_close_locked(fab, qp);
+		}
 		qp->parents.release();
 		qp->life.end_destroy(kLifeQp);
 		quarantine(qp);
@@ -955,10 +965,16 @@ int loop_destroy_qp(ibv_qp *ibqp)
 		engine_remove(qp);
 	{
 		registry_guard g(fab);
-		sv_qp_rec &rec = fab.reg()->qps[qp->slot];
-		qp_state_ref(rec).store(IBV_QPS_RESET, std::memory_order_release);
-		rec.in_use = 0;
-		res_put_locked(fab, qp->ctx->lease, SV_RES_QP);
+		if (qp->type == IBV_QPT_XRC_RECV) {
+			// A shared XRC target QP: the creator's destroy closes its
+			// handle, and the QP lives on while an opener holds one.
+			xrc_qp_close_locked(fab, qp);
+		} else {
+			sv_qp_rec &rec = fab.reg()->qps[qp->slot];
+			qp_state_ref(rec).store(IBV_QPS_RESET, std::memory_order_release);
+			rec.in_use = 0;
+			res_put_locked(fab, qp->ctx->lease, SV_RES_QP);
+		}
 	}
 	objects_remove(kObjQp, qp->slot);
 	// No event names it now; wait for the acks of those handed out.

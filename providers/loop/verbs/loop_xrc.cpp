@@ -2,6 +2,7 @@
 // XRC domains and shared XRC target QPs.
 #include "loop.h"
 #include "objects.h"
+#include "res_limits.h"
 
 #include <atomic>
 #include <cerrno>
@@ -123,6 +124,69 @@ int loop_close_xrcd(ibv_xrcd *ibxrcd)
 	return 0;
 }
 
+bool xrc_qp_handle_add_locked(fabric &fab, int lease, uint32_t qslot, uint32_t qgen,
+			      uint32_t xrcd, obj_ref &out)
+{
+	sv_registry *r = fab.reg();
+	for (uint32_t i = 0; i < SV_MAX_OBJS; i++) {
+		sv_obj_rec &o = r->objs[i];
+		if (o.in_use)
+			continue;
+		obj_rec_init(r, o, lease, SV_OBJ_XRC_QP);
+		o.cq_obj = qslot;
+		o.cq_gen = qgen;
+		o.xrcd = xrcd;
+		std::atomic_ref<uint32_t>(o.in_use).store(1, std::memory_order_release);
+		out = {i, o.generation};
+		return true;
+	}
+	return false;
+}
+
+void xrc_qp_close_locked(fabric &fab, loop_qp *qp)
+{
+	// A dead holder's handle is no handle: its process is reaped first
+	// (the QP passes to a live holder, or goes), so that the last live
+	// handle's close ends the QP.
+	fab.reap_dead();
+	sv_registry *r = fab.reg();
+	obj_ref h = qp->xrc_handle;
+	qp->xrc_handle = {SV_MAX_OBJS, 0};
+	if (h.slot < SV_MAX_OBJS) {
+		sv_obj_rec &o = r->objs[h.slot];
+		if (o.in_use && o.generation == h.gen && o.kind == SV_OBJ_XRC_QP)
+			std::atomic_ref<uint32_t>(o.in_use).store(0, std::memory_order_release);
+	}
+	sv_qp_rec &q = r->qps[qp->slot];
+	// Still the QP this handle was on (reaping never frees a record while
+	// a live process holds a handle, but a peer may have scribbled)?
+	if (!q.in_use || q.qp_type != IBV_QPT_XRC_RECV ||
+	    (q.generation & SV_QPN_SLOT_MASK) != qp->qpn >> SV_QPN_SLOT_BITS)
+		return;
+	// Another handle holds it: the record stays, and if it was ours it
+	// passes to that holder.  (Handles of this process count as others:
+	// the same process may have created the QP and opened it too.)
+	auto lease = static_cast<uint32_t>(qp->ctx->lease);
+	if (q.owner_lease == lease && q.owner_gen == qp->ctx->lease_gen) {
+		if (xrc_qp_pass_on_locked(r, qp->slot, SV_MAX_OBJS, SV_MAX_PROCS, 0))
+			return;
+	} else {
+		for (uint32_t i = 0; i < SV_MAX_OBJS; i++) {
+			const sv_obj_rec &o = r->objs[i];
+			if (o.in_use && o.kind == SV_OBJ_XRC_QP && o.cq_obj == qp->slot &&
+			    o.cq_gen == q.generation)
+				return;
+		}
+	}
+	// The last handle: the QP goes, as the kernel destroys a shared QP
+	// when its last handle is closed.
+	std::atomic_ref<uint32_t>(q.state).store(IBV_QPS_RESET, std::memory_order_release);
+	std::atomic_ref<uint32_t>(q.in_use).store(0, std::memory_order_release);
+	uint32_t owner = q.owner_lease;
+	if (owner < SV_MAX_PROCS && r->leases[owner].generation == q.owner_gen)
+		res_put_locked(fab, static_cast<int>(owner), SV_RES_QP);
+}
+
 // Opens an XRC target QP that a process of the same XRC domain created: a
 // handle on the shared QP record, through which the opener can modify,
 // query and close it.  Receives reach it through its domain's SRQs.
@@ -152,19 +216,29 @@ ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr)
 	fabric &fab = *lctx->fab;
 	uint32_t slot = attr->qp_num & SV_QPN_SLOT_MASK;
 	uint32_t xrcd = reinterpret_cast<verbs_xrcd *>(attr->xrcd)->handle;
-	sv_qp_rec rec;
-	{
-		registry_guard g(fab);
-		rec = fab.reg()->qps[slot];
-	}
-	if (!rec.in_use || (rec.generation & SV_QPN_SLOT_MASK) != attr->qp_num >> SV_QPN_SLOT_BITS ||
-	    rec.qp_type != IBV_QPT_XRC_RECV || rec.xrcd != xrcd) {
-		errno = EINVAL;
-		return nullptr;
-	}
 	auto *qp = new (std::nothrow) loop_qp{};
 	if (!qp) {
 		errno = ENOMEM;
+		return nullptr;
+	}
+	sv_qp_rec rec;
+	int bad = 0;
+	{
+		// The check and this process's handle on the QP in one step: the
+		// QP cannot go between them (docs/design.md, "Object lifetimes").
+		registry_guard g(fab);
+		rec = fab.reg()->qps[slot];
+		if (!rec.in_use ||
+		    (rec.generation & SV_QPN_SLOT_MASK) != attr->qp_num >> SV_QPN_SLOT_BITS ||
+		    rec.qp_type != IBV_QPT_XRC_RECV || rec.xrcd != xrcd)
+			bad = EINVAL;
+		else if (!xrc_qp_handle_add_locked(fab, lctx->lease, slot, rec.generation, xrcd,
+						   qp->xrc_handle))
+			bad = ENOMEM;
+	}
+	if (bad) {
+		delete qp;
+		errno = bad;
 		return nullptr;
 	}
 	qp->ctx = lctx;

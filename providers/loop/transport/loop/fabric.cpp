@@ -658,6 +658,41 @@ bool fabric::slot_dead_locked(int slot)
 	return st && (state == 'Z' || state == 'X') && process_exited(static_cast<pid_t>(l.pid));
 }
 
+bool xrc_qp_pass_on_locked(sv_registry *r, uint32_t qslot, uint32_t except, uint32_t lease,
+			   uint32_t lease_gen)
+{
+	if (qslot >= SV_MAX_QPS)
+		return false;
+	sv_qp_rec &q = r->qps[qslot];
+	if (!q.in_use || q.qp_type != IBV_QPT_XRC_RECV)
+		return false;
+	for (uint32_t i = 0; i < SV_MAX_OBJS; i++) {
+		const sv_obj_rec &o = r->objs[i];
+		if (i == except || !o.in_use || o.kind != SV_OBJ_XRC_QP || o.cq_obj != qslot ||
+		    o.cq_gen != q.generation || o.owner_lease >= SV_MAX_PROCS ||
+		    (o.owner_lease == lease && o.owner_gen == lease_gen))
+			continue;
+		const sv_lease &to = r->leases[o.owner_lease];
+		if (!to.pid || to.generation != o.owner_gen)
+			continue; // A handle its holder left behind: reaped with it
+		if (q.owner_lease != o.owner_lease || q.owner_gen != o.owner_gen) {
+			uint32_t from = q.owner_lease;
+			if (from < SV_MAX_PROCS && r->leases[from].generation == q.owner_gen &&
+			    r->usage[from][SV_RES_QP])
+				r->usage[from][SV_RES_QP]--;
+			r->usage[o.owner_lease][SV_RES_QP]++;
+			// Readers take the owner as a pair with the generation
+			// (find_qp, lt_alive): a reader that mixes the two
+			// halves finds a lease that is not alive and looks
+			// again, as after any change of owner.
+			std::atomic_ref<uint32_t>(q.owner_gen).store(o.owner_gen, std::memory_order_relaxed);
+			std::atomic_ref<uint32_t>(q.owner_lease).store(o.owner_lease, std::memory_order_release);
+		}
+		return true;
+	}
+	return false;
+}
+
 void fabric::reap_locked(int slot)
 {
 	sv_lease &l = reg_->leases[slot];
@@ -665,12 +700,18 @@ void fabric::reap_locked(int slot)
 	auto owned = [&](uint32_t lease, uint32_t g) {
 		return lease == static_cast<uint32_t>(slot) && g == gen;
 	};
-	for (auto &q : reg_->qps)
-		if (q.in_use && owned(q.owner_lease, q.owner_gen)) {
-			std::atomic_ref<uint32_t>(q.state).store(IBV_QPS_RESET,
-								 std::memory_order_release);
-			q.in_use = 0;
-		}
+	for (uint32_t i = 0; i < SV_MAX_QPS; i++) {
+		sv_qp_rec &q = reg_->qps[i];
+		if (!q.in_use || !owned(q.owner_lease, q.owner_gen))
+			continue;
+		// A shared XRC target QP lives on while another process holds
+		// a handle on it (ibv_open_qp): it passes to that process.
+		if (q.qp_type == IBV_QPT_XRC_RECV &&
+		    xrc_qp_pass_on_locked(reg_, i, SV_MAX_OBJS, static_cast<uint32_t>(slot), gen))
+			continue;
+		std::atomic_ref<uint32_t>(q.state).store(IBV_QPS_RESET, std::memory_order_release);
+		q.in_use = 0;
+	}
 	for (auto &m : reg_->mrs)
 		if (m.state != SV_MR_FREE && owned(m.owner_lease, m.owner_gen))
 			std::atomic_ref<uint32_t>(m.state).store(SV_MR_FREE,
