@@ -13,7 +13,7 @@ import pytest
 import svtest
 
 SCENARIOS = ["traffic", "kernel", "signals", "writers", "dontneed", "attrs", "maxmap", "memory",
-             "fork", "mremap", "sighandler", "race", "race-rereg", "race-read", "race-inv", "closedfd", "munmap", "emfile", "express",
+             "fork", "mremap", "sighandler", "race", "race-rereg", "race-read", "race-inv", "race-mw", "closedfd", "munmap", "emfile", "express",
              "express-send", "deferred"]
 
 

@@ -709,8 +709,12 @@ inline constexpr ibv_wr_opcode kWrFastReg = IBV_WR_DRIVER1;
 // Its completion opcode, SOFTVERBS_WC_FAST_REG (8: unused by verbs.h).
 inline constexpr ibv_wc_opcode kWcFastReg = static_cast<ibv_wc_opcode>(8);
 // Local memory operations, run by the requester in WR order: BIND_MW,
-// LOCAL_INV, kWrFastReg.  Returns the completion status.
+// LOCAL_INV, kWrFastReg.  kWrFastReg: returns the completion status.
 ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w);
+// BIND_MW w: true with its status in st once done; false while copies
+// through the bound window's old binding are still in flight (a type 1
+// window bound again or unbound; w's next_try_ns set, as mr_local_inv).
+bool mr_bind(loop_qp *qp, send_wr &w, ibv_wc_status &st);
 // LOCAL_INV w: true with its status in st once done; false when the key
 // is invalidated but copies through it are still in flight (w's
 // next_try_ns set: run it again then; the WRs behind it wait).

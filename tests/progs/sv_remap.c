@@ -44,6 +44,9 @@
  *   race-inv  a peer WRITEing through a fast-register key while the owner
  *             invalidates it (LOCAL_INV) and reuses the memory: no byte
  *             lands after the LOCAL_INV completed
+ *   race-mw   the same through a memory window: LOCAL_INV of a type 2
+ *             window, the unbind of a type 1 window, ibv_dealloc_mw of a
+ *             bound one (the parent MR stays registered)
  *   deferred  a small SEND into memory that stays where it is travels in
  *             the CQE, and its sender places it before its next WR moves
  *             bytes: after the receiver deregistered (and reused) the
@@ -1316,6 +1319,92 @@ static void sc_race_inv(void)
 	CHECK_EQ(ibv_destroy_cq(icq), 0);
 }
 
+/* A peer WRITEing through a memory window over [m, m + len) while the
+ * owner ends the window: LOCAL_INV of a type 2 window, an unbind (bind of
+ * length 0) of a type 1 window, or ibv_dealloc_mw of a bound type 2
+ * window.  Once that completed (or returned), the memory is reused and no
+ * byte may land; the parent MR stays registered all along.  Copies through
+ * a window held only the parent, and an invalidation did not wait for
+ * them: a helper's probe saw up to 660 KB land after LOCAL_INV completed. */
+static void sc_race_mw(void)
+{
+	size_t len = PEER_BUF;
+	struct ibv_cq *icq = ibv_create_cq(D.ctx, 16, NULL, NULL, 0);
+	CHECK(icq);
+	struct svt_qpopt io = {.type = IBV_QPT_RC, .scq = icq, .rcq = icq, .max_send_wr = 16};
+	struct ibv_qp *iqp = svt_qp(&D, &io);
+	struct svt_conn ic = {SVT_ALL_ACCESS, 12, 14, 7, 7};
+	svt_connect(iqp, iqp->qp_num, D.lid, &ic);
+	static const char *const how[] = {"LOCAL_INV of a type 2 window",
+					  "the unbind of a type 1 window",
+					  "ibv_dealloc_mw of a bound type 2 window"};
+	for (int round = 0; round < 9; round++) {
+		int kind = round % 3;
+		char *m = anon(len);
+		struct ibv_mr *mr = ibv_reg_mr(D.pd, m, len, SVT_ALL_ACCESS | IBV_ACCESS_MW_BIND);
+		CHECK(mr);
+		struct ibv_mw *mw = ibv_alloc_mw(D.pd, kind == 1 ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2);
+		CHECK(mw);
+		struct ibv_mw_bind_info bi = {.mr = mr, .addr = (uintptr_t)m, .length = len,
+					      .mw_access_flags = IBV_ACCESS_REMOTE_WRITE};
+		uint32_t rkey;
+		struct ibv_wc wc;
+		if (kind == 1) {
+			struct ibv_mw_bind b = {.wr_id = 80, .send_flags = IBV_SEND_SIGNALED,
+						.bind_info = bi};
+			CHECK_EQ(ibv_bind_mw(iqp, mw, &b), 0);
+			wc = svt_wait(icq, "type 1 bind");
+			rkey = mw->rkey;
+		} else {
+			/* A type 2 window is bound to the QP the peer's WRITEs reach. */
+			rkey = ibv_inc_rkey(mw->rkey);
+			struct ibv_send_wr bw = {.wr_id = 80, .opcode = IBV_WR_BIND_MW,
+						 .send_flags = IBV_SEND_SIGNALED};
+			bw.bind_mw.mw = mw;
+			bw.bind_mw.rkey = rkey;
+			bw.bind_mw.bind_info = bi;
+			struct ibv_send_wr *bad;
+			CHECK_EQ(ibv_post_send(QP, &bw, &bad), 0);
+			wc = svt_wait(CQ, "type 2 bind");
+		}
+		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 80)
+			FAIL("bind completed %s (wr_id %llu)", ibv_wc_status_str(wc.status),
+			     (unsigned long long)wc.wr_id);
+		struct ibv_mr through = *mr;
+		through.rkey = rkey;
+		storm_start(&through, (uint32_t)len, 95, 2 + round % 4);
+		if (kind == 0) {
+			struct ibv_send_wr inv = {.wr_id = 81, .opcode = IBV_WR_LOCAL_INV,
+						  .send_flags = IBV_SEND_SIGNALED,
+						  .invalidate_rkey = rkey};
+			struct ibv_send_wr *bad;
+			CHECK_EQ(ibv_post_send(iqp, &inv, &bad), 0);
+			wc = svt_wait(icq, "LOCAL_INV");
+		} else if (kind == 1) {
+			struct ibv_mw_bind b = {.wr_id = 81, .send_flags = IBV_SEND_SIGNALED,
+						.bind_info = {.mr = mr}};
+			CHECK_EQ(ibv_bind_mw(iqp, mw, &b), 0);
+			wc = svt_wait(icq, "type 1 unbind");
+		} else {
+			CHECK_EQ(ibv_dealloc_mw(mw), 0);
+			mw = NULL;
+			wc.status = IBV_WC_SUCCESS;
+			wc.wr_id = 81;
+		}
+		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 81)
+			FAIL("%s completed %s (wr_id %llu)", how[kind], ibv_wc_status_str(wc.status),
+			     (unsigned long long)wc.wr_id);
+		storm_end(m, len, 96, how[kind]);
+		if (mw)
+			CHECK_EQ(ibv_dealloc_mw(mw), 0);
+		CHECK_EQ(ibv_dereg_mr(mr), 0);
+		munmap(m, len);
+		reconnect_both();
+	}
+	CHECK_EQ(ibv_destroy_qp(iqp), 0);
+	CHECK_EQ(ibv_destroy_cq(icq), 0);
+}
+
 /* Warm WRITEs of 64 bytes at 64 * i, checked. */
 static void warm(struct ibv_mr *mr, unsigned seed, const char *what)
 {
@@ -1937,6 +2026,8 @@ int main(int argc, char **argv)
 		sc_race_rereg();
 	else if (!strcmp(sc, "race-inv"))
 		sc_race_inv();
+	else if (!strcmp(sc, "race-mw"))
+		sc_race_mw();
 	else if (!strcmp(sc, "race-read"))
 		sc_race_read();
 	else if (!strcmp(sc, "deferred"))

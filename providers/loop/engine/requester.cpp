@@ -550,7 +550,14 @@ step run_ud(loop_qp *qp, send_wr &w)
 		complete(qp, w, st, 0);
 		return step::done;
 	}
-	if (w.opcode == IBV_WR_BIND_MW || w.opcode == kWrFastReg) {
+	if (w.opcode == IBV_WR_BIND_MW) {
+		ibv_wc_status st;
+		if (!mr_bind(qp, w, st))
+			return step::wait; // Copies through the old binding in flight
+		complete(qp, w, st, 0);
+		return step::done;
+	}
+	if (w.opcode == kWrFastReg) {
 		complete(qp, w, mr_local_op(qp, w), 0);
 		return step::done;
 	}

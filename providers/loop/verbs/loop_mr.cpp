@@ -363,7 +363,18 @@ namespace {
 			*access |= p.access & IBV_ACCESS_RELAXED_ORDERING;
 		if (plain)
 			plain->state = SV_MR_FREE; // A window: not for the cache
-		return resolve_body(fab, slot, p, piova - p.iova, len, out);
+		size_t before = out.size();
+		err = resolve_body(fab, slot, p, piova - p.iova, len, out);
+		// A copy through a window holds the window's record, not its
+		// parent's: an invalidation, unbind or dealloc of the window
+		// waits for it (the parent cannot be deregistered while the
+		// window is bound).
+		for (size_t i = before; i < out.size(); i++)
+			if (out[i].mr) {
+				out[i].mr = &fab.reg()->mrs[key >> SV_MR_KEY_BITS];
+				out[i].mr_cookie = c.cookie;
+			}
+		return err;
 	}
 	return resolve_body(fab, slot, c, iova - c.iova, len, out);
 }
@@ -1282,10 +1293,18 @@ int loop_dealloc_mw(ibv_mw *ibmw)
 		return e;
 	loop_context *lctx = to_loop_context(ibmw->context);
 	fabric &fab = *lctx->fab;
+	sv_mr_rec &w = fab.reg()->mrs[mw->slot];
+	uint32_t cookie;
 	{
 		registry_guard g(fab);
-		sv_mr_rec &w = fab.reg()->mrs[mw->slot];
-		mr_state(w).store(SV_MR_INVALID, std::memory_order_release);
+		cookie = w.cookie;
+		mr_begin_change(w);
+	}
+	// Out of service; then no copy through it is left when this returns,
+	// as after an invalidation (mr_copiers.h).
+	mr_copy_wait(w, cookie);
+	{
+		registry_guard g(fab);
 		unbind_locked(fab.reg(), w);
 		mr_state(w).store(SV_MR_FREE, std::memory_order_release);
 		res_put_locked(fab, lctx->lease, SV_RES_MW);
@@ -1372,29 +1391,30 @@ int mr_copy_wr(loop_qp *qp, const ibv_send_wr *in, send_wr &w, const mem_wr_extr
 
 namespace {
 
-ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
+bool bind_run(loop_qp *qp, send_wr &w, ibv_wc_status &st)
 {
+	st = IBV_WC_MW_BIND_ERR;
 	fabric &fab = *qp->ctx->fab;
 	sv_registry *r = fab.reg();
 	uint32_t me = static_cast<uint32_t>(qp->ctx->lease);
 	// Only the low 8 bits of the WR's rkey are the new key, as on rxe and
 	// mlx5: the rest of a window's rkey is its index, which no bind changes.
 	if (w.mw_slot == 0 || w.mw_slot >= SV_MAX_MRS)
-		return IBV_WC_MW_BIND_ERR;
+		return true;
 	uint32_t rights = w.bind_access & (kRemoteRights | IBV_ACCESS_ZERO_BASED);
 	registry_guard g(fab);
 	sv_mr_rec &win = r->mrs[w.mw_slot];
 	uint32_t want_kind = w.mw_type == IBV_MW_TYPE_1 ? SV_MR_KIND_MW1 : SV_MR_KIND_MW2;
 	if (win.state == SV_MR_FREE || win.kind != want_kind || win.owner_lease != me ||
 	    win.pdn != qp->pdn)
-		return IBV_WC_MW_BIND_ERR;
+		return true;
 	// A type 2 window is bound once; invalidate it before binding again.
 	if (want_kind == SV_MR_KIND_MW2 && win.state == SV_MR_VALID)
-		return IBV_WC_MW_BIND_ERR;
+		return true;
 	// A type 2 window is not bound with length 0 (IBTA o10-37.2.40: that
 	// would be an invalidation by bind; rxe's bind error).
 	if (w.mw_type == IBV_MW_TYPE_2 && !w.bind_len)
-		return IBV_WC_MW_BIND_ERR;
+		return true;
 	bool unbind = w.mw_type == IBV_MW_TYPE_1 && !w.bind_len;
 	uint32_t pslot = 0;
 	uint64_t piova = 0;
@@ -1402,28 +1422,49 @@ ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
 		uint32_t l = w.bind_lkey;
 		pslot = l >> SV_MR_KEY_BITS;
 		if (!l || pslot == 0 || pslot >= SV_MAX_MRS || pslot == w.mw_slot)
-			return IBV_WC_MW_BIND_ERR;
+			return true;
 		sv_mr_rec &p = r->mrs[pslot];
 		if (p.state != SV_MR_VALID || (p.key & 0xff) != (l & 0xff) || p.owner_lease != me ||
 		    p.pdn != qp->pdn)
-			return IBV_WC_MW_BIND_ERR;
+			return true;
 		if (p.kind != SV_MR_KIND_MR && p.kind != SV_MR_KIND_FD && p.kind != SV_MR_KIND_FRMR)
-			return IBV_WC_MW_BIND_ERR;
+			return true;
 		if (!(p.access & IBV_ACCESS_MW_BIND))
-			return IBV_WC_MW_BIND_ERR;
+			return true;
 		if ((rights & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
 		    !(p.access & IBV_ACCESS_LOCAL_WRITE))
-			return IBV_WC_MW_BIND_ERR;
+			return true;
 		if (!in_bounds(p, w.bind_addr, w.bind_len))
-			return IBV_WC_MW_BIND_ERR;
+			return true;
 		piova = w.bind_addr;
+	}
+	// A bound type 1 window bound again, or unbound: its old binding goes
+	// now, and the bind completes once no copy through the old binding is
+	// left, as an invalidation does (mr_local_inv): the WR stays at the
+	// head of the send queue meanwhile, looked at every kInvPollNs, at
+	// most kCopyWaitMs.
+	uint64_t now = now_ns();
+	if (!w.inv_waiting && win.state == SV_MR_VALID) {
+		w.inv_waiting = true;
+		w.inv_cookie = win.cookie;
+		w.inv_until_ns = now + uint64_t(kCopyWaitMs) * 1000000;
+		mr_begin_change(win);
+		unbind_locked(r, win);
+	}
+	if (w.inv_waiting) {
+		if (mr_copy_busy(win, w.inv_cookie) && now < w.inv_until_ns) {
+			w.next_try_ns = now + kInvPollNs;
+			return false;
+		}
+		w.inv_waiting = false;
 	}
 	mr_begin_change(win);
 	unbind_locked(r, win);
 	win.key = w.rkey & 0xff;
 	mr_new_cookie(win);
+	st = IBV_WC_SUCCESS;
 	if (unbind)
-		return IBV_WC_SUCCESS; // Unbound, with a new key
+		return true; // Unbound, with a new key
 	win.parent = pslot;
 	r->mrs[pslot].bound_mws++;
 	win.addr = piova;
@@ -1432,13 +1473,13 @@ ibv_wc_status bind_run(loop_qp *qp, send_wr &w)
 	win.access = rights & kRemoteRights;
 	win.bound_qpn = w.mw_type == IBV_MW_TYPE_2 ? qp->qpn : 0;
 	mr_state(win).store(SV_MR_VALID, std::memory_order_release);
-	return IBV_WC_SUCCESS;
+	return true;
 }
 
 // Invalidates rkey: a type 2 window or a BMME key.  Caller holds the lock.
-// A BMME key's copies by address hold its own record (mr_copiers.h): *wait
-// receives the record and *cookie the registration to wait out once the
-// lock is dropped (a window's copies hold its parent, which stays).
+// A BMME key's or a window's copies by address hold its own record
+// (mr_copiers.h): *wait receives the record and *cookie the registration to
+// wait out once the lock is dropped.
 int invalidate_locked(sv_registry *r, uint32_t owner, uint32_t pdn, uint32_t qpn, uint32_t rkey,
 		      bool remote, sv_mr_rec **wait, uint32_t *cookie)
 {
@@ -1455,6 +1496,8 @@ int invalidate_locked(sv_registry *r, uint32_t owner, uint32_t pdn, uint32_t qpn
 		// A remote invalidation must come on the QP the window is bound to.
 		if (remote && m.bound_qpn != qpn)
 			return EACCES;
+		*cookie = m.cookie;
+		*wait = &m;
 		mr_begin_change(m);
 		unbind_locked(r, m);
 		return 0;
@@ -1527,14 +1570,14 @@ ibv_wc_status fast_reg_run(loop_qp *qp, send_wr &w)
 
 ibv_wc_status mr_local_op(loop_qp *qp, send_wr &w)
 {
-	switch (w.opcode) {
-	case IBV_WR_BIND_MW:
-		return bind_run(qp, w);
-	default:
-		if (w.opcode == kWrFastReg)
-			return fast_reg_run(qp, w);
-		return IBV_WC_LOC_QP_OP_ERR;
-	}
+	if (w.opcode == kWrFastReg)
+		return fast_reg_run(qp, w);
+	return IBV_WC_LOC_QP_OP_ERR;
+}
+
+bool mr_bind(loop_qp *qp, send_wr &w, ibv_wc_status &st)
+{
+	return bind_run(qp, w, st);
 }
 
 bool mr_local_inv(loop_qp *qp, send_wr &w, ibv_wc_status &st)
