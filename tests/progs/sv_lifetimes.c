@@ -865,11 +865,20 @@ static void scenario_mcast(struct svt_dev *d)
 	memset(&mg, 0, sizeof(mg));
 	mg.raw[0] = 0xff;
 	mg.raw[15] = 7;
+	/* On an InfiniBand port a group's LID is a multicast LID (the
+	 * kernel's is_valid_mcast_lid): 0xc000 to 0xfffe, else EINVAL. */
+	static const uint16_t not_mlid[] = {0, 5, 0xbfff, 0xffff};
+	for (unsigned i = 0; i < sizeof(not_mlid) / sizeof(not_mlid[0]); i++)
+		CHECK_EQ(ibv_attach_mcast(uq, &mg, not_mlid[i]), EINVAL);
 	CHECK_EQ(ibv_attach_mcast(uq, &mg, 0xc007), 0);
 	CHECK_EQ(ibv_destroy_qp(uq), EBUSY);
 	/* Still a working QP. */
 	svt_ud_up(uq, 0x11);
 	CHECK_EQ(svt_state(uq), IBV_QPS_RTS);
+	for (unsigned i = 0; i < sizeof(not_mlid) / sizeof(not_mlid[0]); i++) {
+		CHECK_EQ(ibv_attach_mcast(uq, &mg, not_mlid[i]), EINVAL);
+		CHECK_EQ(ibv_detach_mcast(uq, &mg, not_mlid[i]), EINVAL);
+	}
 	CHECK_EQ(ibv_detach_mcast(uq, &mg, 0xc007), 0);
 	CHECK_EQ(ibv_detach_mcast(uq, &mg, 0xc007), EINVAL);
 	CHECK_EQ(ibv_destroy_qp(uq), 0);

@@ -1,20 +1,47 @@
 // SPDX-License-Identifier: MIT
 // Multicast: the registry keeps each group's attached QPs; a UD send to the
 // group's LID/GID is delivered to every one of them.
+#include "engine.h"
 #include "loop.h"
 #include "objects.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
 namespace loop {
+
+namespace {
+
+// The kernel's is_valid_mcast_lid (ib_attach_mcast and ib_detach_mcast):
+// on an InfiniBand port a group's LID must be a multicast LID (0xc000 to
+// 0xfffe); the RoCE annex has the LID ignored.  A QP in INIT or later is
+// judged by its port; before that, only a device with no Ethernet port
+// checks the LID.
+bool mcast_lid_ok(loop_qp *qp, uint16_t lid)
+{
+	if (lid >= 0xc000 && lid != 0xffff)
+		return true;
+	const sv_registry *r = qp->ctx->fab->reg();
+	if (std::atomic_ref<const uint32_t>(r->qps[qp->slot].state).load(std::memory_order_acquire) !=
+	    IBV_QPS_RESET)
+		return fabric_port_is_eth(qp->ctx, qp->attr.port_num);
+	uint32_t dev = qp->ctx->dev->index;
+	uint32_t ports = dev < SV_MAX_DEVICES ? r->devices[dev].num_ports : 0;
+	for (uint32_t p = 1; p <= ports && p <= SV_MAX_PORTS; p++)
+		if (fabric_port_is_eth(qp->ctx, static_cast<uint8_t>(p)))
+			return true;
+	return false;
+}
+
+} // namespace
 
 int loop_attach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 {
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp))
 		return life_bad("ibv_attach_mcast", qp, qp->life, kLifeQp);
-	if (qp->type != IBV_QPT_UD || gid->raw[0] != 0xff)
+	if (qp->type != IBV_QPT_UD || gid->raw[0] != 0xff || !mcast_lid_ok(qp, lid))
 		return EINVAL;
 	fabric &fab = *qp->ctx->fab;
 	registry_guard g(fab);
@@ -48,6 +75,8 @@ int loop_detach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp))
 		return life_bad("ibv_detach_mcast", qp, qp->life, kLifeQp);
+	if (qp->type != IBV_QPT_UD || gid->raw[0] != 0xff || !mcast_lid_ok(qp, lid))
+		return EINVAL;
 	fabric &fab = *qp->ctx->fab;
 	registry_guard g(fab);
 	for (sv_mcast_rec &m : fab.reg()->mcast) {
