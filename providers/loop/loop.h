@@ -789,8 +789,14 @@ int loop_set_ece(ibv_qp *qp, ibv_ece *ece);
 int loop_destroy_qp(ibv_qp *qp);
 int loop_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
 // Moves a QP to ERR (if not already) and flushes its receive queue; usable on
-// a peer's QP.  Returns true if this call made the transition.
-bool qp_set_error(fabric &fab, uint32_t slot);
+// a peer's QP.  Returns true if this call made the transition.  The
+// affiliated event of the error's cause, if given (own: a QP of this
+// process, raised through its context's socket), is raised first, and then
+// a QP on an SRQ gets IBV_EVENT_QP_LAST_WQE_REACHED, in that order (IB
+// 11.6.3: Last WQE Reached follows the move to the Error state).
+inline constexpr ibv_event_type kNoQpEvent = static_cast<ibv_event_type>(-1);
+bool qp_set_error(fabric &fab, uint32_t slot, ibv_event_type cause = kNoQpEvent,
+		  loop_qp *own = nullptr);
 // Moves a UD or UC QP in RTS or SQD to SQE after a send error (IB 10.3.1:
 // its send queue stops, its receive queue goes on).  True if it did.
 bool qp_set_sqe(fabric &fab, uint32_t slot);

@@ -78,8 +78,8 @@ int push_own(loop_cq *cq, sv_cqe &e)
 	e.byte_len = byte_len;
 	e.src_qp = static_cast<uint32_t>(w.sq_index);
 	e.flags = SV_CQE_SQ_INDEX;
-	if (push_own(qp->scq, e) == ENOSPC && qp_set_error(*qp->ctx->fab, qp->slot))
-		raise_own_qp_event(qp, IBV_EVENT_QP_FATAL);
+	if (push_own(qp->scq, e) == ENOSPC)
+		qp_set_error(*qp->ctx->fab, qp->slot, IBV_EVENT_QP_FATAL, qp);
 }
 
 [[gnu::hot]] void complete(loop_qp *qp, const send_wr &w, ibv_wc_status st, uint32_t byte_len)

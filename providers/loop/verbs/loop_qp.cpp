@@ -461,7 +461,7 @@ bool qp_set_sqe(fabric &fab, uint32_t slot)
 	return true;
 }
 
-bool qp_set_error(fabric &fab, uint32_t slot)
+bool qp_set_error(fabric &fab, uint32_t slot, ibv_event_type cause, loop_qp *own)
 {
 	if (slot >= SV_MAX_QPS)
 		return false;
@@ -472,6 +472,12 @@ bool qp_set_error(fabric &fab, uint32_t slot)
 		if (cur == IBV_QPS_ERR || cur == IBV_QPS_RESET)
 			return false;
 	} while (!st.compare_exchange_weak(cur, IBV_QPS_ERR, std::memory_order_acq_rel));
+	if (cause != kNoQpEvent) {
+		if (own)
+			raise_own_qp_event(own, cause);
+		else
+			raise_qp_event(fab, slot, cause);
+	}
 	// A QP on an SRQ takes no receive WQE from here on: the last one it
 	// will consume is behind it (IB 11.6.3, "Last WQE Reached"; consumers
 	// wait for this before they destroy such a QP).

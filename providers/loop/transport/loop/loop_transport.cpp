@@ -524,11 +524,11 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	wqe = reinterpret_cast<sv_recv_wqe *>(buf.data());
 	bool damaged = false;
 	if (!rq_take(rq, g, wqe, (g.entry_size - sizeof(sv_recv_wqe)) / sizeof(sv_sge), &damaged)) {
-		if (damaged && qp_set_error(fab, p.slot)) {
+		if (damaged) {
 			// Its indices are beyond belief: the responder's QP fails
 			// (its owner hears of it), and the requester, finding it in
 			// ERR, completes with an error after its retries.
-			raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
+			qp_set_error(fab, p.slot, IBV_EVENT_QP_FATAL);
 		}
 		return EAGAIN;
 	}
@@ -628,8 +628,7 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 				return ESRCH;
 			obj_ref again = cq_ref();
 			if (again.slot == ref.slot && again.gen == ref.gen) {
-				if (qp_set_error(fab, p.slot))
-					raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
+				qp_set_error(fab, p.slot, IBV_EVENT_QP_FATAL);
 				return ENOSPC;
 			}
 			continue;
@@ -643,8 +642,7 @@ bool pack_inline(const tp_payload &d, const peer &p, sv_cqe_payload &pl)
 		uint64_t index = 0;
 		int err = cq_push(ring, g, e, solicited, payload, &index);
 		if (err == ENOSPC) {
-			if (qp_set_error(fab, p.slot))
-				raise_qp_event(fab, p.slot, IBV_EVENT_QP_FATAL);
+			qp_set_error(fab, p.slot, IBV_EVENT_QP_FATAL);
 			return err;
 		}
 		if (err != ESTALE) {
@@ -1124,8 +1122,7 @@ void express_taken(loop_qp *qp, send_wr &w, const peer &p, const char *src, uint
 		// Its CQ overflowed (cq_push told its owner): the message is lost,
 		// visibly, as push_peer reports it.
 		fabric &fab = *qp->ctx->fab;
-		if (qp_set_error(fab, m.speer.slot))
-			raise_qp_event(fab, m.speer.slot, IBV_EVENT_QP_FATAL);
+		qp_set_error(fab, m.speer.slot, IBV_EVENT_QP_FATAL);
 	} else {
 		const ibv_qp_attr &at = qp->attr;
 		if (!find_qp_cached(qp, at.dest_qp_num, at.ah_attr.dlid,
@@ -1278,8 +1275,7 @@ void lt_responder_error(loop_qp *qp, const peer &p, ibv_event_type ev)
 	if (p.remote) // The responder on the other host moved itself to ERR
 		return;
 	fabric &fab = *qp->ctx->fab;
-	if (qp_set_error(fab, p.slot))
-		raise_qp_event(fab, p.slot, ev);
+	qp_set_error(fab, p.slot, ev);
 }
 
 tp_liveness lt_alive(loop_qp *qp, uint32_t qpn, bool reap)
