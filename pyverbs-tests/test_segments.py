@@ -390,6 +390,19 @@ def test_peer_shrinks_its_fd_mr_file(build_dir, env):
     assert p.stdout.strip() == "OK sv_fdmaps mrs=1 threads=3 ops=6", p.stdout
 
 
+def test_own_fd_mr_file_shrunk(build_dir, env):
+    """A process shrinks the file of its own fd-backed MR: its own QPs'
+    WRITEs, READs, atomics and SENDs into it, and WRITEs out of it, end in
+    error completions (REM_ACCESS_ERR, LOC_PROT_ERR) instead of SIGBUS in
+    the library (tests/progs/sv_fdself.c)."""
+    prog = build_dir / "tests" / "progs" / "sv_fdself"
+    if not prog.exists():
+        pytest.fail(f"{prog} missing: build with ninja -C {build_dir} (needs libibverbs-dev)")
+    p = run([str(prog)], env, timeout=90)
+    assert p.returncode == 0 and p.stdout.strip() == "OK sv_fdself", \
+        f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+
+
 @pytest.mark.parametrize("sealed", [False, True], ids=["unsealed", "sealed"])
 def test_fd_mr_copy_path(build_dir, env, softverbs, fabric, sealed):
     """Into a peer's memfd MR that this process maps, a copy is made by the

@@ -16,6 +16,9 @@
 #include <cstring>
 #include <algorithm>
 #include <vector>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 namespace loop {
 
@@ -102,6 +105,38 @@ void add_seg(local_buf &b, const iovec &v, seg_kind k)
 	b.mapped |= k == seg_kind::mapped || k == seg_kind::mapped_direct;
 }
 
+// Whether every page of b's pieces can be read now.  Only asked when some
+// piece may be unmapped (b.checked: on-demand memory, or an fd-backed MR of
+// ours whose file can shrink): a copy through the kernel that faults cannot
+// tell which side faulted, and a request whose own buffer is gone fails at
+// the requester (LOC_PROT_ERR) before anything reaches the responder, as an
+// HCA's gather would.  One byte of each page, read into a sink.
+bool local_readable(const local_buf &b)
+{
+	constexpr size_t kBatch = 64;
+	char sink[kBatch];
+	iovec probe[kBatch];
+	size_t n = 0;
+	auto flush = [&] {
+		iovec l{sink, n};
+		ssize_t got = syscall(SYS_process_vm_readv, self_pid(), &l, 1UL, probe, n, 0UL);
+		bool ok = got == static_cast<ssize_t>(n);
+		n = 0;
+		return ok;
+	};
+	for (const iovec &v : b.iov) {
+		auto a = reinterpret_cast<uintptr_t>(v.iov_base);
+		uintptr_t end = a + v.iov_len;
+		while (a < end) {
+			probe[n++] = {reinterpret_cast<void *>(a), 1};
+			if (n == kBatch && !flush())
+				return false;
+			a = (a | uintptr_t(4095)) + 1; // The next 4 KiB page
+		}
+	}
+	return !n || flush();
+}
+
 [[gnu::hot]] ibv_wc_status gather_local(loop_qp *qp, send_wr &w, bool need_write, local_buf &b)
 {
 	b.iov.clear();
@@ -152,6 +187,8 @@ void add_seg(local_buf &b, const iovec &v, seg_kind k)
 			add_seg(b, {g.base, g.len}, g.kind);
 		b.len += s.length;
 	}
+	if (b.checked && !local_readable(b)) [[unlikely]]
+		return IBV_WC_LOC_PROT_ERR;
 	return IBV_WC_SUCCESS;
 }
 
@@ -518,7 +555,7 @@ step run_ud(loop_qp *qp, send_wr &w)
 	r.datagram = true;
 	bool eth = fabric_port_is_eth(lctx, qp->attr.port_num);
 	bool mcast = (!eth && w.ah.dlid >= 0xc000 && w.ah.dlid != 0xffff) ||
-		     (w.ah.is_global && w.ah.grh.dgid.raw[0] == 0xff);
+		     (w.ah.is_global && gid_is_multicast(w.ah.grh.dgid.raw));
 	if (mcast && w.remote_qpn == kMcastQpn) {
 		thread_local std::vector<peer> members;
 		members.clear();

@@ -262,6 +262,18 @@ namespace {
 			return EFAULT;
 	}
 	seg_kind k = (c.flags & SV_MR_ODP) ? seg_kind::peer_checked : seg_kind::peer;
+	// Our own fd-backed MR, copied by its addresses: if its file can
+	// shrink under the copy (anything but a tmpfs memfd sealed against
+	// shrinking), through the kernel, as a peer copies through its
+	// mapping: a page the application cut off with ftruncate is then an
+	// error completion, not SIGBUS in the library (an HCA keeps writing to
+	// the pages it pinned).  Decided once per key cache entry.
+	if (self && c.kind == SV_MR_KIND_FD && k == seg_kind::peer) {
+		struct stat st;
+		if (fstat(static_cast<int>(c.fd), &st) || static_cast<uint64_t>(st.st_ino) != c.fd_ino ||
+		    !sealed_tmpfs(static_cast<int>(c.fd), c.fd_offset + c.length))
+			k = seg_kind::peer_checked;
+	}
 	sv_mr_rec *rec = &fab.reg()->mrs[slot];
 	if (!(c.flags & SV_MR_BLOCK_LIST)) {
 		out.push_back({reinterpret_cast<void *>(c.addr + off), len, k, {}, 0, 0, rec, c.cookie});
