@@ -788,6 +788,18 @@ int loop_query_ece(ibv_qp *qp, ibv_ece *ece);
 int loop_set_ece(ibv_qp *qp, ibv_ece *ece);
 int loop_destroy_qp(ibv_qp *qp);
 int loop_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad);
+// rdma_is_multicast_addr: an IPv6 multicast GID (ff00::/8), or an
+// IPv4-mapped one of an IPv4 multicast address (::ffff:224.0.0.0/100),
+// which rdma_cm makes of a group joined by an IPv4 address on RoCE.
+inline bool gid_is_multicast(const uint8_t *raw)
+{
+	if (raw[0] == 0xff)
+		return true;
+	for (int i = 0; i < 10; i++)
+		if (raw[i])
+			return false;
+	return raw[10] == 0xff && raw[11] == 0xff && (raw[12] & 0xf0) == 0xe0;
+}
 // Moves a QP to ERR (if not already) and flushes its receive queue; usable on
 // a peer's QP.  Returns true if this call made the transition.  The
 // affiliated event of the error's cause, if given (own: a QP of this

@@ -881,6 +881,17 @@ static void scenario_mcast(struct svt_dev *d)
 	}
 	CHECK_EQ(ibv_detach_mcast(uq, &mg, 0xc007), 0);
 	CHECK_EQ(ibv_detach_mcast(uq, &mg, 0xc007), EINVAL);
+	/* An IPv4-mapped GID of an IPv4 multicast address is a multicast GID
+	 * (rdma_is_multicast_addr); of a unicast address it is not. */
+	union ibv_gid v4;
+	memset(&v4, 0, sizeof(v4));
+	v4.raw[10] = v4.raw[11] = 0xff;
+	v4.raw[12] = 239;
+	v4.raw[15] = 9;
+	CHECK_EQ(ibv_attach_mcast(uq, &v4, 0xc009), 0);
+	CHECK_EQ(ibv_detach_mcast(uq, &v4, 0xc009), 0);
+	v4.raw[12] = 10;
+	CHECK_EQ(ibv_attach_mcast(uq, &v4, 0xc009), EINVAL);
 	CHECK_EQ(ibv_destroy_qp(uq), 0);
 	CHECK_EQ(ibv_destroy_cq(cq), 0);
 }

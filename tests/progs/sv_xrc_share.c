@@ -17,7 +17,8 @@
  * second batch must still arrive, whole and in order, and the QP must
  * still answer queries through the receiver's handle.  Then the receiver
  * closes its handle, the last: the sender's next SEND must fail (no QP
- * answers: IBV_WC_RETRY_EXC_ERR) and nothing may arrive.
+ * answers: IBV_WC_RETRY_EXC_ERR) and nothing may arrive.  Last, the QP of a
+ * creator killed while it alone held it cannot be opened (EINVAL).
  * Prints "OK sv_xrc_share MODE". */
 #include "svt.h"
 
@@ -348,6 +349,39 @@ int main(int argc, char **argv)
 		FAIL("SEND to the QP closed by its last handle: %s, expected %s",
 		     ibv_wc_status_str(ws), ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR));
 	svt_expect_empty(cq, 100, "a SEND to a closed XRC target QP");
+
+	/* A QP whose only holder died is gone: nobody can open it, even
+	 * before anybody reaped the dead process (the kernel closed its
+	 * handle when it exited). */
+	int d2p[2];
+	CHECK(pipe(d2p) == 0);
+	pid_t dpid = fork();
+	CHECK(dpid >= 0);
+	if (dpid == 0) {
+		struct svt_dev dd;
+		svt_open(&dd, "loop0");
+		struct ibv_xrcd *dx = open_domain(dd.ctx, path);
+		struct ibv_qp_init_attr_ex dq;
+		memset(&dq, 0, sizeof(dq));
+		dq.qp_type = IBV_QPT_XRC_RECV;
+		dq.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+		dq.xrcd = dx;
+		struct ibv_qp *q = ibv_create_qp_ex(dd.ctx, &dq);
+		CHECK(q);
+		wr_all(d2p[1], &q->qp_num, sizeof(q->qp_num));
+		for (;;)
+			pause();
+	}
+	uint32_t dqpn;
+	rd_all(d2p[0], &dqpn, sizeof(dqpn));
+	CHECK(kill(dpid, SIGKILL) == 0);
+	CHECK(waitpid(dpid, &st, 0) == dpid);
+	oa.qp_num = dqpn;
+	errno = 0;
+	struct ibv_qp *revived = ibv_open_qp(d.ctx, &oa);
+	if (revived || errno != EINVAL)
+		FAIL("opened the XRC target QP of a killed sole holder (errno %d), expected EINVAL",
+		     errno);
 
 	cmd = 'q';
 	wr_all(p2s[1], &cmd, 1);

@@ -41,7 +41,7 @@ int loop_attach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp))
 		return life_bad("ibv_attach_mcast", qp, qp->life, kLifeQp);
-	if (qp->type != IBV_QPT_UD || gid->raw[0] != 0xff || !mcast_lid_ok(qp, lid))
+	if (qp->type != IBV_QPT_UD || !gid_is_multicast(gid->raw) || !mcast_lid_ok(qp, lid))
 		return EINVAL;
 	fabric &fab = *qp->ctx->fab;
 	registry_guard g(fab);
@@ -75,7 +75,7 @@ int loop_detach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp))
 		return life_bad("ibv_detach_mcast", qp, qp->life, kLifeQp);
-	if (qp->type != IBV_QPT_UD || gid->raw[0] != 0xff || !mcast_lid_ok(qp, lid))
+	if (qp->type != IBV_QPT_UD || !gid_is_multicast(gid->raw) || !mcast_lid_ok(qp, lid))
 		return EINVAL;
 	fabric &fab = *qp->ctx->fab;
 	registry_guard g(fab);

@@ -227,6 +227,11 @@ ibv_qp *loop_open_qp(ibv_context *ctx, ibv_qp_open_attr *attr)
 		// The check and this process's handle on the QP in one step: the
 		// QP cannot go between them (docs/design.md, "Object lifetimes").
 		registry_guard g(fab);
+		// A QP whose holders all died is gone, as the kernel closed their
+		// handles when they exited: their processes are reaped first, so
+		// that this open cannot take it over (a review's probe opened a
+		// dead creator's QP, and kept it for good).
+		fab.reap_dead();
 		rec = fab.reg()->qps[slot];
 		if (!rec.in_use ||
 		    (rec.generation & SV_QPN_SLOT_MASK) != attr->qp_num >> SV_QPN_SLOT_BITS ||
