@@ -140,8 +140,9 @@ inline uint64_t object_nonce(const sv_obj_rec &o)
 // Passes the record of the XRC target QP in qps[qslot] to the holder of a
 // handle on it other than the handle record `except` (SV_MAX_OBJS: none
 // excepted) and other than those of lease (lease, lease_gen), moving its
-// count against max_qp with it: true if one was found (or the record is no
-// longer an XRC target QP), false if nobody else holds it.
+// count against max_qp with it (nothing moves if that holder owns it
+// already): true if one was found, false if nobody else holds it (or the
+// record is not an XRC target QP in use).
 bool xrc_qp_pass_on_locked(sv_registry *r, uint32_t qslot, uint32_t except, uint32_t lease,
 			   uint32_t lease_gen);
 
