@@ -2014,9 +2014,17 @@ void on_conn(cm_id *p)
 			return;
 		}
 		if (!valid_type_for(p->state, m.type) && !(m.type == M_RTU && p->rtu_late)) {
-			fprintf(stderr, "softverbs: rdma_cm: unexpected CM message type %u from a peer, connection dropped\n",
-				m.type);
-			on_eof(p, true);
+			// Two races the protocol allows end the connection as the
+			// peer's close would, without a word: the active side
+			// disconnected before this side accepted (a DREQ to a
+			// delivered CONNECT_REQUEST), or this side disconnected
+			// while the peer's REP was on its way.
+			bool race = (p->state == st::req_rcvd && m.type == M_DREQ) ||
+				    (p->state == st::disc_sent && m.type == M_REP);
+			if (!race)
+				fprintf(stderr, "softverbs: rdma_cm: unexpected CM message type %u from a peer, connection dropped\n",
+					m.type);
+			on_eof(p, !race);
 			return;
 		}
 		st before = p->state;
@@ -2335,10 +2343,15 @@ int qp_attr_locked(cm_id *p, ibv_qp_attr *a, int *mask)
 		ah_to_peer(p, a->ah_attr);
 		*mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
 		// The kernel CM's masks: a responder's attributes for RC and an
-		// XRC target, a requester's for RC and an XRC initiator.
+		// XRC target, a requester's for RC and an XRC initiator.  Its
+		// RNR timer is 0, which IB encodes as the longest, 655.36 ms
+		// (cm_init_qp_rtr_attr): a peer that runs out of receives for a
+		// moment waits that long per RNR retry, so a finite
+		// rnr_retry_count outlasts a late post.  (12, 0.64 ms, ran out
+		// of a count of 3 in 2 ms: a helper's probe.)
 		if (p->id.qp_type == IBV_QPT_RC || p->id.qp_type == IBV_QPT_XRC_RECV) {
 			a->max_dest_rd_atomic = p->resp_res;
-			a->min_rnr_timer = 12;
+			a->min_rnr_timer = 0;
 			*mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
 		}
 		return 0;

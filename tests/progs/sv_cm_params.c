@@ -5,12 +5,15 @@
 //     the passive side accepts with responder resources 2 and initiator
 //     depth 1: once ESTABLISHED, the active QP has max_rd_atomic 2 (what
 //     the responder takes) and max_dest_rd_atomic 1 (what it sends), as the
-//     IB CM sets them from the REP;
+//     IB CM sets them from the REP, and both QPs' min_rnr_timer is the IB
+//     CM's 0;
 //   - the parameters as rdma-core's ucma_valid_param checks them on an
 //     RDMA_PS_TCP id: a depth above the device's maximum is EINVAL on
 //     rdma_connect and on rdma_accept (the id still usable), 0xFF is the
 //     maximum; rdma_connect without parameters offers the maximum, and
 //     rdma_accept without them (or with 0xFF) takes what the REQ offered;
+//   - the active side disconnecting before the passive side accepts: its
+//     DISCONNECTED, the late accept's UNREACHABLE, nothing on stderr;
 //   - a connect the passive side rejects, and one to a port with no
 //     listener: REJECTED, and the active QP is in ERR with its posted
 //     receive completed flushed, as rdma-core's rdma_get_cm_event does.
@@ -164,6 +167,16 @@ int main(int argc, char **argv)
 	if (a.max_rd_atomic != 1 || a.max_dest_rd_atomic != 2)
 		FAIL("the passive QP has max_rd_atomic %u, max_dest_rd_atomic %u; it accepted 1, 2",
 		     a.max_rd_atomic, a.max_dest_rd_atomic);
+	// The IB CM's RNR timer for both responders: 0, the longest (655.36
+	// ms, cm_init_qp_rtr_attr), so a finite RNR retry count outlasts a
+	// receive posted late.
+	struct rdma_cm_id *both[2] = {c, s};
+	for (int i = 0; i < 2; i++) {
+		CHECK(ibv_query_qp(both[i]->qp, &a, IBV_QP_MIN_RNR_TIMER, &ia) == 0);
+		if (a.min_rnr_timer != 0)
+			FAIL("the %s QP's min_rnr_timer is %u, not the IB CM's 0",
+			     i ? "passive" : "active", a.min_rnr_timer);
+	}
 	CHECK(rdma_disconnect(c) == 0);
 	for (int i = 0; i < 2; i++)
 		rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED, NULL));
@@ -259,6 +272,33 @@ int main(int argc, char **argv)
 	rejected_qp_flushed(c, cq, "a consumer reject");
 	CHECK(rdma_destroy_id(s) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(c) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+
+	// The active side disconnects before the passive side accepts: a race
+	// the protocol allows.  The active side has its DISCONNECTED, the
+	// passive side's accept comes to UNREACHABLE, and nobody prints a word
+	// (the pytest looks at stderr: an "unexpected CM message" came out).
+	c = client(port, &cq);
+	CHECK(rdma_connect(c, &cp) == 0);
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_CONNECT_REQUEST, &s));
+	CHECK(rdma_disconnect(c) == 0);
+	struct rdma_cm_id *who;
+	ev = expect(RDMA_CM_EVENT_DISCONNECTED, &who);
+	if (who != c)
+		FAIL("DISCONNECTED for the passive id of a connection it never accepted");
+	rdma_ack_cm_event(ev);
+	usleep(100000);
+	CHECK(passive_qp(s) == 0);
+	struct rdma_conn_param late = {.responder_resources = 1, .initiator_depth = 1};
+	CHECK(rdma_accept(s, &late) == 0);
+	ev = expect(RDMA_CM_EVENT_UNREACHABLE, &who);
+	if (who != s)
+		FAIL("UNREACHABLE for the active id, not the passive one that accepted late");
+	rdma_ack_cm_event(ev);
+	rdma_destroy_qp(s);
+	CHECK(rdma_destroy_id(s) == 0);
 	rdma_destroy_qp(c);
 	CHECK(rdma_destroy_id(c) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
