@@ -23,29 +23,8 @@
 
 static struct svt_dev D;
 
-/* Counts the async events of type for qp (others are acked and ignored)
- * within ms. */
-static int count_events(int type, struct ibv_qp *qp, int ms)
-{
-	int n = 0;
-	uint64_t end = svt_now_ms() + ms;
-	for (;;) {
-		int left = (int)(end - svt_now_ms());
-		if (left <= 0)
-			return n;
-		struct pollfd pfd = {D.ctx->async_fd, POLLIN, 0};
-		if (poll(&pfd, 1, left) != 1)
-			return n;
-		struct ibv_async_event ev;
-		CHECK(ibv_get_async_event(D.ctx, &ev) == 0);
-		if ((int)ev.event_type == type && ev.element.qp == qp)
-			n++;
-		ibv_ack_async_event(&ev);
-	}
-}
-
 /* The async events for qp within ms, in the order they came (others are
- * acked and ignored): how many, their types in types[0..max). */
+ * acked and ignored): how many (the first max of them in types). */
 static int events_of(struct ibv_qp *qp, int ms, int *types, int max)
 {
 	int n = 0;
@@ -59,10 +38,25 @@ static int events_of(struct ibv_qp *qp, int ms, int *types, int max)
 			return n;
 		struct ibv_async_event ev;
 		CHECK(ibv_get_async_event(D.ctx, &ev) == 0);
-		if (ev.element.qp == qp && n < max)
-			types[n++] = (int)ev.event_type;
+		if (ev.element.qp == qp) {
+			if (n < max)
+				types[n] = (int)ev.event_type;
+			n++;
+		}
 		ibv_ack_async_event(&ev);
 	}
+}
+
+/* Counts the async events of type for qp within ms. */
+static int count_events(int type, struct ibv_qp *qp, int ms)
+{
+	int types[64];
+	int n = events_of(qp, ms, types, 64), c = 0;
+	if (n > 64)
+		FAIL("%d async events for one QP", n);
+	for (int i = 0; i < n; i++)
+		c += types[i] == type;
+	return c;
 }
 
 static void comm_est(void)

@@ -1285,18 +1285,26 @@ static struct ibv_mr *fast_reg(char *m, size_t len)
 	return mr;
 }
 
+/* A QP of its own, connected to itself, with its CQ in *cq: the peer's
+ * WRITE that meets an ended key takes QP to ERR, which would flush a
+ * LOCAL_INV (or bind) still waiting for copies there. */
+static struct ibv_qp *self_qp(struct ibv_cq **cq)
+{
+	*cq = ibv_create_cq(D.ctx, 16, NULL, NULL, 0);
+	CHECK(*cq);
+	struct svt_qpopt io = {.type = IBV_QPT_RC, .scq = *cq, .rcq = *cq, .max_send_wr = 16};
+	struct ibv_qp *qp = svt_qp(&D, &io);
+	struct svt_conn ic = {SVT_ALL_ACCESS, 12, 14, 7, 7};
+	svt_connect(qp, qp->qp_num, D.lid, &ic);
+	return qp;
+}
+
 static void sc_race_inv(void)
 {
 	size_t len = PEER_BUF;
-	/* The LOCAL_INVs go on a QP of their own (connected to itself): the
-	 * peer's WRITE that meets the invalidated key takes QP to ERR, which
-	 * would flush a LOCAL_INV still waiting for copies there. */
-	struct ibv_cq *icq = ibv_create_cq(D.ctx, 16, NULL, NULL, 0);
-	CHECK(icq);
-	struct svt_qpopt io = {.type = IBV_QPT_RC, .scq = icq, .rcq = icq, .max_send_wr = 16};
-	struct ibv_qp *iqp = svt_qp(&D, &io);
-	struct svt_conn ic = {SVT_ALL_ACCESS, 12, 14, 7, 7};
-	svt_connect(iqp, iqp->qp_num, D.lid, &ic);
+	/* The LOCAL_INVs go on a QP of their own (self_qp). */
+	struct ibv_cq *icq;
+	struct ibv_qp *iqp = self_qp(&icq);
 	for (int round = 0; round < 10; round++) {
 		char *m = anon(len);
 		struct ibv_mr *mr = fast_reg(m, len);
@@ -1329,12 +1337,8 @@ static void sc_race_inv(void)
 static void sc_race_mw(void)
 {
 	size_t len = PEER_BUF;
-	struct ibv_cq *icq = ibv_create_cq(D.ctx, 16, NULL, NULL, 0);
-	CHECK(icq);
-	struct svt_qpopt io = {.type = IBV_QPT_RC, .scq = icq, .rcq = icq, .max_send_wr = 16};
-	struct ibv_qp *iqp = svt_qp(&D, &io);
-	struct svt_conn ic = {SVT_ALL_ACCESS, 12, 14, 7, 7};
-	svt_connect(iqp, iqp->qp_num, D.lid, &ic);
+	struct ibv_cq *icq;
+	struct ibv_qp *iqp = self_qp(&icq); /* LOCAL_INVs and type 1 binds */
 	static const char *const how[] = {"LOCAL_INV of a type 2 window",
 					  "the unbind of a type 1 window",
 					  "ibv_dealloc_mw of a bound type 2 window"};

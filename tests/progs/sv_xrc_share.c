@@ -77,6 +77,19 @@ static void msg_fill(unsigned char *p, uint32_t seq)
 	svt_fill(p + sizeof(h), h.len - sizeof(h), seq);
 }
 
+/* A new XRC target QP of domain x. */
+static struct ibv_qp *target_qp(struct ibv_context *c, struct ibv_xrcd *x)
+{
+	struct ibv_qp_init_attr_ex qa;
+	memset(&qa, 0, sizeof(qa));
+	qa.qp_type = IBV_QPT_XRC_RECV;
+	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	qa.xrcd = x;
+	struct ibv_qp *qp = ibv_create_qp_ex(c, &qa);
+	CHECK(qp);
+	return qp;
+}
+
 /* The creator: the target QP, to INIT; its QPN to the receiver; then it
  * lets go of it as the mode says, on the receiver's word. */
 static int creator(const char *path, const char *mode, int to_p, int from_p)
@@ -84,13 +97,7 @@ static int creator(const char *path, const char *mode, int to_p, int from_p)
 	struct svt_dev d;
 	svt_open(&d, "loop0");
 	struct ibv_xrcd *x = open_domain(d.ctx, path);
-	struct ibv_qp_init_attr_ex qa;
-	memset(&qa, 0, sizeof(qa));
-	qa.qp_type = IBV_QPT_XRC_RECV;
-	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-	qa.xrcd = x;
-	struct ibv_qp *qp = ibv_create_qp_ex(d.ctx, &qa);
-	CHECK(qp);
+	struct ibv_qp *qp = target_qp(d.ctx, x);
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_INIT;
@@ -360,14 +367,7 @@ int main(int argc, char **argv)
 	if (dpid == 0) {
 		struct svt_dev dd;
 		svt_open(&dd, "loop0");
-		struct ibv_xrcd *dx = open_domain(dd.ctx, path);
-		struct ibv_qp_init_attr_ex dq;
-		memset(&dq, 0, sizeof(dq));
-		dq.qp_type = IBV_QPT_XRC_RECV;
-		dq.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-		dq.xrcd = dx;
-		struct ibv_qp *q = ibv_create_qp_ex(dd.ctx, &dq);
-		CHECK(q);
+		struct ibv_qp *q = target_qp(dd.ctx, open_domain(dd.ctx, path));
 		wr_all(d2p[1], &q->qp_num, sizeof(q->qp_num));
 		for (;;)
 			pause();
