@@ -105,13 +105,16 @@ void add_seg(local_buf &b, const iovec &v, seg_kind k)
 	b.mapped |= k == seg_kind::mapped || k == seg_kind::mapped_direct;
 }
 
-// Whether every page of b's pieces can be read now.  Only asked when some
-// piece may be unmapped (b.checked: on-demand memory, or an fd-backed MR of
-// ours whose file can shrink): a copy through the kernel that faults cannot
-// tell which side faulted, and a request whose own buffer is gone fails at
-// the requester (LOC_PROT_ERR) before anything reaches the responder, as an
-// HCA's gather would.  One byte of each page, read into a sink.
-bool local_readable(const local_buf &b)
+// Whether every page of b's pieces can be read now, and, if write, written.
+// Asked only after a copy through the kernel failed with a checked local
+// side (b.checked: on-demand memory, or an fd-backed MR of ours whose file
+// can shrink): such a copy's EFAULT does not say which side faulted, and
+// a request whose own buffer is at fault completes LOC_PROT_ERR at the
+// requester, leaving the responder alone, as an HCA's gather or its
+// placement of a response would (rxe's do_read).  One byte of each page:
+// read into a sink, and for a write written back (the bytes of a request
+// that failed are undefined anyway).
+bool local_ok(const local_buf &b, bool write)
 {
 	constexpr size_t kBatch = 64;
 	char sink[kBatch];
@@ -119,8 +122,12 @@ bool local_readable(const local_buf &b)
 	size_t n = 0;
 	auto flush = [&] {
 		iovec l{sink, n};
-		ssize_t got = syscall(SYS_process_vm_readv, self_pid(), &l, 1UL, probe, n, 0UL);
-		bool ok = got == static_cast<ssize_t>(n);
+		pid_t me = self_pid();
+		bool ok = syscall(SYS_process_vm_readv, me, &l, 1UL, probe, n, 0UL) ==
+			  static_cast<ssize_t>(n);
+		if (ok && write)
+			ok = syscall(SYS_process_vm_writev, me, &l, 1UL, probe, n, 0UL) ==
+			     static_cast<ssize_t>(n);
 		n = 0;
 		return ok;
 	};
@@ -187,8 +194,6 @@ bool local_readable(const local_buf &b)
 			add_seg(b, {g.base, g.len}, g.kind);
 		b.len += s.length;
 	}
-	if (b.checked && !local_readable(b)) [[unlikely]]
-		return IBV_WC_LOC_PROT_ERR;
 	return IBV_WC_SUCCESS;
 }
 
@@ -366,6 +371,11 @@ void remote_fail(const transport_ops &t, loop_qp *qp, send_wr &w, const peer &p,
 		}
 		if (err == EREMOTEIO) {
 			remote_fail(t, qp, w, p, IBV_WC_REM_OP_ERR, IBV_EVENT_QP_FATAL);
+			return step::done;
+		}
+		if (err && lb.checked && !p.remote && !local_ok(lb, read)) {
+			// Our own buffer is at fault, not the target (local_ok).
+			complete(qp, w, IBV_WC_LOC_PROT_ERR, 0);
 			return step::done;
 		}
 		if (err) {

@@ -2927,7 +2927,7 @@ void rocev2_qp_modified(loop_qp *qp, int mask)
 bool rocev2_remote_gid(loop_context *lctx, uint8_t port, const ibv_gid &dgid)
 {
 	host_addr a;
-	if (!gid_addr(dgid, a) || dgid.raw[0] == 0xff) // No address, or multicast
+	if (!gid_addr(dgid, a) || gid_is_multicast(dgid.raw)) // No address, or multicast
 		return false;
 	gid_slot table[kGidTableLen];
 	int n = loop_gid_table(lctx, port, table, kGidTableLen, true);
