@@ -16,6 +16,8 @@
  *  - a WRITE and an atomic into it, a READ out of it: REM_ACCESS_ERR;
  *  - a WRITE whose local SGE lies in it: LOC_PROT_ERR;
  *  - a SEND into a receive buffer in it: not SUCCESS at either end.
+ * And a READ into a read-only page of an on-demand MR: LOC_PROT_ERR, the
+ * responder left in RTS.
  * Prints "OK sv_fdself". */
 #include "svt.h"
 
@@ -158,6 +160,28 @@ int main(void)
 	while (svt_poll(bcq, &wc, 200))
 		if (wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS)
 			FAIL("a receive into the shrunk file completed SUCCESS");
+
+	/* The same attribution for on-demand memory: a READ into a page of
+	 * an ODP MR the program made read-only is its own fault
+	 * (LOC_PROT_ERR, rxe's do_read), and the responder stays in RTS; it
+	 * was REM_ACCESS_ERR with the responder in ERR. */
+	connect_both();
+	unsigned char *ro = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+				 -1, 0);
+	CHECK(ro != MAP_FAILED);
+	struct ibv_mr *om = ibv_reg_mr(D.pd, ro, 8192,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+	CHECK(om);
+	CHECK(mprotect(ro + 4096, 4096, PROT_READ) == 0);
+	struct ibv_sge into = {(uintptr_t)ro + 4096, 256, om->lkey};
+	svt_fill(l, 256, 44);
+	st = one(IBV_WR_RDMA_READ, &into, (uintptr_t)l, lm->rkey);
+	if (st != IBV_WC_LOC_PROT_ERR)
+		FAIL("READ into read-only on-demand memory: %s, expected LOC_PROT_ERR",
+		     ibv_wc_status_str(st));
+	CHECK_EQ(svt_state(qb), IBV_QPS_RTS);
+	CHECK_EQ(ibv_dereg_mr(om), 0);
+	munmap(ro, 8192);
 
 	CHECK_EQ(ibv_destroy_qp(qa), 0);
 	CHECK_EQ(ibv_destroy_qp(qb), 0);
