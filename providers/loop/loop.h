@@ -809,6 +809,11 @@ inline bool gid_is_multicast(const uint8_t *raw)
 inline constexpr ibv_event_type kNoQpEvent = static_cast<ibv_event_type>(-1);
 bool qp_set_error(fabric &fab, uint32_t slot, ibv_event_type cause = kNoQpEvent,
 		  loop_qp *own = nullptr);
+// qp_set_error in two halves: the move to ERR (true if this call made it),
+// then, after whatever must be seen with the QP in ERR, LAST_WQE_REACHED
+// and the flush of the receive queue.
+bool qp_enter_error(fabric &fab, uint32_t slot);
+void qp_error_drain(fabric &fab, uint32_t slot);
 // Moves a UD or UC QP in RTS or SQD to SQE after a send error (IB 10.3.1:
 // its send queue stops, its receive queue goes on).  True if it did.
 bool qp_set_sqe(fabric &fab, uint32_t slot);

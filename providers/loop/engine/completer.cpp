@@ -92,17 +92,28 @@ int push_own(loop_cq *cq, sv_cqe &e)
 	bool signaled = qp->sq_sig_all || (w.flags & IBV_SEND_SIGNALED) || st != IBV_WC_SUCCESS;
 	if (!signaled)
 		return;
-	push_sq(qp, w, st, wc_opcode(w.opcode), byte_len);
-	if (st == IBV_WC_SUCCESS || st == IBV_WC_WR_FLUSH_ERR)
+	if (st == IBV_WC_SUCCESS || st == IBV_WC_WR_FLUSH_ERR) {
+		push_sq(qp, w, st, wc_opcode(w.opcode), byte_len);
 		return;
+	}
 	// An error completion takes a reliable QP to ERR (IB C10-61, C10-96):
 	// its receive queue and the WRs behind this one then complete flushed.
 	// A UD or UC QP goes to SQE instead: the WRs behind complete flushed,
 	// its receive queue goes on, and SQE -> RTS resumes it (IB 10.3.1).
+	// The state changes before the completion is published, as on an
+	// HCA: a poller that takes it and queries the QP finds it in ERR (the
+	// progress thread's RNR and retry give-ups pushed first, and an ASan
+	// run's ibv_query_qp right after the poll read RTS).  The receive
+	// queue's flush follows the completion.
+	fabric &fab = *qp->ctx->fab;
+	bool drain = false;
 	if (qp->type == IBV_QPT_UD || qp->type == IBV_QPT_UC)
-		qp_set_sqe(*qp->ctx->fab, qp->slot);
+		qp_set_sqe(fab, qp->slot);
 	else
-		qp_set_error(*qp->ctx->fab, qp->slot);
+		drain = qp_enter_error(fab, qp->slot);
+	push_sq(qp, w, st, wc_opcode(w.opcode), byte_len);
+	if (drain)
+		qp_error_drain(fab, qp->slot);
 }
 
 // Completes every WQE the requester has not finished flushed, in order.

@@ -461,23 +461,22 @@ bool qp_set_sqe(fabric &fab, uint32_t slot)
 	return true;
 }
 
-bool qp_set_error(fabric &fab, uint32_t slot, ibv_event_type cause, loop_qp *own)
+bool qp_enter_error(fabric &fab, uint32_t slot)
 {
 	if (slot >= SV_MAX_QPS)
 		return false;
-	sv_qp_rec &q = fab.reg()->qps[slot];
-	std::atomic_ref<uint32_t> st = qp_state_ref(q);
+	std::atomic_ref<uint32_t> st = qp_state_ref(fab.reg()->qps[slot]);
 	uint32_t cur = st.load(std::memory_order_acquire);
 	do {
 		if (cur == IBV_QPS_ERR || cur == IBV_QPS_RESET)
 			return false;
 	} while (!st.compare_exchange_weak(cur, IBV_QPS_ERR, std::memory_order_acq_rel));
-	if (cause != kNoQpEvent) {
-		if (own)
-			raise_own_qp_event(own, cause);
-		else
-			raise_qp_event(fab, slot, cause);
-	}
+	return true;
+}
+
+void qp_error_drain(fabric &fab, uint32_t slot)
+{
+	sv_qp_rec &q = fab.reg()->qps[slot];
 	// A QP on an SRQ takes no receive WQE from here on: the last one it
 	// will consume is behind it (IB 11.6.3, "Last WQE Reached"; consumers
 	// wait for this before they destroy such a QP).
@@ -490,6 +489,19 @@ bool qp_set_error(fabric &fab, uint32_t slot, ibv_event_type cause, loop_qp *own
 		qp_rcq target{&fab, slot};
 		rq_flush(rqh.as<sv_rq_ring>(), qpn, push_qp_rcq, &target);
 	}
+}
+
+bool qp_set_error(fabric &fab, uint32_t slot, ibv_event_type cause, loop_qp *own)
+{
+	if (!qp_enter_error(fab, slot))
+		return false;
+	if (cause != kNoQpEvent) {
+		if (own)
+			raise_own_qp_event(own, cause);
+		else
+			raise_qp_event(fab, slot, cause);
+	}
+	qp_error_drain(fab, slot);
 	return true;
 }
 
