@@ -590,17 +590,10 @@ step run_ud(loop_qp *qp, send_wr &w)
 	// Local memory operations: run here, in WR order.  Every WR before
 	// them has completed (the requester runs one WR at a time), so a fence
 	// holds by construction.
-	if (w.opcode == IBV_WR_LOCAL_INV) {
+	if (w.opcode == IBV_WR_LOCAL_INV || w.opcode == IBV_WR_BIND_MW) {
 		ibv_wc_status st;
-		if (!mr_local_inv(qp, w, st))
-			return step::wait; // Copies through the key still in flight
-		complete(qp, w, st, 0);
-		return step::done;
-	}
-	if (w.opcode == IBV_WR_BIND_MW) {
-		ibv_wc_status st;
-		if (!mr_bind(qp, w, st))
-			return step::wait; // Copies through the old binding in flight
+		if (!(w.opcode == IBV_WR_LOCAL_INV ? mr_local_inv(qp, w, st) : mr_bind(qp, w, st)))
+			return step::wait; // Copies through the key (or old binding) in flight
 		complete(qp, w, st, 0);
 		return step::done;
 	}
