@@ -364,9 +364,13 @@ def test_atomic_stripe_of_a_stopped_holder_is_not_taken(env, fabric):
         holder.kill()  # Gone: its stripes are taken over at once
         holder.wait()
         out, _ = cli.communicate(timeout=60)
-        assert cli.returncode == 0, out
         sout, _ = srv.communicate(timeout=60)
-        assert srv.returncode == 0, sout
+        # perftest fits its clock only after every iteration completed, and
+        # on a loaded machine the fit can fail ("Can't produce a report",
+        # test_perftest.py): that exit 1 still means the traffic finished.
+        for rc, o in ((cli.returncode, out), (srv.returncode, sout)):
+            assert rc == 0 or (rc == 1 and "Correlation coefficient r^2" in o
+                               and "#bytes" in o), o
     finally:
         for p in procs:
             if p.poll() is None:

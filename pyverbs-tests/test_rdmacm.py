@@ -212,8 +212,15 @@ def test_rdma_create_ep_examples(link, run_env, softverbs_run, server, client):
 def test_perftest_rdma_cm(link, run_env, softverbs_run, tool):
     need(tool)
     port = next(_port)
-    common = [softverbs_run, tool, "-R", "-d", "loop0", "-p", str(port), "-n", "500"]
-    res = pair(common, common + ["127.0.0.1"], run_env, lambda: cm_listening(port))
+    # perftest's clock fit can fail on a loaded machine after the traffic
+    # ran ("Can't produce a report", test_perftest.py): the pair runs again,
+    # at most twice, for that message only.
+    for _ in range(3):
+        common = [softverbs_run, tool, "-R", "-d", "loop0", "-p", str(port), "-n", "500"]
+        res = pair(common, common + ["127.0.0.1"], run_env, lambda: cm_listening(port))
+        if "Correlation coefficient r^2" not in res[0][1] + res[1][1]:
+            break
+        port = next(_port)
     sout, cout = check_pair(res, tool)
     assert "#bytes" in cout, cout
     assert "Data ex. method : rdma_cm" in cout

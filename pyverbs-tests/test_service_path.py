@@ -111,6 +111,20 @@ def test_default_path_is_cross_memory_attach(env, softverbs, fabric, build_dir):
 
 
 def perftest_pair(env, tool, args, timeout=120):
+    """The client's output of a perftest pair that exited 0.  perftest fits
+    its cycle counter to gettimeofday and, on a loaded machine (the TSan
+    lane's), can find r^2 under 0.9: it then prints "Can't produce a report"
+    and exits 1 after the traffic ran.  That is the tool's clock, not the
+    device: the pair runs again, at most twice, for that message only."""
+    for _ in range(3):
+        out, ok = perftest_once(env, tool, args, timeout)
+        if ok or "Correlation coefficient r^2" not in out:
+            break
+    assert ok, out
+    return out.split("\0", 1)[0]
+
+
+def perftest_once(env, tool, args, timeout):
     port = free_port()
     common = ["-d", "loop0", "-p", str(port)] + args
     srv = subprocess.Popen([tool] + common, env=env, stdout=subprocess.PIPE,
@@ -131,8 +145,7 @@ def perftest_pair(env, tool, args, timeout=120):
             if p and p.poll() is None:
                 p.kill()
                 p.communicate()
-    assert cli.returncode == 0 and srv.returncode == 0, (cout, sout)
-    return cout
+    return cout + "\0" + sout, cli.returncode == 0 and srv.returncode == 0
 
 
 def test_perftest_read_write_atomic_through_service(env, softverbs, fabric):
