@@ -42,7 +42,7 @@
 #define SV_STATIC_ASSERT _Static_assert
 #endif
 
-#define SV_ABI_VERSION 16
+#define SV_ABI_VERSION 17
 #define SV_SEG_MAGIC 0x53565242534f4654ULL /* "TFOSBRVS": softverbs, little endian */
 #define SV_CACHELINE 64
 
@@ -235,6 +235,12 @@ enum sv_mr_flags {
 	SV_MR_MAPPED = 1 << 2,	   /* A plain MR whose pages the owner moved onto a
 				    * memfd: fd/fd_offset name it, as for FD MRs;
 				    * a peer that cannot take the fd uses addr */
+	SV_MR_SHARED_FILE = 1 << 3, /* A plain MR over one shared mapping of a
+				     * file (ABI 17): fd_ino and fd_offset name
+				     * the file and addr's byte in it, for the
+				     * atomic locks alone (the same word through
+				     * any mapping takes the same lock); fd is
+				     * -1 and peers reach it by addr */
 };
 
 /*
@@ -262,14 +268,14 @@ struct sv_mr_rec {
 	uint32_t bound_qpn;  /* Type 2 windows: the QP allowed to use it */
 	uint32_t parent;     /* Windows: slot of the MR they are bound to */
 	uint32_t bound_mws;  /* MRs: windows bound to this MR */
-	uint64_t fd_offset;  /* FD MRs: offset of iova's byte in the object */
+	uint64_t fd_offset;  /* FD, mapped and shared-file MRs: offset of iova's byte in the object */
 	int32_t fd;	     /* FD MRs: the owner's descriptor */
 	uint32_t cookie;     /* Random per registration */
 	uint32_t npages;     /* Block lists: entries at addr */
 	uint8_t page_shift;  /* Block lists: log2 of the block size */
 	uint8_t flags;	     /* enum sv_mr_flags */
 	uint16_t max_pages;  /* FRMR keys: block-list capacity (0: 65536) */
-	uint64_t fd_ino;     /* FD and mapped MRs: inode of fd's file (0: not
+	uint64_t fd_ino;     /* FD, mapped and shared-file MRs: inode of the file (0: not
 			      * known); a peer checks the descriptor it took
 			      * is that file, in case the owner's fd number was
 			      * closed and reused for another */

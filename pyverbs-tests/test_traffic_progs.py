@@ -348,3 +348,15 @@ def test_library_outlives_dlclose(build_dir, env):
                                                  "libibverbs.so.1")],
                            capture_output=True, text=True, check=True).stdout
     assert "NODELETE" in flags, flags
+
+
+@pytest.mark.parametrize("mode", ["same", "twomaps", "twoowners", "fdmr"])
+def test_atomics_on_one_word_through_two_addresses(progs, env, mode):
+    """tests/progs/sv_atomalias.c: two clients' FETCH_ADDs and CMP_SWPs on
+    one word of a memfd page that their keys name at two addresses (two
+    mappings in one owner, two owners, the memfd's own MR beside a
+    mapping's).  The atomic locks took the owner's address before, so the
+    two sides' read-modify-writes interleaved: a third of the adds were
+    lost, all with success completions.  An HCA locks the physical word."""
+    out = run_prog([progs / "sv_atomalias", mode, "-N", "3000"], env, timeout=300)
+    assert f"ATOMALIAS OK {mode}" in out

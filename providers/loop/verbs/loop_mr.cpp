@@ -250,7 +250,7 @@ namespace {
 			// mapping (new rights, a new PD) waits for it (mr_copiers.h).
 			out.push_back({base + off, len,
 				       direct ? seg_kind::mapped_direct : seg_kind::mapped,
-				       std::move(pin), 0, c.addr + off, &fab.reg()->mrs[slot],
+				       std::move(pin), 0, mr_word_id(c, off), &fab.reg()->mrs[slot],
 				       c.cookie});
 			return 0;
 		}
@@ -276,7 +276,8 @@ namespace {
 	}
 	sv_mr_rec *rec = &fab.reg()->mrs[slot];
 	if (!(c.flags & SV_MR_BLOCK_LIST)) {
-		out.push_back({reinterpret_cast<void *>(c.addr + off), len, k, {}, 0, 0, rec, c.cookie});
+		out.push_back({reinterpret_cast<void *>(c.addr + off), len, k, {}, 0,
+			       mr_word_id(c, off), rec, c.cookie});
 		return 0;
 	}
 	// A block list: byte off is fd_offset + off into the list's blocks.
@@ -516,8 +517,9 @@ void memo_key_keep(key_memo &k, const key_cache::entry *e, uint32_t key, bool ma
 		const sv_mr_rec &c = hit->rec;
 		uint64_t off = iova - c.iova;
 		if (!hit->base) {
-			out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind, {}, 0, 0,
-				       &fab.reg()->mrs[key >> SV_MR_KEY_BITS], c.cookie});
+			out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind, {}, 0,
+				       mr_word_id(c, off), &fab.reg()->mrs[key >> SV_MR_KEY_BITS],
+				       c.cookie});
 			if (access)
 				*access = c.access;
 			return 0;
@@ -525,7 +527,7 @@ void memo_key_keep(key_memo &k, const key_cache::entry *e, uint32_t key, bool ma
 		if (coarse_now() == hit->tick) {
 			if (std::shared_ptr<void> pin = hit->map.lock()) {
 				out.push_back({hit->base + off, len, hit->kind, std::move(pin), 0,
-					       c.addr + off, &fab.reg()->mrs[key >> SV_MR_KEY_BITS],
+					       mr_word_id(c, off), &fab.reg()->mrs[key >> SV_MR_KEY_BITS],
 					       c.cookie});
 				if (access)
 					*access = c.access;
@@ -594,14 +596,14 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 	hit.mapped = false;
 	hit.odp = false;
 	hit.addr = 0;
-	hit.owner_addr = 0;
+	hit.word_id = 0;
 	if (segs.empty())
 		return 0;
 	if (segs.size() > 1)
 		return ERANGE; // Callers of mr_lookup need one contiguous piece
 	const rseg &s = segs[0];
 	hit.addr = reinterpret_cast<uintptr_t>(s.base);
-	hit.owner_addr = s.owner_addr ? s.owner_addr : hit.addr;
+	hit.word_id = s.word_id ? s.word_id : hit.addr;
 	hit.kind = s.kind == seg_kind::null ? SV_MR_KIND_NULL : SV_MR_KIND_MR;
 	hit.mapped = s.kind == seg_kind::mapped || s.kind == seg_kind::mapped_direct;
 	hit.odp = s.kind == seg_kind::peer_checked;
@@ -838,6 +840,14 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 		remap_note_plain(in.addr, length, true);
 		mr->plain_addr = in.addr;
 		mr->plain_len = length;
+		// Over a shared file mapping, the file's bytes name the words
+		// for the atomic locks: another mapping of them, here or in
+		// another process, locks alike.
+		if (!odp && shared_file_range(in.addr, length, ino, off)) {
+			in.flags |= SV_MR_SHARED_FILE;
+			in.fd_offset = off;
+			in.fd_ino = ino;
+		}
 	}
 	return publish_new_mr(pd, mr, in, IBV_MR_TYPE_MR, access);
 }
@@ -916,8 +926,12 @@ int loop_dereg_mr(verbs_mr *vmr)
 }
 
 namespace {
+// A new translation's file (shared_file_range), ino 0 when none.
+struct file_at {
+	uint64_t ino = 0, off = 0;
+};
 int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd, void *addr,
-		 size_t length, int access, bool odp);
+		 size_t length, int access, bool odp, const file_at &file);
 } // namespace
 
 int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t length, int access)
@@ -970,9 +984,13 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 	// The new range is reached by address: noted before the record
 	// changes, so that no move starts over it meanwhile.
 	bool moving = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
+	file_at file;
+	if (moving && !odp &&
+	    !shared_file_range(reinterpret_cast<uintptr_t>(addr), length, file.ino, file.off))
+		file = {};
 	if (moving)
 		remap_note_plain(reinterpret_cast<uintptr_t>(addr), length, true);
-	int err = rereg_locked(fab, mr, vmr, flags, pd, addr, length, access, odp);
+	int err = rereg_locked(fab, mr, vmr, flags, pd, addr, length, access, odp, file);
 	if (moving && err) {
 		remap_note_plain(reinterpret_cast<uintptr_t>(addr), length, false);
 		return err;
@@ -990,7 +1008,7 @@ int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 namespace {
 
 int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd, void *addr,
-		 size_t length, int access, bool odp)
+		 size_t length, int access, bool odp, const file_at &file)
 {
 	sv_mr_rec &m = fab.reg()->mrs[mr->slot];
 	uint32_t cookie;
@@ -1024,9 +1042,15 @@ int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd,
 		m.length = length;
 		// The new range is used by its addresses; the old one leaves
 		// the arena below (a new translation is not moved).
-		m.flags = static_cast<uint8_t>(m.flags & ~SV_MR_MAPPED);
+		m.flags = static_cast<uint8_t>(m.flags & ~(SV_MR_MAPPED | SV_MR_SHARED_FILE));
 		m.fd = -1;
 		m.fd_ino = 0;
+		m.fd_offset = 0;
+		if (file.ino) {
+			m.flags = static_cast<uint8_t>(m.flags | SV_MR_SHARED_FILE);
+			m.fd_ino = file.ino;
+			m.fd_offset = file.off;
+		}
 	}
 	mr_new_cookie(m);
 	// The keys stay as they were, as on mlx5: peers that hold the rkey keep

@@ -857,6 +857,24 @@ bool move_in(uintptr_t addr, size_t len, uint64_t off)
 
 } // namespace
 
+bool shared_file_range(uintptr_t addr, size_t len, uint64_t &ino, uint64_t &off)
+{
+	std::vector<vma> v;
+	if (!len || addr + len < addr)
+		return false;
+	try {
+		if (!range_maps(addr, addr + len, v))
+			return false;
+	} catch (...) {
+		return false;
+	}
+	if (v.size() != 1 || !v[0].shared || !v[0].ino || v[0].start > addr || v[0].end < addr + len)
+		return false;
+	ino = static_cast<uint64_t>(v[0].ino);
+	off = v[0].off + (addr - v[0].start);
+	return true;
+}
+
 bool remap_enabled()
 {
 	static const bool on = [] {

@@ -36,6 +36,13 @@ bool remap_enabled();
 // the memory as it was (the MR then uses cross-memory attach).
 bool remap_acquire(uintptr_t addr, size_t len, int &fd, uint64_t &off, uint64_t &ino);
 
+// Whether one shared mapping of a file covers [addr, addr + len) (a memfd,
+// a /dev/shm or other file mapped MAP_SHARED, or shared anonymous memory):
+// then the file's inode and the offset of addr's byte in it.  The same
+// bytes mapped at two addresses, in one process or two, give the same
+// answer (what the atomic locks need, docs/design.md "Atomics").
+bool shared_file_range(uintptr_t addr, size_t len, uint64_t &ino, uint64_t &off);
+
 // Drops a hold taken by remap_acquire; the last one copies the range back
 // into private anonymous memory (where it is still the arena's) and frees
 // the arena's pages.

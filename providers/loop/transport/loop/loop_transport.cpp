@@ -451,7 +451,7 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	if (hit.kind == SV_MR_KIND_NULL)
 		return 0;
 	flush_deferred(qp);
-	atomic_guard g(fab, p.rec.owner_lease, hit.owner_addr);
+	atomic_guard g(fab, hit.word_id);
 	if (op.op == tp_atomic::kind::write) {
 		uint64_t v = op.swap;
 		return atomic_word(p, hit, &v, xfer_dir::to_peer);
@@ -1390,9 +1390,11 @@ void raise_comm_est(fabric &fab, const peer &p)
 	raise_qp_event(fab, p.slot, IBV_EVENT_COMM_EST);
 }
 
-atomic_guard::atomic_guard(fabric &fab, uint32_t lease, uint64_t addr)
+atomic_guard::atomic_guard(fabric &fab, uint64_t word_id)
 {
-	uint64_t h = (addr >> 3) * 0x9e3779b97f4a7c15ULL ^ lease;
+	// By the word alone, not its owner: one word has one lock whichever
+	// process or mapping reaches it (mr_word_id).
+	uint64_t h = (word_id >> 3) * 0x9e3779b97f4a7c15ULL;
 	word_ = &fab.reg()->atomic_locks[(h >> 20) % SV_ATOMIC_LOCKS];
 	auto me = static_cast<uint32_t>(getpid());
 	std::atomic_ref<uint32_t> w(*word_);

@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT */
+/* Atomics on one word of memory reached through two registrations at two
+ * different addresses must still be atomic: an HCA locks the physical
+ * word, not the virtual address a key names.
+ *
+ *   sv_atomalias MODE [-N ops] [-d dev]
+ *
+ * A memfd of one page holds the words.  Two clients each run N FETCH_ADDs
+ * of 1 on word 0 and N compare-and-swap increments of word 1 (each CAS
+ * names the value its last one saw), every WR through its own owner's MR:
+ *   twomaps   one owner maps the page twice, at two addresses, and
+ *             registers each mapping (ibv_reg_mr); client 1 goes through
+ *             the first, client 2 through the second
+ *   twoowners two owners map the same page at different addresses, each
+ *             registers its own mapping; client 1 goes to owner 1, client
+ *             2 to owner 2
+ *   fdmr      one owner registers the memfd itself (softverbs_reg_mr_fd)
+ *             and a shared mapping of it (ibv_reg_mr)
+ *   same      both clients through one MR (the control)
+ * Checked: word 0 ends at 2N and every fetched value is distinct (each
+ * client's grow, and the two sets do not meet); word 1 ends at the number
+ * of successful swaps, and no swap succeeded on a value another swap had
+ * already moved past.  Prints "ATOMALIAS OK" or fails (exit 1).
+ */
+#define _GNU_SOURCE
+#include "svmp.h"
+
+#include <dlfcn.h>
+#include <softverbs_dv.h>
+
+typedef struct ibv_mr *(*reg_mr_fd_fn)(struct ibv_pd *, int, int, uint64_t, size_t, uint64_t,
+					unsigned int);
+
+#define PAGE 4096
+static long N = 20000;
+static const char *dev = "loop0", *mode;
+static int memfd = -1;
+/* Each client's fetched FETCH_ADD values and successful CAS values, in
+ * memory shared with the parent (mapped before the fork). */
+static uint64_t *fetched[2], *swapped[2];
+static _Atomic uint64_t *nswapped;
+
+/* Index of the client (0, 1) or -1 for an owner. */
+static int client_of(int me)
+{
+	int owners = !strcmp(mode, "twoowners") ? 2 : 1;
+	return me >= owners ? me - owners : -1;
+}
+
+static void owner(int me)
+{
+	struct svt_dev d;
+	svt_open(&d, dev);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_REMOTE_READ;
+	struct ibv_mr *mr[2] = {NULL, NULL};
+	/* The second owner maps the page into the middle of a reservation of
+	 * its own: at another address than the first's (main checks). */
+	char *at = NULL;
+	int fixed = 0;
+	if (me == 1) {
+		at = mmap(NULL, 16 * PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		CHECK(at != MAP_FAILED);
+		at += 8 * PAGE;
+		fixed = MAP_FIXED;
+	}
+	char *a = mmap(at, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | fixed, memfd, 0);
+	CHECK(a != MAP_FAILED);
+	mr[0] = ibv_reg_mr(d.pd, a, PAGE, access);
+	if (!mr[0])
+		FAIL("ibv_reg_mr of the shared mapping: %s", strerror(errno));
+	if (!strcmp(mode, "twomaps")) {
+		char *b = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+		CHECK(b != MAP_FAILED && b != a);
+		mr[1] = ibv_reg_mr(d.pd, b, PAGE, access);
+		CHECK(mr[1]);
+	} else if (!strcmp(mode, "fdmr")) {
+		reg_mr_fd_fn reg = (reg_mr_fd_fn)dlsym(RTLD_DEFAULT, "softverbs_reg_mr_fd");
+		if (!reg)
+			FAIL("softverbs_reg_mr_fd not found: not softverbs' libibverbs");
+		/* At iova 0: the two keys name the word at different addresses */
+		mr[1] = reg(d.pd, memfd, SOFTVERBS_FD_MEMFD, 0, PAGE, 0, (unsigned)access);
+		if (!mr[1])
+			FAIL("softverbs_reg_mr_fd: %s", strerror(errno));
+	} else {
+		mr[1] = mr[0];
+	}
+	/* The clients this owner serves: a QP for each. */
+	struct ibv_qp *qp[2] = {NULL, NULL};
+	for (int c = 0; c < 2; c++) {
+		int peer = (!strcmp(mode, "twoowners") ? 2 : 1) + c;
+		if (!strcmp(mode, "twoowners") && c != me)
+			continue;
+		struct svt_qpopt o = {IBV_QPT_RC, cq, cq, NULL, 0, 16, 16, 1, 0};
+		qp[c] = svt_qp(&d, &o);
+		svmp_publish(peer, qp[c], d.lid, mr[c]);
+		/* The word's address as the key names it: the fd MR's iova is 0 */
+		if (c == 1 && !strcmp(mode, "fdmr"))
+			svmp_b->ep[me][peer].addr = 0;
+	}
+	svmp_barrier(20000, NULL, NULL);
+	for (int c = 0; c < 2; c++)
+		if (qp[c]) {
+			int peer = (!strcmp(mode, "twoowners") ? 2 : 1) + c;
+			svmp_connect(qp[c], &svmp_b->ep[peer][me]);
+		}
+	svmp_barrier(20000, NULL, NULL);
+	/* The clients run */
+	svmp_barrier(600000, NULL, NULL);
+	for (int c = 0; c < 2; c++)
+		if (qp[c])
+			ibv_destroy_qp(qp[c]);
+	if (mr[1] != mr[0])
+		ibv_dereg_mr(mr[1]);
+	ibv_dereg_mr(mr[0]);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(d.pd);
+	ibv_close_device(d.ctx);
+}
+
+static uint64_t atomic1(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *lmr,
+			enum ibv_wr_opcode op, const struct svmp_ep *w, uint64_t off, uint64_t cmp,
+			uint64_t swap)
+{
+	struct ibv_sge s = svt_sge(lmr, 0, 8);
+	struct ibv_send_wr wr, *bad = NULL;
+	memset(&wr, 0, sizeof(wr));
+	wr.opcode = op;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.atomic.remote_addr = w->addr + off;
+	wr.wr.atomic.rkey = w->rkey;
+	wr.wr.atomic.compare_add = cmp;
+	wr.wr.atomic.swap = swap;
+	CHECK(ibv_post_send(qp, &wr, &bad) == 0);
+	struct ibv_wc wc = svt_wait(cq, "atomic");
+	CHECK_WC(wc, IBV_WC_SUCCESS);
+	uint64_t v;
+	memcpy(&v, lmr->addr, 8);
+	return v;
+}
+
+static void client(int me)
+{
+	int c = client_of(me);
+	int to = !strcmp(mode, "twoowners") ? c : 0;
+	struct svt_dev d;
+	svt_open(&d, dev);
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct svt_qpopt o = {IBV_QPT_RC, cq, cq, NULL, 0, 16, 16, 1, 0};
+	struct ibv_qp *qp = svt_qp(&d, &o);
+	struct ibv_mr *lmr = svt_mr(&d, 64, IBV_ACCESS_LOCAL_WRITE);
+	svmp_publish(to, qp, d.lid, NULL);
+	svmp_barrier(20000, NULL, NULL);
+	const struct svmp_ep *w = &svmp_b->ep[to][me];
+	svmp_connect(qp, w);
+	svmp_barrier(20000, NULL, NULL);
+	uint64_t last = 0, cas_seen = 0;
+	for (long i = 0; i < N; i++) {
+		uint64_t old = atomic1(qp, cq, lmr, IBV_WR_ATOMIC_FETCH_AND_ADD, w, 0, 1, 0);
+		if (i && old <= last)
+			FAIL("client %d: FETCH_ADD #%ld fetched %llu after %llu", c, i,
+			     (unsigned long long)old, (unsigned long long)last);
+		fetched[c][i] = old;
+		last = old;
+		old = atomic1(qp, cq, lmr, IBV_WR_ATOMIC_CMP_AND_SWP, w, 8, cas_seen,
+			      cas_seen + 1);
+		if (old == cas_seen) {
+			swapped[c][atomic_fetch_add(&nswapped[c], 1)] = old;
+			cas_seen = old + 1;
+		} else {
+			if (old < cas_seen)
+				FAIL("client %d: CMP_SWP found %llu, below %llu it had seen", c,
+				     (unsigned long long)old, (unsigned long long)cas_seen);
+			cas_seen = old;
+		}
+	}
+	svmp_barrier(600000, NULL, NULL);
+	ibv_destroy_qp(qp);
+	ibv_dereg_mr(lmr);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(d.pd);
+	ibv_close_device(d.ctx);
+}
+
+static void child(int me)
+{
+	if (client_of(me) < 0)
+		owner(me);
+	else
+		client(me);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2)
+		FAIL("usage: sv_atomalias twomaps|twoowners|fdmr|same [-N ops] [-d dev]");
+	mode = argv[1];
+	if (strcmp(mode, "twomaps") && strcmp(mode, "twoowners") && strcmp(mode, "fdmr") &&
+	    strcmp(mode, "same"))
+		FAIL("unknown mode '%s'", mode);
+	for (int i = 2; i + 1 < argc; i += 2) {
+		if (!strcmp(argv[i], "-N"))
+			N = (long)svmp_parse_u64(argv[i + 1], "-N");
+		else if (!strcmp(argv[i], "-d"))
+			dev = argv[i + 1];
+		else
+			FAIL("unknown option '%s'", argv[i]);
+	}
+	CHECK(N > 0 && N <= 1000000);
+	memfd = memfd_create("sv_atomalias", 0);
+	CHECK(memfd >= 0);
+	CHECK(ftruncate(memfd, PAGE) == 0);
+	size_t sz = 4 * (size_t)N * 8 + 64;
+	char *shared = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(shared != MAP_FAILED);
+	fetched[0] = (uint64_t *)(shared + 64);
+	fetched[1] = fetched[0] + N;
+	swapped[0] = fetched[1] + N;
+	swapped[1] = swapped[0] + N;
+	nswapped = (_Atomic uint64_t *)shared;
+	int owners = !strcmp(mode, "twoowners") ? 2 : 1;
+	if (svmp_run(owners + 2, 900000, child, 0))
+		FAIL("a process failed");
+	/* The two keys' addresses of the word differ, or this proves nothing */
+	const struct svmp_ep *k1 = !strcmp(mode, "twoowners") ? &svmp_b->ep[0][2] : &svmp_b->ep[0][1];
+	const struct svmp_ep *k2 = !strcmp(mode, "twoowners") ? &svmp_b->ep[1][3] : &svmp_b->ep[0][2];
+	if ((k1->addr == k2->addr) != !strcmp(mode, "same"))
+		FAIL("the clients' keys name the word at %#llx and %#llx",
+		     (unsigned long long)k1->addr, (unsigned long long)k2->addr);
+	uint64_t *word = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, memfd, 0);
+	CHECK(word != MAP_FAILED);
+	/* Word 0: 2N adds of 1, and every value fetched once. */
+	qsort(fetched[0], 2 * (size_t)N, 8, cmp_u64);
+	for (long i = 0; i < 2 * N; i++)
+		if (fetched[0][i] != (uint64_t)i)
+			FAIL("FETCH_ADD: the %ld-th smallest value fetched is %llu (lost or doubled "
+			     "updates)",
+			     i, (unsigned long long)fetched[0][i]);
+	if (word[0] != 2 * (uint64_t)N)
+		FAIL("FETCH_ADD: the word is %llu after %ld adds of 1", (unsigned long long)word[0],
+		     2 * N);
+	/* Word 1: one success per value, as many as the word says. */
+	uint64_t ok = nswapped[0] + nswapped[1];
+	memmove(swapped[0] + nswapped[0], swapped[1], nswapped[1] * 8);
+	qsort(swapped[0], ok, 8, cmp_u64);
+	for (uint64_t i = 0; i < ok; i++)
+		if (swapped[0][i] != i)
+			FAIL("CMP_SWP: the %llu-th successful swap was from %llu (two swaps from one "
+			     "value)",
+			     (unsigned long long)i, (unsigned long long)swapped[0][i]);
+	if (word[1] != ok)
+		FAIL("CMP_SWP: the word is %llu after %llu successful swaps",
+		     (unsigned long long)word[1], (unsigned long long)ok);
+	printf("ATOMALIAS OK %s: %ld adds and %llu swaps each way\n", mode, 2 * N,
+	       (unsigned long long)ok);
+	return 0;
+}
