@@ -22,7 +22,7 @@ import pytest
 import svtest
 
 SCENARIOS = ["pd", "cq", "channel", "xrcd", "unacked", "async", "stale", "foreign", "mcast",
-             "close", "fork", "polled", "posting"]
+             "close", "fork", "forkclose", "polled", "posting"]
 
 
 def run_prog(build_dir, env, scenario, debug=False):

@@ -52,6 +52,10 @@ struct loop_context {
 	// Closed with objects live: the memory stays (loop_free_context) for
 	// the application's destroys, but nothing new is made on it.
 	std::atomic<bool> closed{false};
+	// The process that opened it.  A forked child that closes its
+	// inherited copy destroys nothing: the kernel's device file stays
+	// open in the parent, and so do the objects.
+	pid_t opener = 0;
 };
 
 struct loop_pd {

@@ -1116,6 +1116,61 @@ static void scenario_fork(struct svt_dev *d)
 	}
 }
 
+/* A forked child that closes the context it inherited (ibv_close_device)
+ * closes its own reference to a device file the parent still has open:
+ * with the kernel nothing is destroyed.  Before, the child's close
+ * destroyed every object of the context in the registry, the parent's QPs
+ * went to RESET and its posts failed EINVAL.  Round 0: the child closes it
+ * and exits; round 1: the child first opens a context of its own (its own
+ * lease), closes the inherited one, uses its own with traffic, and closes
+ * it.  After each, the parent's pair is still in RTS and its traffic lands
+ * byte for byte, and its memory and CQ still work. */
+static void scenario_forkclose(struct svt_dev *d)
+{
+	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct pair p;
+	pair_up(&p, d, cq);
+	pair_traffic(&p, 11);
+	for (int round = 0; round < 2; round++) {
+		fflush(stdout);
+		pid_t c = fork();
+		CHECK(c >= 0);
+		if (c == 0) {
+			alarm(30);
+			struct svt_dev own = {0};
+			if (round == 1)
+				svt_open(&own, "loop0");
+			if (ibv_close_device(d->ctx))
+				_exit(3);
+			if (round == 1) {
+				struct ibv_cq *oc = ibv_create_cq(own.ctx, 16, NULL, NULL, 0);
+				if (!oc)
+					_exit(4);
+				struct pair q;
+				pair_up(&q, &own, oc);
+				pair_traffic(&q, 99);
+				pair_down(&q);
+				if (ibv_destroy_cq(oc) || ibv_dealloc_pd(own.pd) ||
+				    ibv_close_device(own.ctx))
+					_exit(5);
+			}
+			_exit(0);
+		}
+		int st = 0;
+		CHECK_EQ(waitpid(c, &st, 0), c);
+		if (!WIFEXITED(st) || WEXITSTATUS(st))
+			FAIL("round %d: the child ended with status %#x", round, st);
+		if (svt_state(p.a) != IBV_QPS_RTS || svt_state(p.b) != IBV_QPS_RTS)
+			FAIL("round %d: after the child closed its inherited context the parent's "
+			     "QPs are in states %d and %d",
+			     round, svt_state(p.a), svt_state(p.b));
+		pair_traffic(&p, 12 + (unsigned)round);
+	}
+	pair_down(&p);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+}
+
 /* A CQ no QP uses, destroyed while other threads poll it (ibv_poll_cq,
  * and an extended CQ's start_poll) and arm it: the destroy succeeds, the
  * others get errors from then on, never a fault (the destroy used to land
@@ -1272,7 +1327,7 @@ static void scenario_posting(struct svt_dev *d)
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
-		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|async|stale|foreign|mcast|close|fork|polled|posting\n", argv[0]);
+		fprintf(stderr, "usage: %s pd|cq|channel|xrcd|unacked|async|stale|foreign|mcast|close|fork|forkclose|polled|posting\n", argv[0]);
 		return 2;
 	}
 	svt_watchdog(60);
@@ -1301,6 +1356,8 @@ int main(int argc, char **argv)
 		scenario_close(&d);
 	else if (!strcmp(s, "fork"))
 		scenario_fork(&d);
+	else if (!strcmp(s, "forkclose"))
+		scenario_forkclose(&d);
 	else if (!strcmp(s, "polled"))
 		scenario_polled(&d);
 	else if (!strcmp(s, "posting"))

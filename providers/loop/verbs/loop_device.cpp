@@ -173,9 +173,14 @@ void loop_free_context(ibv_context *ctx)
 	// device file closes (before contexts().m: the destroys may need it).
 	// Not for a context of an ibv_import_device family: there the kernel
 	// keeps the objects until the last of the family's files closes, which
-	// we do not track; they stay, and so does this context's memory.
+	// we do not track; they stay, and so does this context's memory.  Nor
+	// for the copy a forked child inherited: its close drops the child's
+	// reference to a device file the parent still has open, and the
+	// parent's objects go on (they are the parent's, in the registry).
+	const bool inherited = lctx->opener != getpid();
 	const bool family = lctx->imported_from || lctx->imports.load() > 0;
-	const bool had_objects = family ? owned_count(ctx) != 0 : owned_close(ctx) != 0;
+	const bool had_objects =
+		family || inherited ? owned_count(ctx) != 0 : owned_close(ctx) != 0;
 	process_contexts &p = contexts();
 	std::lock_guard<std::mutex> g(p.m);
 	if (!lctx->imported_from)
@@ -201,7 +206,7 @@ void loop_free_context(ibv_context *ctx)
 		lctx->~loop_context();
 		free(lctx);
 	}
-	if (p.pid == getpid() && p.open > 0 && --p.open == 0 && fab) {
+	if (!inherited && p.pid == getpid() && p.open > 0 && --p.open == 0 && fab) {
 		service_stop();
 		fab->release_lease();
 	}
@@ -425,6 +430,7 @@ loop_context *new_context(ibv_device *ibdev, int cmd_fd)
 	lctx->dev = rec;
 	lctx->ldev = ldev;
 	lctx->lease = lease;
+	lctx->opener = getpid();
 	lctx->async_fd = open_async_socket();
 	if (lctx->async_fd < 0) {
 		int e = errno;
