@@ -350,13 +350,18 @@ def test_library_outlives_dlclose(build_dir, env):
     assert "NODELETE" in flags, flags
 
 
-@pytest.mark.parametrize("mode", ["same", "twomaps", "twoowners", "fdmr"])
+@pytest.mark.parametrize("mode", ["same", "twomaps", "twoowners", "fdmr", "odp", "overlap"])
 def test_atomics_on_one_word_through_two_addresses(progs, env, mode):
     """tests/progs/sv_atomalias.c: two clients' FETCH_ADDs and CMP_SWPs on
     one word of a memfd page that their keys name at two addresses (two
     mappings in one owner, two owners, the memfd's own MR beside a
     mapping's).  The atomic locks took the owner's address before, so the
     two sides' read-modify-writes interleaved: a third of the adds were
-    lost, all with success completions.  An HCA locks the physical word."""
+    lost, all with success completions.  An HCA locks the physical word.
+    odp and overlap: two keys of one owner at one address, one over a
+    file as far as the library knows (a remapped page) and one not (an
+    on-demand MR; a range of several mappings): a review found the first
+    fix, which locked by the file alone when it knew one, lost adds
+    there."""
     out = run_prog([progs / "sv_atomalias", mode, "-N", "3000"], env, timeout=300)
     assert f"ATOMALIAS OK {mode}" in out

@@ -659,19 +659,20 @@ ibv_mr *loop_alloc_null_mr(ibv_pd *pd);
 // [iova, iova + len).  Returns the address in the owner's space, or an error
 // (ENOENT bad key, EACCES rights or PD, ERANGE bounds).
 // An fd-backed MR of a peer resolves to our own mapping of it (mapped).
-// What the fabric's atomic locks take byte off (from iova) of the MR record
-// c (not a window) to be: for memory over a file (an FD MR, a remapped MR,
-// a plain MR over a shared mapping of a file) the same byte of the same
-// file, whichever mapping reaches it and in whichever process, as an HCA
-// locks the physical word; the owner's address otherwise (private memory,
-// which no other address reaches).  The top bit keeps the two kinds apart;
-// a collision costs only a shared lock.
-inline uint64_t mr_word_id(const sv_mr_rec &c, uint64_t off)
+// Byte off (from iova) of the MR record c (not a window) as a byte of the
+// file under it, for memory over a file (an FD MR, a remapped MR, a plain
+// MR over a shared mapping of a file): the same for every mapping of that
+// byte in every process, as an HCA's atomics meet on the physical word.
+// 0 for anything else.  Atomics take the stripe of this and that of the
+// owner's address (atomic_guard): two keys of one owner at one address
+// always meet, whatever each knows of the file, and so do two mappings of
+// one file.  A collision of the hash costs only a shared lock.
+inline uint64_t mr_file_word(const sv_mr_rec &c, uint64_t off)
 {
 	if (c.fd_ino && !(c.flags & SV_MR_BLOCK_LIST) &&
 	    (c.kind == SV_MR_KIND_FD || (c.flags & (SV_MR_MAPPED | SV_MR_SHARED_FILE))))
 		return (1ULL << 63) | ((c.fd_ino * 0x9e3779b97f4a7c15ULL) ^ (c.fd_offset + off));
-	return c.addr + off;
+	return 0;
 }
 
 struct mr_hit {
@@ -682,7 +683,8 @@ struct mr_hit {
 	bool mapped;	 // addr is in this process (fd-backed MR of a peer)
 	bool odp;	 // May be unmapped: copy with a checked call, even in-process
 	std::shared_ptr<void> pin; // With mapped: keeps addr's mapping while this lives
-	uint64_t word_id;	   // addr's byte for the atomic locks (mr_word_id)
+	uint64_t owner_addr;	   // addr's byte in the owner's address space
+	uint64_t file_word;	   // addr's byte in the file under it (mr_file_word), or 0
 	// The registration the word is reached through, held for the copy
 	// (mr_copiers.h).
 	sv_mr_rec *mr = nullptr;
@@ -971,16 +973,18 @@ void engine_remove(loop_qp *qp);
 // with the engine outside any doorbell's service.
 void engine_hold(bool on);
 
-// Striped fabric-wide lock for atomics on one word (mr_word_id).
+// The fabric-wide striped locks for an atomic on one word: the stripe of
+// its owner's address, and that of its byte in the file under it when it
+// is over a file (mr_file_word; 0: none), taken in stripe order.
 class atomic_guard {
 public:
-	atomic_guard(fabric &fab, uint64_t word_id);
+	atomic_guard(fabric &fab, uint64_t owner_addr, uint64_t file_word);
 	~atomic_guard();
 	atomic_guard(const atomic_guard &) = delete;
 	atomic_guard &operator=(const atomic_guard &) = delete;
 
 private:
-	uint32_t *word_;
+	uint32_t *first_ = nullptr, *second_ = nullptr;
 };
 
 // loop_xrc.cpp

@@ -16,6 +16,11 @@
  *             2 to owner 2
  *   fdmr      one owner registers the memfd itself (softverbs_reg_mr_fd)
  *             and a shared mapping of it (ibv_reg_mr)
+ *   odp       one owner's private page: an MR (moved onto the arena
+ *             memfd, so over a file) and an on-demand MR over the same
+ *             page (nothing known of a file), at the same address
+ *   overlap   an MR over a private page, then one over it and the pages
+ *             around it (several mappings, nothing known of a file)
  *   same      both clients through one MR (the control)
  * Checked: word 0 ends at 2N and every fetched value is distinct (each
  * client's grow, and the two sets do not meet); word 1 ends at the number
@@ -65,12 +70,33 @@ static void owner(int me)
 		at += 8 * PAGE;
 		fixed = MAP_FIXED;
 	}
-	char *a = mmap(at, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | fixed, memfd, 0);
-	CHECK(a != MAP_FAILED);
+	char *a;
+	if (!strcmp(mode, "odp") || !strcmp(mode, "overlap")) {
+		/* Private memory: main reads the word back through the memfd,
+		 * so it is published there at the end. */
+		char *x = mmap(NULL, 3 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			       -1, 0);
+		CHECK(x != MAP_FAILED);
+		memset(x, 0, 3 * PAGE);
+		a = x + PAGE;
+	} else {
+		a = mmap(at, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | fixed, memfd, 0);
+		CHECK(a != MAP_FAILED);
+	}
 	mr[0] = ibv_reg_mr(d.pd, a, PAGE, access);
 	if (!mr[0])
-		FAIL("ibv_reg_mr of the shared mapping: %s", strerror(errno));
-	if (!strcmp(mode, "twomaps")) {
+		FAIL("ibv_reg_mr of the page: %s", strerror(errno));
+	if (!strcmp(mode, "odp")) {
+		mr[1] = ibv_reg_mr(d.pd, a, PAGE, access | IBV_ACCESS_ON_DEMAND);
+		if (!mr[1])
+			FAIL("ibv_reg_mr on demand: %s", strerror(errno));
+	} else if (!strcmp(mode, "overlap")) {
+		/* The first MR moved its page onto the arena: this range is
+		 * three mappings, and stays where it is */
+		mr[1] = ibv_reg_mr(d.pd, a - PAGE, 3 * PAGE, access);
+		if (!mr[1])
+			FAIL("ibv_reg_mr around the page: %s", strerror(errno));
+	} else if (!strcmp(mode, "twomaps")) {
 		char *b = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 		CHECK(b != MAP_FAILED && b != a);
 		mr[1] = ibv_reg_mr(d.pd, b, PAGE, access);
@@ -98,6 +124,8 @@ static void owner(int me)
 		/* The word's address as the key names it: the fd MR's iova is 0 */
 		if (c == 1 && !strcmp(mode, "fdmr"))
 			svmp_b->ep[me][peer].addr = 0;
+		if (c == 1 && !strcmp(mode, "overlap"))
+			svmp_b->ep[me][peer].addr = (uintptr_t)a;
 	}
 	svmp_barrier(20000, NULL, NULL);
 	for (int c = 0; c < 2; c++)
@@ -108,6 +136,13 @@ static void owner(int me)
 	svmp_barrier(20000, NULL, NULL);
 	/* The clients run */
 	svmp_barrier(600000, NULL, NULL);
+	if (!strcmp(mode, "odp") || !strcmp(mode, "overlap")) {
+		/* The words, where main reads them */
+		char *f = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+		CHECK(f != MAP_FAILED);
+		memcpy(f, a, 16);
+		munmap(f, PAGE);
+	}
 	for (int c = 0; c < 2; c++)
 		if (qp[c])
 			ibv_destroy_qp(qp[c]);
@@ -203,10 +238,10 @@ static int cmp_u64(const void *a, const void *b)
 int main(int argc, char **argv)
 {
 	if (argc < 2)
-		FAIL("usage: sv_atomalias twomaps|twoowners|fdmr|same [-N ops] [-d dev]");
+		FAIL("usage: sv_atomalias twomaps|twoowners|fdmr|odp|overlap|same [-N ops] [-d dev]");
 	mode = argv[1];
 	if (strcmp(mode, "twomaps") && strcmp(mode, "twoowners") && strcmp(mode, "fdmr") &&
-	    strcmp(mode, "same"))
+	    strcmp(mode, "odp") && strcmp(mode, "overlap") && strcmp(mode, "same"))
 		FAIL("unknown mode '%s'", mode);
 	for (int i = 2; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "-N"))
@@ -234,7 +269,8 @@ int main(int argc, char **argv)
 	/* The two keys' addresses of the word differ, or this proves nothing */
 	const struct svmp_ep *k1 = !strcmp(mode, "twoowners") ? &svmp_b->ep[0][2] : &svmp_b->ep[0][1];
 	const struct svmp_ep *k2 = !strcmp(mode, "twoowners") ? &svmp_b->ep[1][3] : &svmp_b->ep[0][2];
-	if ((k1->addr == k2->addr) != !strcmp(mode, "same"))
+	int one_address = !strcmp(mode, "same") || !strcmp(mode, "odp") || !strcmp(mode, "overlap");
+	if ((k1->addr == k2->addr) != one_address)
 		FAIL("the clients' keys name the word at %#llx and %#llx",
 		     (unsigned long long)k1->addr, (unsigned long long)k2->addr);
 	uint64_t *word = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, memfd, 0);

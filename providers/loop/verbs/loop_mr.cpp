@@ -250,8 +250,8 @@ namespace {
 			// mapping (new rights, a new PD) waits for it (mr_copiers.h).
 			out.push_back({base + off, len,
 				       direct ? seg_kind::mapped_direct : seg_kind::mapped,
-				       std::move(pin), 0, mr_word_id(c, off), &fab.reg()->mrs[slot],
-				       c.cookie});
+				       std::move(pin), 0, c.addr + off, &fab.reg()->mrs[slot],
+				       c.cookie, mr_file_word(c, off)});
 			return 0;
 		}
 		if (dead)
@@ -276,8 +276,8 @@ namespace {
 	}
 	sv_mr_rec *rec = &fab.reg()->mrs[slot];
 	if (!(c.flags & SV_MR_BLOCK_LIST)) {
-		out.push_back({reinterpret_cast<void *>(c.addr + off), len, k, {}, 0,
-			       mr_word_id(c, off), rec, c.cookie});
+		out.push_back({reinterpret_cast<void *>(c.addr + off), len, k, {}, 0, 0, rec,
+			       c.cookie, mr_file_word(c, off)});
 		return 0;
 	}
 	// A block list: byte off is fd_offset + off into the list's blocks.
@@ -517,9 +517,9 @@ void memo_key_keep(key_memo &k, const key_cache::entry *e, uint32_t key, bool ma
 		const sv_mr_rec &c = hit->rec;
 		uint64_t off = iova - c.iova;
 		if (!hit->base) {
-			out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind, {}, 0,
-				       mr_word_id(c, off), &fab.reg()->mrs[key >> SV_MR_KEY_BITS],
-				       c.cookie});
+			out.push_back({reinterpret_cast<void *>(c.addr + off), len, hit->kind, {}, 0, 0,
+				       &fab.reg()->mrs[key >> SV_MR_KEY_BITS], c.cookie,
+				       mr_file_word(c, off)});
 			if (access)
 				*access = c.access;
 			return 0;
@@ -527,8 +527,8 @@ void memo_key_keep(key_memo &k, const key_cache::entry *e, uint32_t key, bool ma
 		if (coarse_now() == hit->tick) {
 			if (std::shared_ptr<void> pin = hit->map.lock()) {
 				out.push_back({hit->base + off, len, hit->kind, std::move(pin), 0,
-					       mr_word_id(c, off), &fab.reg()->mrs[key >> SV_MR_KEY_BITS],
-					       c.cookie});
+					       c.addr + off, &fab.reg()->mrs[key >> SV_MR_KEY_BITS],
+					       c.cookie, mr_file_word(c, off)});
 				if (access)
 					*access = c.access;
 				return 0;
@@ -596,14 +596,16 @@ int mr_lookup(fabric &fab, uint32_t key, uint32_t owner_lease, uint32_t pdn, uin
 	hit.mapped = false;
 	hit.odp = false;
 	hit.addr = 0;
-	hit.word_id = 0;
+	hit.owner_addr = 0;
+	hit.file_word = 0;
 	if (segs.empty())
 		return 0;
 	if (segs.size() > 1)
 		return ERANGE; // Callers of mr_lookup need one contiguous piece
 	const rseg &s = segs[0];
 	hit.addr = reinterpret_cast<uintptr_t>(s.base);
-	hit.word_id = s.word_id ? s.word_id : hit.addr;
+	hit.owner_addr = s.owner_addr ? s.owner_addr : hit.addr;
+	hit.file_word = s.file_word;
 	hit.kind = s.kind == seg_kind::null ? SV_MR_KIND_NULL : SV_MR_KIND_MR;
 	hit.mapped = s.kind == seg_kind::mapped || s.kind == seg_kind::mapped_direct;
 	hit.odp = s.kind == seg_kind::peer_checked;

@@ -451,7 +451,7 @@ int lt_atomic(loop_qp *qp, const peer &p, tp_atomic &op)
 	if (hit.kind == SV_MR_KIND_NULL)
 		return 0;
 	flush_deferred(qp);
-	atomic_guard g(fab, hit.word_id);
+	atomic_guard g(fab, hit.owner_addr, hit.file_word);
 	if (op.op == tp_atomic::kind::write) {
 		uint64_t v = op.swap;
 		return atomic_word(p, hit, &v, xfer_dir::to_peer);
@@ -1390,14 +1390,18 @@ void raise_comm_est(fabric &fab, const peer &p)
 	raise_qp_event(fab, p.slot, IBV_EVENT_COMM_EST);
 }
 
-atomic_guard::atomic_guard(fabric &fab, uint64_t word_id)
+namespace {
+
+uint32_t *stripe_of(fabric &fab, uint64_t id)
 {
-	// By the word alone, not its owner: one word has one lock whichever
-	// process or mapping reaches it (mr_word_id).
-	uint64_t h = (word_id >> 3) * 0x9e3779b97f4a7c15ULL;
-	word_ = &fab.reg()->atomic_locks[(h >> 20) % SV_ATOMIC_LOCKS];
+	uint64_t h = (id >> 3) * 0x9e3779b97f4a7c15ULL;
+	return &fab.reg()->atomic_locks[(h >> 20) % SV_ATOMIC_LOCKS];
+}
+
+void stripe_lock(uint32_t *word)
+{
 	auto me = static_cast<uint32_t>(getpid());
-	std::atomic_ref<uint32_t> w(*word_);
+	std::atomic_ref<uint32_t> w(*word);
 	uint32_t seen = 0;
 	uint64_t since = 0;
 	for (uint64_t spins = 0;; spins++) {
@@ -1430,9 +1434,33 @@ atomic_guard::atomic_guard(fabric &fab, uint64_t word_id)
 	}
 }
 
+} // namespace
+
+atomic_guard::atomic_guard(fabric &fab, uint64_t owner_addr, uint64_t file_word)
+{
+	// The owner's address: any two keys of one owner that reach the word
+	// at one address meet here, whatever each knows of a file under it.
+	// The file's byte: two mappings of one file, at other addresses or in
+	// other processes, meet there.  In stripe order, so that two takers
+	// of the same pair never wait on each other crosswise.
+	first_ = stripe_of(fab, owner_addr);
+	if (file_word) {
+		uint32_t *f = stripe_of(fab, file_word);
+		if (f < first_)
+			std::swap(f, first_);
+		if (f != first_)
+			second_ = f;
+	}
+	stripe_lock(first_);
+	if (second_)
+		stripe_lock(second_);
+}
+
 atomic_guard::~atomic_guard()
 {
-	std::atomic_ref<uint32_t>(*word_).store(0, std::memory_order_release);
+	if (second_)
+		std::atomic_ref<uint32_t>(*second_).store(0, std::memory_order_release);
+	std::atomic_ref<uint32_t>(*first_).store(0, std::memory_order_release);
 }
 
 } // namespace loop

@@ -57,16 +57,18 @@ struct rseg {
 	// pulls it from under a copy.  Empty for the other kinds.
 	std::shared_ptr<void> pin = {};
 	uint32_t key = 0; // wire: the rkey the request carries
-	// What the fabric's atomic locks take base's byte to be (mr_word_id),
-	// so that every process, through any mapping, agrees on a word's
-	// lock.  0: base's address in the owner (a peer segment's base).
-	uint64_t word_id = 0;
+	// A mapped segment: the address of base's byte in the owner (atomics
+	// lock by it, so that every process agrees on the lock of a word).
+	uint64_t owner_addr = 0;
 	// A segment of a registration (reached by the owner's addresses, or
 	// through a mapping of its memory): the registration, which each copy
 	// holds (mr_copiers.h) so that the owner's dereg or rereg waits it
 	// out.
 	sv_mr_rec *mr = nullptr;
 	uint32_t mr_cookie = 0;
+	// Memory over a file: base's byte as the file's (mr_file_word), for
+	// the atomic locks' second stripe; 0 for anything else.
+	uint64_t file_word = 0;
 };
 
 // Like xfer(), with target segments of mixed kinds.  Runs of peer segments
