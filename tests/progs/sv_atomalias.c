@@ -27,7 +27,9 @@
  * of successful swaps, and no swap succeeded on a value another swap had
  * already moved past.  Prints "ATOMALIAS OK" or fails (exit 1).
  */
-#define _GNU_SOURCE
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memfd_create */
+#endif
 #include "svmp.h"
 
 #include <dlfcn.h>
