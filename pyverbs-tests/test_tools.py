@@ -115,6 +115,20 @@ def test_softverbs_run_sets_library_path(softverbs_run, tool_env, build_dir, fab
     assert p.stdout.strip() == f"{build_dir / 'libibverbs-compat'}:/somewhere/else|{fabric}"
 
 
+def test_softverbs_run_config_path_is_absolute(softverbs_run, tool_env, tmp_path):
+    """-c with a relative path, and a program that changes directory before
+    it opens the device: the path is made absolute first (it was passed on
+    as given, and the program's open failed, "cannot read 'roce.conf'"; a
+    helper's probe)."""
+    (tmp_path / "roce.conf").write_text("loop0.link_layer = ethernet\n")
+    tool_env.pop("SOFTVERBS_CONFIG", None)
+    p = run([softverbs_run, "-c", "roce.conf", "sh", "-c",
+             'echo "$SOFTVERBS_CONFIG"; cd /; ibv_devinfo -d loop0'], tool_env, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines()[0] == str(tmp_path / "roce.conf"), p.stdout
+    assert re.search(r"link_layer:\s*Ethernet", p.stdout), p.stdout
+
+
 # ---- the softverbs command ----
 
 def test_softverbs_does_not_wait_on_a_fifo(softverbs, tool_env, fabric):
