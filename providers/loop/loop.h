@@ -16,6 +16,7 @@
 #include "xfer.h"
 
 #include <atomic>
+#include <unistd.h>
 #include <cstddef>
 #include <mutex>
 #include <string>
@@ -598,6 +599,16 @@ inline loop_context *to_loop_context(ibv_context *c)
 {
 	return reinterpret_cast<loop_context *>(reinterpret_cast<char *>(c) -
 						offsetof(loop_context, vctx.context));
+}
+// A context a forked child inherited and then closed: the objects are the
+// parent's, which that close left alone, and a destroy through it answers
+// EBADF, as the kernel answers a command on a closed device file.  (Before
+// the close, the child shares the parent's file, and a destroy is the
+// parent's object's end, as with the kernel.)
+inline bool ctx_orphaned(ibv_context *c)
+{
+	loop_context *l = to_loop_context(c);
+	return l->closed.load(std::memory_order_acquire) && l->opener != getpid();
 }
 inline loop_pd *to_loop_pd(ibv_pd *p)
 {

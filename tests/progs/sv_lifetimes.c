@@ -1123,8 +1123,10 @@ static void scenario_fork(struct svt_dev *d)
  * went to RESET and its posts failed EINVAL.  Round 0: the child closes it
  * and exits; round 1: the child first opens a context of its own (its own
  * lease), closes the inherited one, uses its own with traffic, and closes
- * it.  After each, the parent's pair is still in RTS and its traffic lands
- * byte for byte, and its memory and CQ still work. */
+ * it; round 2: after the close the child destroys the inherited objects,
+ * which answers EBADF (a command on a closed device file) and destroys
+ * nothing.  After each, the parent's pair is still in RTS and its traffic
+ * lands byte for byte, and its memory and CQ still work. */
 static void scenario_forkclose(struct svt_dev *d)
 {
 	struct ibv_cq *cq = ibv_create_cq(d->ctx, 16, NULL, NULL, 0);
@@ -1132,7 +1134,7 @@ static void scenario_forkclose(struct svt_dev *d)
 	struct pair p;
 	pair_up(&p, d, cq);
 	pair_traffic(&p, 11);
-	for (int round = 0; round < 2; round++) {
+	for (int round = 0; round < 3; round++) {
 		fflush(stdout);
 		pid_t c = fork();
 		CHECK(c >= 0);
@@ -1143,6 +1145,11 @@ static void scenario_forkclose(struct svt_dev *d)
 				svt_open(&own, "loop0");
 			if (ibv_close_device(d->ctx))
 				_exit(3);
+			if (round == 2 &&
+			    (ibv_destroy_qp(p.a) != EBADF || ibv_destroy_qp(p.b) != EBADF ||
+			     ibv_dereg_mr(p.mr) != EBADF || ibv_destroy_cq(cq) != EBADF ||
+			     ibv_dealloc_pd(d->pd) != EBADF))
+				_exit(6);
 			if (round == 1) {
 				struct ibv_cq *oc = ibv_create_cq(own.ctx, 16, NULL, NULL, 0);
 				if (!oc)

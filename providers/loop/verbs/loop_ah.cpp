@@ -49,6 +49,8 @@ ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 
 int loop_destroy_ah(ibv_ah *ibah)
 {
+	if (ctx_orphaned(ibah->context))
+		return EBADF;
 	loop_ah *ah = to_loop_ah(ibah);
 	if (int e = ah->life.begin_destroy(kLifeAh, "ibv_destroy_ah", ah))
 		return e;

@@ -1056,6 +1056,8 @@ void cq_check_indices(loop_cq *cq)
 
 int loop_destroy_cq(ibv_cq *ibcq)
 {
+	if (ctx_orphaned(ibcq->context))
+		return EBADF;
 	loop_cq *cq = to_loop_cq(ibcq);
 	// EBUSY while QPs or XRC SRQs complete into it.
 	if (int e = cq->life.begin_destroy(kLifeCq, "ibv_destroy_cq", cq))

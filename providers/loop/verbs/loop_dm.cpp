@@ -97,6 +97,8 @@ ibv_dm *loop_alloc_dm(ibv_context *ctx, ibv_alloc_dm_attr *attr)
 
 int loop_free_dm(ibv_dm *ibdm)
 {
+	if (ctx_orphaned(ibdm->context))
+		return EBADF;
 	loop_dm *dm = to_loop_dm(ibdm);
 	if (dm->imported_from && dm->life.is(kLifeDm))
 		return EINVAL; // An imported DM is unimported, not freed

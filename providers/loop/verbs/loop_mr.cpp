@@ -890,6 +890,8 @@ void release_fd(loop_mr *mr)
 
 int loop_dereg_mr(verbs_mr *vmr)
 {
+	if (ctx_orphaned(vmr->ibv_mr.context))
+		return EBADF;
 	loop_mr *mr = to_loop_mr(&vmr->ibv_mr);
 	if (int e = mr->life.begin_destroy(kLifeMr, "ibv_dereg_mr", mr))
 		return e;
@@ -1326,6 +1328,8 @@ void unbind_locked(sv_registry *r, sv_mr_rec &w)
 
 int loop_dealloc_mw(ibv_mw *ibmw)
 {
+	if (ctx_orphaned(ibmw->context))
+		return EBADF;
 	auto *mw = reinterpret_cast<loop_mw *>(ibmw);
 	if (int e = mw->life.begin_destroy(kLifeMw, "ibv_dealloc_mw", mw))
 		return e;

@@ -36,6 +36,8 @@ ibv_pd *loop_alloc_pd(ibv_context *ctx)
 
 int loop_dealloc_pd(ibv_pd *ibpd)
 {
+	if (ctx_orphaned(ibpd->context))
+		return EBADF;
 	loop_pd *pd = to_loop_pd(ibpd);
 	if (pd->imported && pd->life.is(kLifePd))
 		return EINVAL; // Imported PDs are unimported

@@ -952,6 +952,8 @@ int loop_query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *i
 
 int loop_destroy_qp(ibv_qp *ibqp)
 {
+	if (ctx_orphaned(ibqp->context))
+		return EBADF;
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (int e = qp->life.begin_destroy(kLifeQp, "ibv_destroy_qp", qp))
 		return e;

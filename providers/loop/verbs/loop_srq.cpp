@@ -207,6 +207,8 @@ int loop_query_srq(ibv_srq *ibsrq, ibv_srq_attr *attr)
 
 int loop_destroy_srq(ibv_srq *ibsrq)
 {
+	if (ctx_orphaned(ibsrq->context))
+		return EBADF;
 	loop_srq *srq = to_loop_srq(ibsrq);
 	// EBUSY while QPs use it (each holds a reference from its creation).
 	if (int e = srq->life.begin_destroy(kLifeSrq, "ibv_destroy_srq", srq))

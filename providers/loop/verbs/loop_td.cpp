@@ -69,6 +69,8 @@ ibv_td *loop_alloc_td(ibv_context *ctx, ibv_td_init_attr *attr)
 
 int loop_dealloc_td(ibv_td *ibtd)
 {
+	if (ctx_orphaned(ibtd->context))
+		return EBADF;
 	loop_td *td = to_loop_td(ibtd);
 	// EBUSY while a parent domain uses it, as mlx5 answers.
 	if (int e = td->life.begin_destroy(kLifeTd, "ibv_dealloc_td", td))

@@ -114,6 +114,8 @@ ibv_xrcd *loop_open_xrcd(ibv_context *ctx, ibv_xrcd_init_attr *attr)
 
 int loop_close_xrcd(ibv_xrcd *ibxrcd)
 {
+	if (ctx_orphaned(ibxrcd->context))
+		return EBADF;
 	auto *x = reinterpret_cast<loop_xrcd *>(ibxrcd);
 	// EBUSY while XRC SRQs or target QPs (created or opened) use it.
 	if (int e = x->life.begin_destroy(kLifeXrcd, "ibv_close_xrcd", x))
