@@ -3438,7 +3438,9 @@ SV_API int rdma_connect(rdma_cm_id *id, rdma_conn_param *conn_param)
 		int maxp = ud ? kSidrReqPdata : kReqPdata;
 		if (conn_param && check_pdata(conn_param->private_data, conn_param->private_data_len, maxp))
 			return fail(EINVAL);
-		if (!p->id.qp && !ud && (!conn_param || !conn_param->qp_num))
+		// As rdma-core's ucma_valid_param: an RDMA_PS_TCP id without a
+		// QP needs parameters (their qp_num, 0 too, goes out as given).
+		if (!p->id.qp && p->id.ps == RDMA_PS_TCP && !conn_param)
 			return fail(EINVAL);
 		if (!depths_valid(p, conn_param))
 			return fail(EINVAL);
@@ -3634,7 +3636,9 @@ SV_API int rdma_accept(rdma_cm_id *id, rdma_conn_param *conn_param)
 		int maxp = ud ? kSidrRepPdata : kRepPdata;
 		if (conn_param && check_pdata(conn_param->private_data, conn_param->private_data_len, maxp))
 			return fail(EINVAL);
-		if (!p->id.qp && !ud && (!conn_param || !conn_param->qp_num))
+		// As rdma-core's ucma_valid_param: an RDMA_PS_TCP id without a
+		// QP needs parameters (their qp_num, 0 too, goes out as given).
+		if (!p->id.qp && p->id.ps == RDMA_PS_TCP && !conn_param)
 			return fail(EINVAL);
 		if (!depths_valid(p, conn_param))
 			return fail(EINVAL);

@@ -12,6 +12,8 @@
 //     rdma_connect and on rdma_accept (the id still usable), 0xFF is the
 //     maximum; rdma_connect without parameters offers the maximum, and
 //     rdma_accept without them (or with 0xFF) takes what the REQ offered;
+//   - ids without a QP: rdma_connect and rdma_accept need parameters, and
+//     their qp_num 0 goes out as given (EINVAL before), as rdma-core;
 //   - the active side disconnecting before the passive side accepts: its
 //     DISCONNECTED, the late accept's UNREACHABLE, nothing on stderr;
 //   - a connect the passive side rejects, and one to a port with no
@@ -47,8 +49,8 @@ static struct rdma_cm_event *expect(enum rdma_cm_event_type type, struct rdma_cm
 	return ev;
 }
 
-// A resolved client id with a QP of its own CQ, to port (network order).
-static struct rdma_cm_id *client(uint16_t port, struct ibv_cq **cqp)
+// A client id to port (network order), its route resolved.
+static struct rdma_cm_id *resolved(uint16_t port)
 {
 	struct rdma_cm_id *c;
 	CHECK(rdma_create_id(ch, &c, NULL, RDMA_PS_TCP) == 0);
@@ -58,6 +60,13 @@ static struct rdma_cm_id *client(uint16_t port, struct ibv_cq **cqp)
 	rdma_ack_cm_event(expect(RDMA_CM_EVENT_ADDR_RESOLVED, NULL));
 	CHECK(rdma_resolve_route(c, 2000) == 0);
 	rdma_ack_cm_event(expect(RDMA_CM_EVENT_ROUTE_RESOLVED, NULL));
+	return c;
+}
+
+// A resolved client id with a QP of its own CQ, to port (network order).
+static struct rdma_cm_id *client(uint16_t port, struct ibv_cq **cqp)
+{
+	struct rdma_cm_id *c = resolved(port);
 	struct ibv_cq *cq = ibv_create_cq(c->verbs, 16, NULL, NULL, 0);
 	CHECK(cq);
 	struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
@@ -302,6 +311,42 @@ int main(int argc, char **argv)
 	rdma_destroy_qp(c);
 	CHECK(rdma_destroy_id(c) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
+
+	// Ids without a QP (the application's QPs are its own business):
+	// rdma-core's ucma_valid_param asks for parameters then, not for a QP
+	// number in them; qp_num 0 goes out as it is (it was EINVAL here).
+	c = resolved(port);
+	errno = 0;
+	if (rdma_connect(c, NULL) != -1 || errno != EINVAL)
+		FAIL("rdma_connect of an id without a QP or parameters: not EINVAL (errno %d)",
+		     errno);
+	struct rdma_conn_param zero = {.responder_resources = 1, .initiator_depth = 1};
+	CHECK(rdma_connect(c, &zero) == 0);
+	ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, &s);
+	if (ev->param.conn.qp_num != 0)
+		FAIL("the REQ of qp_num 0 arrived naming QP %u", ev->param.conn.qp_num);
+	rdma_ack_cm_event(ev);
+	errno = 0;
+	if (rdma_accept(s, NULL) != -1 || errno != EINVAL)
+		FAIL("rdma_accept of an id without a QP or parameters: not EINVAL (errno %d)",
+		     errno);
+	CHECK(rdma_accept(s, &zero) == 0);
+	// Without a QP the active side has CONNECT_RESPONSE, and its
+	// rdma_establish gives the passive side ESTABLISHED.
+	ev = expect(RDMA_CM_EVENT_CONNECT_RESPONSE, &who);
+	if (who != c)
+		FAIL("CONNECT_RESPONSE for the passive id");
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_establish(c) == 0);
+	ev = expect(RDMA_CM_EVENT_ESTABLISHED, &who);
+	if (who != s)
+		FAIL("ESTABLISHED for the active id after its rdma_establish");
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_disconnect(c) == 0);
+	for (int i = 0; i < 2; i++)
+		rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED, NULL));
+	CHECK(rdma_destroy_id(s) == 0);
+	CHECK(rdma_destroy_id(c) == 0);
 
 	// No listener on the port.
 	CHECK(rdma_destroy_id(l) == 0);
