@@ -69,6 +69,20 @@ def test_roce_ud_reads_gids_once(progs, env, tmp_path):
     assert 0 < netlink <= 10, f"{netlink} netlink sockets for 500 datagrams:\n{text[:2000]}"
 
 
+@pytest.mark.parametrize("link", ["ib", "roce"])
+def test_alternate_path_only_on_infiniband(progs, env, tmp_path, link):
+    """An alternate path (IBV_QP_ALT_PATH) is taken on an InfiniBand port
+    and refused EINVAL on an Ethernet one, as the kernel's _ib_modify_qp
+    bans it in RoCE mode (a helper's probe: it was taken on RoCE too)."""
+    if link == "roce":
+        conf = tmp_path / "roce.conf"
+        conf.write_text("loop0.link_layer = ethernet\nloop0.netdev = lo\n")
+        env["SOFTVERBS_CONFIG"] = str(conf)
+    out = run_prog([progs / "sv_traffic", "alt_path"], env)
+    want = "Ethernet: refused" if link == "roce" else "InfiniBand: taken"
+    assert f"alt path on {want}" in out and "OK alt_path" in out, out
+
+
 def test_roce_ud_grh_is_the_ip_header(progs, env, tmp_path):
     """On a RoCE v2 port a UD receive's 40-byte GRH area holds the
     datagram's IP header, as rxe and mlx5 give it: IPv4 (both GIDs

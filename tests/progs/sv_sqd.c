@@ -8,7 +8,8 @@
  * does not start (no completion on either side, the target's bytes
  * untouched) until SQD -> RTS.  A SEND that was started before the drain
  * (waiting on an RNR retry) finishes first, sq_draining reads 1 meanwhile,
- * and the event comes only after it.
+ * the QP leaves SQD only for ERR meanwhile, and the event comes only after
+ * it.
  *
  * SQE: a UC QP's local send error parks it in SQE: the WRs behind it
  * complete flushed, its receive queue goes on taking the peer's SENDs, and
@@ -161,6 +162,19 @@ static void sqd(void)
 	if (next_event(100, &eq) != -1)
 		FAIL("SQ_DRAINED while a started SEND waits for its receive");
 	CHECK_EQ(draining(a), 1);
+	/* While it drains, SQD leaves only for ERR (rxe's __qp_chk_state):
+	 * SQD -> RTS and SQD -> SQD are EINVAL, and nothing changes. */
+	{
+		struct ibv_qp_attr x;
+		memset(&x, 0, sizeof(x));
+		x.qp_state = IBV_QPS_RTS;
+		CHECK_EQ(ibv_modify_qp(a, &x, IBV_QP_STATE), EINVAL);
+		x.qp_state = IBV_QPS_SQD;
+		x.timeout = 3;
+		CHECK_EQ(ibv_modify_qp(a, &x, IBV_QP_STATE | IBV_QP_TIMEOUT), EINVAL);
+		CHECK_EQ(svt_state(a), IBV_QPS_SQD);
+		CHECK_EQ(draining(a), 1);
+	}
 	CHECK_EQ(svt_post_send1(a, 4, IBV_WR_SEND, &ss, 1, IBV_SEND_SIGNALED, 0, 0), 0);
 	svt_post_recv1(b, 101, &rs, 1);
 	svt_post_recv1(b, 102, &rs, 1);

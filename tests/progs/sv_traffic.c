@@ -1740,8 +1740,13 @@ static void sc_query_modify(void)
 	CHECK_EQ(a.timeout, 17);
 	CHECK_EQ(a.min_rnr_timer, 9);
 	CHECK_EQ(a.dest_qp_num, p.qb->qp_num);
-	/* Unknown mask bits: EINVAL */
-	CHECK_EQ(ibv_modify_qp(p.qa, &a, IBV_QP_STATE | (1 << 30)), EINVAL);
+	/* Mask bits past IBV_QP_DEST_QPN: EOPNOTSUPP, as rdma-core's
+	 * ibv_cmd_modify_qp and the kernel's legacy modify_qp answer (rxe);
+	 * nothing changed */
+	CHECK_EQ(ibv_modify_qp(p.qa, &a, IBV_QP_STATE | (1 << 30)), EOPNOTSUPP);
+	CHECK_EQ(ibv_modify_qp(p.qa, &a, IBV_QP_STATE | (1 << 21)), EOPNOTSUPP);
+	CHECK_EQ(ibv_modify_qp(p.qa, &a, IBV_QP_STATE | IBV_QP_RATE_LIMIT), EOPNOTSUPP);
+	CHECK_EQ(svt_state(p.qa), IBV_QPS_RTS);
 	/* Any state -> ERR -> RESET */
 	a.qp_state = IBV_QPS_ERR;
 	CHECK(ibv_modify_qp(p.qa, &a, IBV_QP_STATE) == 0);
@@ -2060,6 +2065,54 @@ static void sc_mr_inputs(void)
 	munmap(buf, 4 * page);
 }
 
+/* An alternate path at INIT -> RTR: accepted on an InfiniBand port, EINVAL
+ * on an Ethernet one, where the kernel bans it ("ban them in roce mode",
+ * _ib_modify_qp: RoCE has no path migration), the QP left in INIT. */
+static void sc_alt_path(void)
+{
+	struct svt_dev d;
+	svt_open(&d, dev_a);
+	struct ibv_port_attr pa;
+	CHECK_EQ(ibv_query_port(d.ctx, 1, &pa), 0);
+	int eth = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
+	struct ibv_cq *cq = ibv_create_cq(d.ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct svt_qpopt o = {IBV_QPT_RC, cq, cq, NULL, 0, 16, 16, 1, 0};
+	struct ibv_qp *qp = svt_qp(&d, &o);
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	CHECK_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					       IBV_QP_ACCESS_FLAGS),
+		 0);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = qp->qp_num;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 1;
+	a.ah_attr.dlid = d.lid;
+	a.ah_attr.port_num = 1;
+	if (eth) {
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.dgid = d.gid;
+		a.ah_attr.grh.hop_limit = 64;
+	}
+	a.alt_ah_attr = a.ah_attr;
+	a.alt_port_num = 1;
+	a.alt_timeout = 14;
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	CHECK_EQ(ibv_modify_qp(qp, &a, mask | IBV_QP_ALT_PATH), eth ? EINVAL : 0);
+	CHECK_EQ(svt_state(qp), eth ? IBV_QPS_INIT : IBV_QPS_RTR);
+	if (eth)
+		CHECK_EQ(ibv_modify_qp(qp, &a, mask), 0);
+	CHECK_EQ(ibv_destroy_qp(qp), 0);
+	CHECK_EQ(ibv_destroy_cq(cq), 0);
+	printf("alt path on %s: %s\n", eth ? "Ethernet" : "InfiniBand", eth ? "refused" : "taken");
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -2073,6 +2126,7 @@ static const struct {
 	{"query_modify", sc_query_modify}, {"threads", sc_threads},
 	{"ud_grh_burst", sc_ud_grh_burst}, {"mr_inputs", sc_mr_inputs},
 	{"retry", sc_retry},	       {"modify_values", sc_modify_values},
+	{"alt_path", sc_alt_path},
 };
 
 int main(int argc, char **argv)

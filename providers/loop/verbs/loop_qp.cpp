@@ -139,10 +139,18 @@ int check_values(loop_qp *qp, const ibv_qp_attr &a, int mask)
 		if (eth && !ah.is_global)
 			return EINVAL; // RoCE addresses by GID only
 	}
-	// The alternate path's ports, as the kernel judges them.
+	// The alternate path's ports, as the kernel judges them, and none on
+	// an Ethernet port ("ban them in roce mode", the kernel's
+	// _ib_modify_qp: RoCE has no path migration).
 	if ((mask & IBV_QP_ALT_PATH) &&
 	    (!port_ok(a.alt_port_num) || a.alt_ah_attr.port_num != a.alt_port_num))
 		return EINVAL;
+	if (mask & IBV_QP_ALT_PATH) {
+		uint8_t own = (mask & IBV_QP_PORT) ? a.port_num : qp->attr.port_num;
+		if (lctx->dev->ports[a.alt_port_num - 1].link_layer == SV_LINK_ETH ||
+		    (port_ok(own) && lctx->dev->ports[own - 1].link_layer == SV_LINK_ETH))
+			return EINVAL;
+	}
 	return 0;
 }
 
@@ -804,11 +812,26 @@ int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 		mask &= ~(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	else if (qp->type == IBV_QPT_XRC_RECV)
 		mask &= ~(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY);
+	// Bits past the legacy command's last (IBV_QP_DEST_QPN): rdma-core's
+	// ibv_cmd_modify_qp and the kernel's ib_uverbs_modify_qp answer
+	// EOPNOTSUPP (IBV_QP_RATE_LIMIT too, on a device without raw packet
+	// QPs, as rxe).
+	if (mask & ~((IBV_QP_DEST_QPN << 1) - 1)) {
+		report("attribute mask bits this device does not know", IBV_QPS_UNKNOWN,
+		       IBV_QPS_UNKNOWN, 0, mask & ~((IBV_QP_DEST_QPN << 1) - 1));
+		return EOPNOTSUPP;
+	}
 	fabric &fab = *qp->ctx->fab;
 	sv_qp_rec &rec = fab.reg()->qps[qp->slot];
 	std::unique_lock<qlock> sg(qp->sq_lock);
 	auto cur = static_cast<ibv_qp_state>(qp_state_ref(rec).load(std::memory_order_acquire));
 	auto next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+	// While a drain is under way, SQD leaves only for ERR (rxe's
+	// __qp_chk_state): the send queue is not settled yet.
+	if (cur == IBV_QPS_SQD && (mask & IBV_QP_STATE) && next != IBV_QPS_ERR && qp_sq_busy(qp)) {
+		report("the send queue is still draining", cur, next, 0, 0);
+		return EINVAL;
+	}
 	int missing = 0, extra = 0;
 	// cur_qp_state is the caller's only with IBV_QP_CUR_STATE: unset, it may
 	// hold any bits, and loading those as the enum is undefined (UBSan).
