@@ -379,3 +379,15 @@ def test_atomics_on_one_word_through_two_addresses(progs, env, mode):
     there."""
     out = run_prog([progs / "sv_atomalias", mode, "-N", "3000"], env, timeout=300)
     assert f"ATOMALIAS OK {mode}" in out
+
+
+def test_atomics_two_stripes_with_a_stopped_holder(progs, env):
+    """sv_atomalias stopped: odp's two keys of one word, one taking the
+    stripes of the address and of the file, the other the address's
+    alone; a stopped process named the file stripe's holder for 2.3 s,
+    eight times.  A client that held the address's stripe while it waited
+    for the file's lost it to the takeover of a running holder after 2 s,
+    and adds were lost (a review's probe; it failed 4 runs of 4).  Now no
+    stripe is held while waiting for the other."""
+    out = run_prog([progs / "sv_atomalias", "stopped", "-N", "1000000"], env, timeout=300)
+    assert "ATOMALIAS OK stopped" in out

@@ -1434,6 +1434,19 @@ void stripe_lock(uint32_t *word)
 	}
 }
 
+// One try at a free stripe.
+bool stripe_try(uint32_t *word)
+{
+	uint32_t expect = 0;
+	return std::atomic_ref<uint32_t>(*word).compare_exchange_strong(
+		expect, static_cast<uint32_t>(getpid()), std::memory_order_acquire);
+}
+
+void stripe_unlock(uint32_t *word)
+{
+	std::atomic_ref<uint32_t>(*word).store(0, std::memory_order_release);
+}
+
 } // namespace
 
 atomic_guard::atomic_guard(fabric &fab, uint64_t owner_addr, uint64_t file_word)
@@ -1441,26 +1454,37 @@ atomic_guard::atomic_guard(fabric &fab, uint64_t owner_addr, uint64_t file_word)
 	// The owner's address: any two keys of one owner that reach the word
 	// at one address meet here, whatever each knows of a file under it.
 	// The file's byte: two mappings of one file, at other addresses or in
-	// other processes, meet there.  In stripe order, so that two takers
-	// of the same pair never wait on each other crosswise.
+	// other processes, meet there.
 	first_ = stripe_of(fab, owner_addr);
 	if (file_word) {
 		uint32_t *f = stripe_of(fab, file_word);
-		if (f < first_)
-			std::swap(f, first_);
 		if (f != first_)
 			second_ = f;
 	}
 	stripe_lock(first_);
-	if (second_)
-		stripe_lock(second_);
+	if (!second_)
+		return;
+	// Never one held while waiting for the other: stripe_lock takes over a
+	// stripe whose running holder has kept it for 2 s (a stray write), so
+	// a holder that waited behind a stopped one would lose the first to
+	// other takers, and their read-modify-writes would interleave (a
+	// review's probe).  The other is tried; taken, the two are held;
+	// else the first goes back, the other is waited for alone, and the
+	// first tried in turn.
+	for (uint32_t *held = first_, *other = second_;;) {
+		if (stripe_try(other))
+			return;
+		stripe_unlock(held);
+		std::swap(held, other);
+		stripe_lock(held);
+	}
 }
 
 atomic_guard::~atomic_guard()
 {
 	if (second_)
-		std::atomic_ref<uint32_t>(*second_).store(0, std::memory_order_release);
-	std::atomic_ref<uint32_t>(*first_).store(0, std::memory_order_release);
+		stripe_unlock(second_);
+	stripe_unlock(first_);
 }
 
 } // namespace loop
