@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <unistd.h>
+#include <cerrno>
 #include <cstddef>
 #include <mutex>
 #include <string>
@@ -601,14 +602,21 @@ inline loop_context *to_loop_context(ibv_context *c)
 						offsetof(loop_context, vctx.context));
 }
 // A context a forked child inherited and then closed: the objects are the
-// parent's, which that close left alone, and a destroy through it answers
-// EBADF, as the kernel answers a command on a closed device file.  (Before
+// parent's, which that close left alone, and a command through it (a
+// destroy, a modify, a registration on its PD) answers EBADF, as the
+// kernel answers a command on a closed device file.  (Before
 // the close, the child shares the parent's file, and a destroy is the
 // parent's object's end, as with the kernel.)
 inline bool ctx_orphaned(ibv_context *c)
 {
 	loop_context *l = to_loop_context(c);
 	return l->closed.load(std::memory_order_acquire) && l->opener != getpid();
+}
+// ctx_orphaned's answer for a verb that returns an object: null, EBADF.
+template <typename T> T *fail_orphaned()
+{
+	errno = EBADF;
+	return nullptr;
 }
 inline loop_pd *to_loop_pd(ibv_pd *p)
 {

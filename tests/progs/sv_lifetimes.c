@@ -1123,9 +1123,9 @@ static void scenario_fork(struct svt_dev *d)
  * went to RESET and its posts failed EINVAL.  Round 0: the child closes it
  * and exits; round 1: the child first opens a context of its own (its own
  * lease), closes the inherited one, uses its own with traffic, and closes
- * it; round 2: after the close the child destroys the inherited objects,
- * which answers EBADF (a command on a closed device file) and destroys
- * nothing.  After each, the parent's pair is still in RTS and its traffic
+ * it; round 2: after the close the child modifies, resizes, re-registers,
+ * registers on and destroys the inherited objects, which answers EBADF (a
+ * command on a closed device file) and changes nothing.  After each, the parent's pair is still in RTS and its traffic
  * lands byte for byte, and its memory and CQ still work. */
 static void scenario_forkclose(struct svt_dev *d)
 {
@@ -1145,11 +1145,21 @@ static void scenario_forkclose(struct svt_dev *d)
 				svt_open(&own, "loop0");
 			if (ibv_close_device(d->ctx))
 				_exit(3);
-			if (round == 2 &&
-			    (ibv_destroy_qp(p.a) != EBADF || ibv_destroy_qp(p.b) != EBADF ||
-			     ibv_dereg_mr(p.mr) != EBADF || ibv_destroy_cq(cq) != EBADF ||
-			     ibv_dealloc_pd(d->pd) != EBADF))
-				_exit(6);
+			if (round == 2) {
+				struct ibv_qp_attr e = {.qp_state = IBV_QPS_ERR};
+				char page[64];
+				errno = 0;
+				if (ibv_modify_qp(p.a, &e, IBV_QP_STATE) != EBADF ||
+				    ibv_resize_cq(cq, 64) != EBADF ||
+				    ibv_rereg_mr(p.mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+						 IBV_ACCESS_LOCAL_WRITE) != IBV_REREG_MR_ERR_CMD ||
+				    ibv_reg_mr(d->pd, page, sizeof(page), 0) || errno != EBADF)
+					_exit(7);
+				if (ibv_destroy_qp(p.a) != EBADF || ibv_destroy_qp(p.b) != EBADF ||
+				    ibv_dereg_mr(p.mr) != EBADF || ibv_destroy_cq(cq) != EBADF ||
+				    ibv_dealloc_pd(d->pd) != EBADF)
+					_exit(6);
+			}
 			if (round == 1) {
 				struct ibv_cq *oc = ibv_create_cq(own.ctx, 16, NULL, NULL, 0);
 				if (!oc)

@@ -9,6 +9,8 @@ namespace loop {
 
 ibv_ah *loop_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 {
+	if (ctx_orphaned(pd->context))
+		return fail_orphaned<ibv_ah>();
 	parent_guard parents;
 	if (!parents.add(to_loop_pd(pd)->life, kLifePd)) {
 		errno = life_bad("ibv_create_ah", pd, to_loop_pd(pd)->life, kLifePd);

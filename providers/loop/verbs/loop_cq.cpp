@@ -1294,6 +1294,8 @@ int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
 
 int loop_resize_cq(ibv_cq *ibcq, int cqe)
 {
+	if (ctx_orphaned(ibcq->context))
+		return EBADF;
 	loop_cq *cq = to_loop_cq(ibcq);
 	if (!cq->life.is(kLifeCq))
 		return life_bad("ibv_resize_cq", cq, cq->life, kLifeCq);

@@ -145,6 +145,8 @@ void loop_unimport_dm(ibv_dm *ibdm)
 ibv_mr *loop_reg_dm_mr(ibv_pd *pd, ibv_dm *ibdm, uint64_t offset, size_t length,
 		       unsigned int access)
 {
+	if (ctx_orphaned(pd->context))
+		return fail_orphaned<ibv_mr>();
 	loop_dm *dm = to_loop_dm(ibdm);
 	if (!dm->life.is(kLifeDm)) {
 		errno = life_bad("ibv_reg_dm_mr", dm, dm->life, kLifeDm);

@@ -38,6 +38,8 @@ bool mcast_lid_ok(loop_qp *qp, uint16_t lid)
 
 int loop_attach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 {
+	if (ctx_orphaned(ibqp->context))
+		return EBADF;
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp))
 		return life_bad("ibv_attach_mcast", qp, qp->life, kLifeQp);
@@ -72,6 +74,8 @@ int loop_attach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 
 int loop_detach_mcast(ibv_qp *ibqp, const ibv_gid *gid, uint16_t lid)
 {
+	if (ctx_orphaned(ibqp->context))
+		return EBADF;
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp))
 		return life_bad("ibv_detach_mcast", qp, qp->life, kLifeQp);

@@ -798,6 +798,8 @@ bool iova_ok(uint64_t start, uint64_t length, uint64_t iova, int access)
 
 ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
 {
+	if (ctx_orphaned(pd->context))
+		return fail_orphaned<ibv_mr>();
 	access = clean_access(access);
 	int err = check_access(access);
 	if (err) {
@@ -940,6 +942,8 @@ int rereg_locked(fabric &fab, loop_mr *mr, verbs_mr *vmr, int flags, ibv_pd *pd,
 
 int loop_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t length, int access)
 {
+	if (ctx_orphaned(vmr->ibv_mr.context))
+		return EBADF;
 	loop_mr *mr = to_loop_mr(&vmr->ibv_mr);
 	if (!mr->life.is(kLifeMr))
 		return life_bad("ibv_rereg_mr", mr, mr->life, kLifeMr);
@@ -1113,6 +1117,8 @@ int map_fd(loop_mr *mr, int fd, int fd_type, uint64_t offset, size_t length, int
 ibv_mr *loop_reg_mr_fd(ibv_pd *pd, int fd, int fd_type, uint64_t offset, size_t length,
 		       uint64_t iova, unsigned int uaccess)
 {
+	if (ctx_orphaned(pd->context))
+		return fail_orphaned<ibv_mr>();
 	int access = clean_access(static_cast<int>(uaccess));
 	int err = check_access(access);
 	if (err || (access & IBV_ACCESS_ON_DEMAND) || !iova_ok(offset, length, iova, access)) {
@@ -1152,6 +1158,8 @@ ibv_mr *loop_reg_dmabuf_mr(ibv_pd *pd, uint64_t offset, size_t length, uint64_t 
 int loop_rereg_mr_fd(ibv_mr *ibmr, int flags, ibv_pd *pd, int fd, int fd_type, uint64_t offset,
 		     size_t length, uint64_t iova, unsigned int uaccess)
 {
+	if (ctx_orphaned(ibmr->context))
+		return EBADF;
 	loop_mr *mr = to_loop_mr(ibmr);
 	if (!mr->life.is(kLifeMr))
 		return life_bad("softverbs_rereg_mr_fd", mr, mr->life, kLifeMr);
@@ -1275,6 +1283,8 @@ int loop_advise_mr(ibv_pd *pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_
 
 ibv_mw *loop_alloc_mw(ibv_pd *pd, ibv_mw_type type)
 {
+	if (ctx_orphaned(pd->context))
+		return fail_orphaned<ibv_mw>();
 	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
 		errno = EINVAL;
 		return nullptr;

@@ -802,6 +802,8 @@ ibv_qp *loop_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr)
 
 int loop_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask)
 {
+	if (ctx_orphaned(ibqp->context))
+		return EBADF;
 	loop_qp *qp = to_loop_qp(ibqp);
 	if (!qp->life.is(kLifeQp))
 		return life_bad("ibv_modify_qp", qp, qp->life, kLifeQp);

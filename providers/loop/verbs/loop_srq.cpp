@@ -175,6 +175,8 @@ ibv_srq *loop_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr)
 
 int loop_modify_srq(ibv_srq *ibsrq, ibv_srq_attr *attr, int mask)
 {
+	if (ctx_orphaned(ibsrq->context))
+		return EBADF;
 	loop_srq *srq = to_loop_srq(ibsrq);
 	if (!srq->life.is(kLifeSrq))
 		return life_bad("ibv_modify_srq", srq, srq->life, kLifeSrq);
