@@ -2893,7 +2893,11 @@ int sync_wait(cm_id *p, rdma_cm_event_type expect)
 			return fail(ECONNREFUSED);
 		return fail(ev->status < 0 ? -ev->status : ev->status);
 	}
-	if (ev->event != expect)
+	// An id without a QP completes its connect at CONNECT_RESPONSE (the
+	// application then calls rdma_establish): rdma-core's ucma_complete
+	// answers 0 for it, with id->event that event.
+	if (ev->event != expect &&
+	    !(expect == RDMA_CM_EVENT_ESTABLISHED && ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE))
 		return fail(EINVAL);
 	return 0;
 }

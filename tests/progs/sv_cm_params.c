@@ -29,6 +29,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,32 @@ static struct rdma_cm_id *resolved(uint16_t port)
 	CHECK(rdma_resolve_route(c, 2000) == 0);
 	rdma_ack_cm_event(expect(RDMA_CM_EVENT_ROUTE_RESOLVED, NULL));
 	return c;
+}
+
+// The passive side of the synchronous connect below, on the listener's
+// channel: accepts without a QP, then waits for ESTABLISHED and
+// DISCONNECTED.  Its verdict in *arg (0: as it should be).
+static void *accept_no_qp(void *arg)
+{
+	struct rdma_cm_event *ev;
+	struct rdma_cm_id *s;
+	int *bad = arg;
+	*bad = 1;
+	if (rdma_get_cm_event(ch, &ev) || ev->event != RDMA_CM_EVENT_CONNECT_REQUEST)
+		return NULL;
+	s = ev->id;
+	rdma_ack_cm_event(ev);
+	struct rdma_conn_param zero = {.responder_resources = 1, .initiator_depth = 1};
+	if (rdma_accept(s, &zero))
+		return NULL;
+	if (rdma_get_cm_event(ch, &ev) || ev->event != RDMA_CM_EVENT_ESTABLISHED)
+		return NULL;
+	rdma_ack_cm_event(ev);
+	if (rdma_get_cm_event(ch, &ev) || ev->event != RDMA_CM_EVENT_DISCONNECTED)
+		return NULL;
+	rdma_ack_cm_event(ev);
+	*bad = rdma_destroy_id(s) != 0;
+	return NULL;
 }
 
 // A resolved client id with a QP of its own CQ, to port (network order).
@@ -347,6 +374,33 @@ int main(int argc, char **argv)
 		rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED, NULL));
 	CHECK(rdma_destroy_id(s) == 0);
 	CHECK(rdma_destroy_id(c) == 0);
+
+	// The same through a synchronous id (no channel): its rdma_connect
+	// returns 0 once CONNECT_RESPONSE came, with id->event that event, as
+	// rdma-core's ucma_complete answers (it was EINVAL, "not ESTABLISHED";
+	// a review's probe).
+	{
+		pthread_t t;
+		int bad = 1;
+		CHECK(pthread_create(&t, NULL, accept_no_qp, &bad) == 0);
+		struct rdma_cm_id *sc;
+		CHECK(rdma_create_id(NULL, &sc, NULL, RDMA_PS_TCP) == 0);
+		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = port};
+		CHECK(inet_pton(AF_INET, addr, &sa.sin_addr) == 1);
+		CHECK(rdma_resolve_addr(sc, NULL, (struct sockaddr *)&sa, 2000) == 0);
+		CHECK(rdma_resolve_route(sc, 2000) == 0);
+		if (rdma_connect(sc, &zero))
+			FAIL("synchronous rdma_connect without a QP: errno %d", errno);
+		if (!sc->event || sc->event->event != RDMA_CM_EVENT_CONNECT_RESPONSE)
+			FAIL("synchronous rdma_connect without a QP: id->event %s",
+			     sc->event ? rdma_event_str(sc->event->event) : "none");
+		CHECK(rdma_establish(sc) == 0);
+		CHECK(rdma_disconnect(sc) == 0);
+		CHECK(pthread_join(t, NULL) == 0);
+		if (bad)
+			FAIL("the passive side of the synchronous connect without a QP");
+		CHECK(rdma_destroy_id(sc) == 0);
+	}
 
 	// No listener on the port.
 	CHECK(rdma_destroy_id(l) == 0);
