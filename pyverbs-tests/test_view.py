@@ -467,3 +467,22 @@ def test_early_in_startup(vrun, view_env, build_dir):
     guid = vrun("cat", f"{IB}/loop0/node_guid").strip()
     assert f"early guid {guid}\n" in p.stderr, p.stderr
     assert "early uverbs0 chr\n" in p.stderr, p.stderr
+
+
+def test_no_view_left_when_killed_while_rendering(softverbs_run, view_env, tmp_path):
+    """softverbs-run killed (SIGKILL) at any moment of its start, before,
+    while or after it writes the view: nothing is left in TMPDIR once the
+    keeper has run.  The keeper was started after the tree was written, so
+    a kill while it was rendered left a partial tree for good (hundreds in
+    /tmp after the RoCE v2 suite's hosts were killed between tests)."""
+    env = dict(view_env, TMPDIR=str(tmp_path))
+    env.pop("XDG_RUNTIME_DIR", None)
+    for delay in (0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.4):
+        p = subprocess.Popen([softverbs_run, "sleep", "5"], env=env)
+        time.sleep(delay)
+        p.kill()  # softverbs-run itself, or sleep once exec'd
+        p.wait()
+    deadline = time.time() + 10
+    while [x for x in os.listdir(tmp_path) if x.startswith("softverbs-view.")]:
+        assert time.time() < deadline, os.listdir(tmp_path)
+        time.sleep(0.05)

@@ -139,15 +139,49 @@ class HostPair:
         return {k: v for k, v in os.environ.items()
                 if not k.startswith("SOFTVERBS_") and k != "LD_LIBRARY_PATH"}
 
-    def kill_all(self):
+    def _pids(self):
+        out = []
         for ns in self._created:
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+            out += subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
                                   text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+        return out
+
+    @staticmethod
+    def _is_keeper(pid):
+        """softverbs-run's view keeper (its bash, or the cat it waits in):
+        it removes the view's directory once its program is gone, and
+        killed first it leaves the directory in /tmp for good."""
+        try:
+            cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"keeper" in cmd:
+                return True
+            ppid = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            return b"keeper" in pathlib.Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            return False
+
+    def kill_all(self):
+        """Every process left on the hosts: the programs first; the view
+        keepers then end on their own (their programs gone), and are killed
+        only if they have not within 5 s."""
+        keepers = set()
+        for pid in self._pids():
+            if self._is_keeper(pid):
+                keepers.add(pid)
+                continue
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        end = time.monotonic() + 5
+        while keepers and time.monotonic() < end:
+            keepers &= set(self._pids())
+            time.sleep(0.05)
+        for pid in keepers:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
 
     def close(self):
         self.kill_all()
