@@ -994,7 +994,8 @@ void engine_hold(bool on);
 
 // The fabric-wide striped locks for an atomic on one word: the stripe of
 // its owner's address, and that of its byte in the file under it when it
-// is over a file (mr_file_word; 0: none), taken in stripe order.
+// is over a file (mr_file_word; 0: none), both held for the operation and
+// never one held while waiting for the other.
 class atomic_guard {
 public:
 	atomic_guard(fabric &fab, uint64_t owner_addr, uint64_t file_word);

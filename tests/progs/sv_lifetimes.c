@@ -1149,8 +1149,13 @@ static void scenario_forkclose(struct svt_dev *d)
 				struct ibv_qp_attr e = {.qp_state = IBV_QPS_ERR};
 				char page[64];
 				errno = 0;
+				struct ibv_modify_cq_attr mc = {
+					.attr_mask = IBV_CQ_ATTR_MODERATE,
+					.moderate = {.cq_count = 8, .cq_period = 0}};
 				if (ibv_modify_qp(p.a, &e, IBV_QP_STATE) != EBADF ||
-				    ibv_resize_cq(cq, 64) != EBADF ||
+				    ibv_resize_cq(cq, 64) != EBADF || ibv_modify_cq(cq, &mc) != EBADF ||
+				    ibv_alloc_null_mr(d->pd) || errno != EBADF ||
+				    ibv_create_cq(d->ctx, 4, NULL, NULL, 0) || errno != EBADF ||
 				    ibv_rereg_mr(p.mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
 						 IBV_ACCESS_LOCAL_WRITE) != IBV_REREG_MR_ERR_CMD ||
 				    ibv_reg_mr(d->pd, page, sizeof(page), 0) || errno != EBADF)

@@ -1274,6 +1274,8 @@ void cq_poll_end(loop_cq *cq, bool filled)
 
 int loop_modify_cq(ibv_cq *ibcq, ibv_modify_cq_attr *attr)
 {
+	if (ctx_orphaned(ibcq->context))
+		return EBADF;
 	loop_cq *cq = to_loop_cq(ibcq);
 	if (!cq->life.is(kLifeCq))
 		return life_bad("ibv_modify_cq", cq, cq->life, kLifeCq);

@@ -858,6 +858,8 @@ ibv_mr *loop_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 
 ibv_mr *loop_alloc_null_mr(ibv_pd *pd)
 {
+	if (ctx_orphaned(pd->context))
+		return fail_orphaned<ibv_mr>();
 	loop_mr *mr = new_mr();
 	if (!mr)
 		return nullptr;

@@ -162,7 +162,9 @@ bool ctx_closed(ibv_context *ctx, const char *verb)
 	if (!to_loop_context(ctx)->closed.load(std::memory_order_acquire))
 		return false;
 	debug_log("%s: the context %p was closed (ibv_close_device)", verb, static_cast<void *>(ctx));
-	errno = EINVAL;
+	// A forked child's inherited copy: EBADF, as the other commands
+	// through it (ctx_orphaned).
+	errno = ctx_orphaned(ctx) ? EBADF : EINVAL;
 	return true;
 }
 
